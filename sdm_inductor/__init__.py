@@ -1,0 +1,17 @@
+"""sdm_inductor: Sparse Delta Memory as torch.library ops, Triton kernels, Inductor
+lowerings and pattern rewrites.
+
+``import sdm_inductor`` registers the ``torch.ops.sdm`` library (CPU always, CUDA when
+Triton and a GPU are there).
+"""
+from . import ops, reference
+from .api import sdm_write_read, to_streams, write_read
+from .ops import count_repeated_write_slots, last_dispatch, repeated_write_slots
+from .validation import SDMArgumentError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "sdm_write_read", "write_read", "to_streams", "repeated_write_slots",
+    "count_repeated_write_slots", "last_dispatch", "SDMArgumentError", "ops", "reference",
+]

@@ -25,6 +25,8 @@ from torch import Tensor
 
 from . import quant
 
+NAME = "cpu-chunked"
+
 # Phase 1 of this many entries (tokens x slots) at once bounds working memory.
 _BLOCK_ENTRIES = 1 << 18
 

@@ -1,0 +1,104 @@
+"""The Python interface users know from ``sparse-delta-memory`` 2.0.0 (spec section 4)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .validation import _fail, check_call
+
+__all__ = ["sdm_write_read", "write_read", "to_streams"]
+
+
+def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
+               g: Tensor, q_idx: Tensor, q_val: Tensor, key_weighted_decay=None):
+    """Inputs as ``[P*T, *]`` (or already ``[P, T, *]``) -> the op's ``[P, T, *]`` layout."""
+    if not isinstance(num_parallel, int) or num_parallel < 1:
+        _fail("num_parallel", "an int >= 1", num_parallel)
+    P = num_parallel
+    if not isinstance(k_idx, Tensor) or k_idx.dim() not in (2, 3):
+        _fail("k_idx", "[P*T, W] or [P, T, W]", list(k_idx.shape) if isinstance(k_idx, Tensor) else type(k_idx))
+    flat = k_idx.dim() == 2
+    if flat:
+        N = k_idx.shape[0]
+        if N % P:
+            _fail("num_parallel", f"a divisor of the {N} tokens (k_idx.shape[0] = P*T)", P)
+        T = N // P
+    else:
+        if k_idx.shape[0] != P:
+            _fail("num_parallel", f"k_idx.shape[0] = {k_idx.shape[0]} streams", P)
+        T = k_idx.shape[1]
+    W = k_idx.shape[-1]
+
+    def lead(name, t, *trail):
+        want = (P * T,) if flat else (P, T)
+        if tuple(t.shape[:len(want)]) != want:
+            _fail(name, f"leading shape {list(want)} like k_idx", list(t.shape))
+        return t.reshape(P, T, *trail) if trail else t.reshape(P, T)
+
+    n_lead = 1 if flat else 2
+    if beta.dim() == n_lead + 1 and beta.shape[-1] == 1:
+        beta = beta[..., 0]
+    if beta.dim() != n_lead:
+        _fail("beta", "one value per token: [P*T] / [P*T, 1] (or [P, T] / [P, T, 1])", list(beta.shape))
+    beta = lead("beta", beta)
+    g = lead("g", g, 1) if g.dim() == n_lead else lead("g", g, -1)
+    if key_weighted_decay is True and g.shape[-1] != W:
+        _fail("g", f"one gate per write slot [.., W={W}] with key_weighted_decay=True", list(g.shape))
+    if key_weighted_decay is False and g.shape[-1] != 1:
+        _fail("g", "one gate per token [.., 1] with key_weighted_decay=False", list(g.shape))
+    return (lead("k_idx", k_idx, -1), lead("k_val", k_val, -1), lead("v", v, -1), beta, g,
+            lead("q_idx", q_idx, -1), lead("q_val", q_val, -1)), flat
+
+
+def _needs_grad(*ts: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor,
+               q_idx: Tensor, q_val: Tensor, *, chunk_size: int = 64, slots_per_stream: int = 0,
+               shared_bank: bool = False, snapshot_quant: str = "none",
+               grad_bank_fp32: bool = False):
+    """Functional form on ``[P, T, *]`` inputs: ``(readings [P, T, hd], final_bank)``.
+
+    The bank is not modified. Differentiable in bank, k_val, v, beta, g and q_val. The
+    backward's snapshots are only kept when a gradient is needed.
+    """
+    save = _needs_grad(bank, k_val, v, beta, g, q_val)
+    readings, final, _, _ = torch.ops.sdm.write_read(
+        bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream, shared_bank,
+        snapshot_quant, grad_bank_fp32, save)
+    return readings, final
+
+
+def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
+                   g: Tensor, q_idx: Tensor, q_val: Tensor, *, chunk_size: int = 64,
+                   num_memory_slots: int = 0, num_parallel: int = 1, snapshot_quant: str = "none",
+                   key_weighted_decay: bool | None = None, shared_bank: bool = False,
+                   grad_bank_fp32: bool = False) -> Tensor:
+    """SDM write/read with ``memory`` advanced in place (the 2.0.0 interface).
+
+    Inputs are ``[P*T, *]`` with ``num_parallel=P`` (or ``[P, T, *]``); returns the readings
+    in the same leading layout. With gradients enabled they reach the initial ``memory``
+    (its value at the call) and every float input.
+    """
+    if not isinstance(memory, Tensor):
+        _fail("memory", "a tensor [S, hd]", type(memory))
+    (k_idx, k_val, v, beta, g, q_idx, q_val), flat = to_streams(
+        num_parallel, k_idx, k_val, v, beta, g, q_idx, q_val, key_weighted_decay)
+    dt = memory.dtype
+    k_val, v, q_val = k_val.to(dt), v.to(dt), q_val.to(dt)
+    beta, g = beta.float(), g.float()
+    if _needs_grad(memory, k_val, v, beta, g, q_val):
+        readings, final, _, _ = torch.ops.sdm.write_read(
+            memory, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, num_memory_slots,
+            shared_bank, snapshot_quant, grad_bank_fp32, True)
+        with torch.no_grad():
+            memory.copy_(final)
+    else:
+        # the in-place op has no snapshot options: check them here so they never pass silently
+        check_call(memory, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, num_memory_slots,
+                   shared_bank, snapshot_quant)
+        readings = torch.ops.sdm.write_read_(memory, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                             chunk_size, num_memory_slots, shared_bank)
+    return readings.reshape(-1, readings.shape[-1]) if flat else readings
+

@@ -1,0 +1,295 @@
+"""The ``torch.ops.sdm`` library: op definitions, fake impls, autograd, dispatch.
+
+Ops (canonical layout of ``reference.py``: ``[P, T, *]`` inputs, global bank rows):
+
+- ``sdm::write_read``: functional. ``(readings, final_bank, saved_rows, saved_scales)``;
+  the last two are what the backward keeps (the chunk-start rows, stored per
+  ``snapshot_quant``), empty when ``save_for_backward`` is False, like the
+  logsumexp output of ``aten::_scaled_dot_product_flash_attention``.
+- ``sdm::write_read_``: advances the bank in place and returns the readings; saves
+  nothing (the no-grad path).
+- ``sdm::write_read_backward``: gradients for (bank, k_val, v, beta, g, q_val).
+- ``sdm::split_heads`` / ``sdm::merge_heads`` / ``sdm::expand_bank``: layout helpers.
+
+Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), CUDA by
+``sdm_inductor.kernels`` when Triton and a GPU are there.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from . import cpu, quant
+from .validation import check_call, check_indices
+
+__all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
+
+
+class _State:
+    repeats: Tensor | None = None
+    dispatch: dict = {}
+
+
+_STATE = _State()
+
+# device type -> object with forward(...) / backward(...) like ``cpu``; CUDA registers here.
+IMPLS: dict[str, object] = {"cpu": cpu}
+
+# Index checks read data (a host sync on CUDA); on CUDA they can be switched off.
+CHECK_INDICES: dict[str, bool] = {"cpu": True, "cuda": True}
+
+
+def last_dispatch() -> dict:
+    """The launch decisions of the last eager sdm call (implementation, sizes, chunking)."""
+    return dict(_STATE.dispatch)
+
+
+def record_dispatch(**info) -> None:
+    """Implementations add their launch decisions to the record of the current call."""
+    _STATE.dispatch.update(info)
+
+
+def count_repeated_write_slots(k_idx: Tensor) -> Tensor:
+    """Number of write entries that repeat a slot already written by the same token."""
+    if k_idx.numel() == 0:
+        return torch.zeros((), dtype=torch.long, device=k_idx.device)
+    W = k_idx.shape[-1]
+    first = (k_idx[..., :, None] == k_idx[..., None, :]).int().argmax(-1)
+    return (first != torch.arange(W, device=k_idx.device)).sum()
+
+
+def repeated_write_slots(k_idx: Tensor | None = None) -> int:
+    """Repeated write slots in ``k_idx``, or in the last eager sdm call when none is given.
+
+    Repeats are legal (dense-key meaning, spec section 1) but usually a bug upstream.
+    """
+    if k_idx is not None:
+        return int(count_repeated_write_slots(k_idx))
+    return 0 if _STATE.repeats is None else int(_STATE.repeats)
+
+
+def _impl(bank: Tensor):
+    impl = IMPLS.get(bank.device.type)
+    if impl is None:
+        raise NotImplementedError(
+            f"sdm: no implementation for device '{bank.device.type}' "
+            f"(available: {sorted(IMPLS)}; CUDA needs triton)")
+    return impl
+
+
+def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+             shared_bank, snapshot_quant):
+    check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+               shared_bank, snapshot_quant)
+    if CHECK_INDICES.get(bank.device.type, True):
+        check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
+    _STATE.repeats = count_repeated_write_slots(k_idx)
+    P, T, W = k_idx.shape
+    _STATE.dispatch = dict(
+        device=str(bank.device), impl=getattr(_impl(bank), "NAME", "?"), P=P, T=T, W=W,
+        R=q_idx.shape[2], hd=bank.shape[1], slots=bank.shape[0], chunk_size=chunk_size,
+        n_chunks=math.ceil(T / chunk_size), per_write_gate=g.shape[2] == W and W > 1,
+        bank_dtype=str(bank.dtype), snapshot_quant=snapshot_quant)
+
+
+def _saved_shapes(bank: Tensor, k_idx: Tensor, q_idx: Tensor, chunk_size: int,
+                  snapshot_quant: str, save: bool):
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    hd = bank.shape[1]
+    dtype, width, scaled = quant.storage(snapshot_quant, bank.dtype, hd)
+    n = ((T + chunk_size - 1) // chunk_size) * P * chunk_size if save else 0
+    rows = (n, W + R, width)
+    return rows, dtype, ((n, W + R) if scaled and save else (0,))
+
+
+# ---------------------------------------------------------------- write_read (functional)
+
+@torch.library.custom_op("sdm::write_read", mutates_args=())
+def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor,
+               q_idx: Tensor, q_val: Tensor, chunk_size: int = 64, slots_per_stream: int = 0,
+               shared_bank: bool = False, snapshot_quant: str = "none",
+               grad_bank_fp32: bool = False, save_for_backward: bool = True
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Functional SDM write/read: (readings [P,T,hd], final bank, saved rows, saved scales)."""
+    _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+             shared_bank, snapshot_quant)
+    final = bank.clone()
+    readings, rows, scales = _impl(bank).forward(
+        final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
+        q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
+    return readings, final, rows, scales
+
+
+@write_read.register_fake
+def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_stream=0,
+      shared_bank=False, snapshot_quant="none", grad_bank_fp32=False, save_for_backward=True):
+    check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+               shared_bank, snapshot_quant)
+    P, T, _ = k_idx.shape
+    readings = bank.new_empty(P, T, bank.shape[1])
+    rows, dtype, scales = _saved_shapes(bank, k_idx, q_idx, chunk_size, snapshot_quant,
+                                        save_for_backward)
+    return (readings, torch.empty_like(bank), bank.new_empty(rows, dtype=dtype),
+            bank.new_empty(scales, dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream, shared_bank,
+     snapshot_quant, grad_bank_fp32, save) = inputs
+    _, _, rows, scales = output
+    ctx.save_for_backward(rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val)
+    ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
+    ctx.dtypes = (k_val.dtype, v.dtype, beta.dtype, g.dtype, q_val.dtype)
+    ctx.set_materialize_grads(True)
+
+
+def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
+    rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val = ctx.saved_tensors
+    chunk_size, snapshot_quant, grad_bank_fp32, save = ctx.options
+    if not save:
+        raise RuntimeError(
+            "sdm::write_read was called with save_for_backward=False, so it kept nothing for a "
+            "backward; call it with save_for_backward=True (sdm_inductor.sdm_write_read does this "
+            "whenever a gradient is needed)")
+    grads = torch.ops.sdm.write_read_backward(
+        grad_readings, grad_final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
+        chunk_size, snapshot_quant, grad_bank_fp32)
+    d_bank, d_kval, d_v, d_beta, d_g, d_qval = grads
+    return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_beta.to(ctx.dtypes[2]),
+            d_g.to(ctx.dtypes[3]), None, d_qval.to(ctx.dtypes[4]),
+            None, None, None, None, None, None)
+
+
+write_read.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- backward op
+
+@torch.library.custom_op("sdm::write_read_backward", mutates_args=())
+def write_read_backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor,
+                        saved_scales: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor,
+                        beta: Tensor, g: Tensor, q_idx: Tensor, q_val: Tensor, chunk_size: int,
+                        snapshot_quant: str, grad_bank_fp32: bool
+                        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients (bank, k_val, v, beta, g, q_val) of sdm::write_read."""
+    dtype = grad_final.dtype
+    return _impl(grad_final).backward(
+        grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val.to(dtype),
+        v.to(dtype), beta.float(), g.float(), q_idx, q_val.to(dtype), chunk_size, snapshot_quant,
+        grad_bank_fp32)
+
+
+@write_read_backward.register_fake
+def _(grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g, q_idx, q_val,
+      chunk_size, snapshot_quant, grad_bank_fp32):
+    dt = grad_final.dtype
+    return (torch.empty_like(grad_final), k_val.new_empty(k_val.shape, dtype=dt),
+            v.new_empty(v.shape, dtype=dt), torch.empty_like(beta, dtype=torch.float32),
+            torch.empty_like(g, dtype=torch.float32), q_val.new_empty(q_val.shape, dtype=dt))
+
+
+# ---------------------------------------------------------------- write_read_ (in place)
+
+@torch.library.custom_op("sdm::write_read_", mutates_args=("bank",))
+def write_read_(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor,
+                q_idx: Tensor, q_val: Tensor, chunk_size: int = 64, slots_per_stream: int = 0,
+                shared_bank: bool = False) -> Tensor:
+    """Advance ``bank`` in place through the tokens; return the readings [P, T, hd]."""
+    _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+             shared_bank, "none")
+    readings, _, _ = _impl(bank).forward(
+        bank, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
+        q_val.to(bank.dtype), chunk_size, "none", False)
+    return readings
+
+
+@write_read_.register_fake
+def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_stream=0,
+      shared_bank=False):
+    check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+               shared_bank, "none")
+    P, T, _ = k_idx.shape
+    return bank.new_empty(P, T, bank.shape[1])
+
+
+# ---------------------------------------------------------------- layout helpers
+
+def _check_heads(name: str, x: Tensor, num_heads: int, dim: int):
+    if x.dim() != 3:
+        raise ValueError(f"sdm: argument 'x' of {name}: expected a 3-D tensor, got shape {list(x.shape)}")
+    if num_heads < 1 or x.shape[dim] % num_heads:
+        raise ValueError(f"sdm: argument 'num_heads' of {name}: expected a positive divisor of "
+                         f"dim {dim} ({x.shape[dim]}), got {num_heads}")
+
+
+@torch.library.custom_op("sdm::split_heads", mutates_args=())
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """``b t (h k) -> (b h) t k``."""
+    _check_heads("split_heads", x, num_heads, 2)
+    B, T, HK = x.shape
+    return x.reshape(B, T, num_heads, HK // num_heads).permute(0, 2, 1, 3).reshape(
+        B * num_heads, T, HK // num_heads).clone()
+
+
+@split_heads.register_fake
+def _(x, num_heads):
+    _check_heads("split_heads", x, num_heads, 2)
+    B, T, HK = x.shape
+    return x.new_empty(B * num_heads, T, HK // num_heads)
+
+
+@torch.library.custom_op("sdm::merge_heads", mutates_args=())
+def merge_heads(x: Tensor, num_heads: int) -> Tensor:
+    """``(b h) t k -> b t (h k)``."""
+    _check_heads("merge_heads", x, num_heads, 0)
+    BH, T, K = x.shape
+    return x.reshape(BH // num_heads, num_heads, T, K).permute(0, 2, 1, 3).reshape(
+        BH // num_heads, T, num_heads * K).clone()
+
+
+@merge_heads.register_fake
+def _(x, num_heads):
+    _check_heads("merge_heads", x, num_heads, 0)
+    BH, T, K = x.shape
+    return x.new_empty(BH // num_heads, T, num_heads * K)
+
+
+split_heads.register_autograd(
+    lambda ctx, grad: (torch.ops.sdm.merge_heads(grad, ctx.num_heads), None),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "num_heads", inputs[1]))
+merge_heads.register_autograd(
+    lambda ctx, grad: (torch.ops.sdm.split_heads(grad, ctx.num_heads), None),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "num_heads", inputs[1]))
+
+
+def _check_expand(bank: Tensor, batch: int):
+    if bank.dim() != 2:
+        raise ValueError(f"sdm: argument 'bank' of expand_bank: expected [S, hd], got {list(bank.shape)}")
+    if batch < 1:
+        raise ValueError(f"sdm: argument 'batch' of expand_bank: expected >= 1, got {batch}")
+
+
+@torch.library.custom_op("sdm::expand_bank", mutates_args=())
+def expand_bank(bank: Tensor, batch: int) -> Tensor:
+    """A per-batch private copy of a learned bank: ``[S, hd] -> [batch * S, hd]``."""
+    _check_expand(bank, batch)
+    return bank.repeat(batch, 1)
+
+
+@expand_bank.register_fake
+def _(bank, batch):
+    _check_expand(bank, batch)
+    return bank.new_empty(batch * bank.shape[0], bank.shape[1])
+
+
+def _expand_backward(ctx, grad):
+    # summed over the batch in a fixed order: deterministic
+    return grad.view(ctx.batch, -1, grad.shape[-1]).sum(0), None
+
+
+expand_bank.register_autograd(
+    _expand_backward, setup_context=lambda ctx, inputs, output: setattr(ctx, "batch", inputs[1]))

@@ -1,0 +1,125 @@
+"""Argument checks shared by every entry point: each failure names the argument,
+what was expected and what came, and happens before any work (spec section 4)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import quant
+
+MIN_CHUNK, MAX_CHUNK = 16, 256
+MAX_SLOTS_PER_TOKEN = 256
+BANK_DTYPES = (torch.float32, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class SDMArgumentError(ValueError):
+    """A malformed sdm call. Raised before any work; the bank is left untouched."""
+
+
+def _fail(arg: str, expected: str, got) -> None:
+    raise SDMArgumentError(f"sdm: argument '{arg}': expected {expected}, got {got}")
+
+
+def _shape(t: Tensor):
+    return list(t.shape)
+
+
+def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor,
+               q_idx: Tensor, q_val: Tensor, chunk_size: int, slots_per_stream: int,
+               shared_bank: bool, snapshot_quant: str) -> None:
+    """Shape, dtype, device and option checks (no data read: safe on fake tensors)."""
+    if not isinstance(bank, Tensor) or bank.dim() != 2:
+        _fail("memory", "a 2-D bank [S, hd]", _shape(bank) if isinstance(bank, Tensor) else type(bank))
+    if bank.dtype not in BANK_DTYPES:
+        _fail("memory", "dtype float32 or bfloat16", bank.dtype)
+    S, hd = bank.shape
+    if k_idx.dim() != 3:
+        _fail("k_idx", "shape [P, T, W]", _shape(k_idx))
+    P, T, W = k_idx.shape
+    for name, t in (("k_idx", k_idx), ("q_idx", q_idx)):
+        if t.dtype not in INDEX_DTYPES:
+            _fail(name, "dtype int32 or int64", t.dtype)
+    for name, t in (("k_val", k_val), ("v", v), ("beta", beta), ("g", g), ("q_val", q_val)):
+        if not t.is_floating_point():
+            _fail(name, "a floating-point tensor", t.dtype)
+    for name, t in (("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
+                    ("q_idx", q_idx), ("q_val", q_val)):
+        if t.device != bank.device:
+            _fail(name, f"device {bank.device} (the bank's)", t.device)
+    if not 1 <= W <= MAX_SLOTS_PER_TOKEN:
+        _fail("k_idx", f"1..{MAX_SLOTS_PER_TOKEN} write slots per token (last dim)", W)
+    if _shape(k_val) != [P, T, W]:
+        _fail("k_val", f"shape [P, T, W] = {[P, T, W]} like k_idx", _shape(k_val))
+    if _shape(v) != [P, T, hd]:
+        _fail("v", f"shape [P, T, hd] = {[P, T, hd]} (hd from the bank)", _shape(v))
+    if _shape(beta) != [P, T]:
+        _fail("beta", f"shape [P, T] = {[P, T]}", _shape(beta))
+    if g.dim() != 3 or _shape(g)[:2] != [P, T] or g.shape[2] not in (1, W):
+        _fail("g", f"shape [P, T, 1] or [P, T, W] = {[P, T, W]}", _shape(g))
+    if q_idx.dim() != 3 or _shape(q_idx)[:2] != [P, T]:
+        _fail("q_idx", f"shape [P, T, R] with P, T = {P}, {T}", _shape(q_idx))
+    R = q_idx.shape[2]
+    if not 1 <= R <= MAX_SLOTS_PER_TOKEN:
+        _fail("q_idx", f"1..{MAX_SLOTS_PER_TOKEN} read slots per token (last dim)", R)
+    if _shape(q_val) != [P, T, R]:
+        _fail("q_val", f"shape [P, T, R] = {[P, T, R]} like q_idx", _shape(q_val))
+    if not isinstance(chunk_size, int) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+        _fail("chunk_size", f"an int in {MIN_CHUNK}..{MAX_CHUNK}", chunk_size)
+    if snapshot_quant not in quant.MODES:
+        _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
+    check_layout(S, P, slots_per_stream, shared_bank)
+
+
+def check_layout(S, P, slots_per_stream: int, shared_bank: bool) -> None:
+    if slots_per_stream < 0:
+        _fail("num_memory_slots", "0 (one shared bank) or the slots per stream (> 0)", slots_per_stream)
+    if slots_per_stream in (0, S):
+        if P > 1 and not shared_bank:
+            _fail("shared_bank", f"True to run {P} streams on one shared bank of {S} rows "
+                  "(it asserts the streams select disjoint slots), or num_memory_slots = S / P", False)
+        return
+    if S % slots_per_stream:
+        _fail("num_memory_slots", f"a divisor of the bank's {S} rows", slots_per_stream)
+    if S // slots_per_stream != P:
+        _fail("num_parallel", f"{S // slots_per_stream} streams (bank rows {S} / num_memory_slots "
+              f"{slots_per_stream})", P)
+
+
+def check_indices(S: int, P: int, slots_per_stream: int, k_idx: Tensor, q_idx: Tensor) -> None:
+    """Index ranges (reads data: real tensors only). Own ranges per stream, or disjoint
+    written slots across the streams of a shared bank."""
+    own = slots_per_stream not in (0, S)
+    for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
+        if idx.numel() == 0:
+            continue
+        if own:
+            base = torch.arange(P, device=idx.device).view(P, 1, 1) * slots_per_stream
+            local = idx.long() - base
+            bad = (local < 0) | (local >= slots_per_stream)
+            if bool(bad.any()):
+                p, t, w = (int(x) for x in bad.nonzero()[0])
+                _fail(name, f"rows of stream {p} in [{p * slots_per_stream}, "
+                      f"{(p + 1) * slots_per_stream})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
+        else:
+            bad = (idx < 0) | (idx >= S)
+            if bool(bad.any()):
+                p, t, w = (int(x) for x in bad.nonzero()[0])
+                _fail(name, f"bank rows in [0, {S})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
+    if not own and P > 1 and k_idx.numel():
+        _check_disjoint(S, P, k_idx, q_idx)
+
+
+def _check_disjoint(S, P, k_idx, q_idx):
+    """shared_bank=True asserts disjoint streams: a row written by one stream is touched by no other."""
+    owner = torch.full((S,), -1, dtype=torch.long, device=k_idx.device)
+    sid = torch.arange(P, device=k_idx.device).view(P, 1, 1)
+    owner.scatter_(0, k_idx.long().reshape(-1), sid.expand_as(k_idx).reshape(-1))
+    for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
+        o = owner[idx.long()]
+        bad = (o >= 0) & (o != sid)
+        if bool(bad.any()):
+            p, t, w = (int(x) for x in bad.nonzero()[0])
+            _fail(name, "streams on a shared bank to select disjoint slots (shared_bank=True)",
+                  f"row {int(idx[p, t, w])} of stream {p} at [{p}, {t}, {w}] also written by stream "
+                  f"{int(o[p, t, w])}")
