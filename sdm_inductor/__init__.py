@@ -9,6 +9,10 @@ from .api import sdm_write_read, to_streams, write_read
 from .ops import count_repeated_write_slots, last_dispatch, repeated_write_slots
 from .validation import SDMArgumentError
 
+# Each subpackage registers itself on import: CUDA kernels (when Triton is there), the
+# Inductor lowerings, and the pattern-rewrite passes (on by import).
+from . import kernels, lowerings, patterns  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -1,0 +1,1 @@
+"""Inductor lowerings for the sdm ops (issue 4)."""
