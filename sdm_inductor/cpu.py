@@ -44,8 +44,8 @@ def _pairs(left_keys: Tensor, sorted_keys: Tensor, order: Tensor) -> _Pairs:
     counts = hi - lo
     left = torch.repeat_interleave(torch.arange(left_keys.numel()), counts)
     starts = torch.cumsum(counts, 0) - counts
-    within = torch.arange(left.numel()) - starts[left]
-    return _Pairs(left, order[lo[left] + within])
+    within = torch.arange(left.numel()) - starts.index_select(0, left)
+    return _Pairs(left, order[lo.index_select(0, left) + within])
 
 
 @dataclass
@@ -54,6 +54,7 @@ class _Block:
     n_seg: int
     kidx: Tensor     # [B, C, W] long, bank rows (padded tokens: row 0)
     qidx: Tensor     # [B, C, R] long
+    rows_idx: Tensor  # [B, C, W + R] long, the rows a chunk gathers (writes, then reads)
     k: Tensor        # [B, C, W] fp32, dense-key weights (0 for repeats, padding)
     q: Tensor        # [B, C, R] fp32
     beta: Tensor     # [B, C] fp32
@@ -63,17 +64,22 @@ class _Block:
     gam: Tensor      # [B, C, W] cumulative log-decay of the entry's slot at its token
     gend: Tensor     # [B, C, W] same at the end of the chunk
     gamq: Tensor     # [B, C, R] cumulative log-decay of a read slot at its token
+    ek: Tensor       # [B, C, W] k * exp(gam): weight of a starting row in r0
+    eq: Tensor       # [B, C, R] q * exp(gamq): weight of a starting row in the reading
+    coef: Tensor     # [B, C, W] k * exp(gend - gam): weight of delta in the final row
     A: Tensor        # [B, C, C]
     QK: Tensor       # [B, C, C]
+    X: Tensor        # [B, C, C] (I + tril(beta A, -1))^-1
     ww: _Pairs       # write-write pairs (same key)
     rw: _Pairs       # read-write pairs (same key)
-    gid: Tensor      # [B*C*W] group (distinct written key) of each write entry
-    rep: Tensor      # [n_groups] first entry of each group
-    rep_valid: Tensor  # [n_groups] bool, group is a real slot (not padding)
-    chunk_groups: Tensor  # [n_chunks + 1] group range of each chunk in the block
+    gid: Tensor      # [B*C*W] group of each write entry, local to its chunk (padding: n)
+    rep: Tensor      # [n_groups] first entry of each group, local to its chunk
+    slot: Tensor     # [n_groups] bank row of each group
+    decay: Tensor    # [n_groups] exp(gend) of each group
+    chunk_groups: list  # group range of chunk c: [chunk_groups[c], chunk_groups[c + 1])
 
 
-def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int) -> _Block:
+def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block:
     """Phase 1 over segments [B, C, *] (chunk-major: segment = chunk * P + stream)."""
     B, C, W = kidx.shape
     R = qidx.shape[-1]
@@ -82,59 +88,72 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int) -> _Block:
     first = (kidx[..., :, None] == kidx[..., None, :]).int().argmax(-1)
     active = (first == torch.arange(W, device=dev)) & valid[..., None]
     k = torch.zeros_like(kval).scatter_add_(-1, first, kval) * active
-    gw = g.expand(B, C, W) * active
+    gflat = (g.expand(B, C, W) * active).reshape(-1)
     q = qval * valid[..., None]
 
-    span = S + C * W
+    # keys: segment-major so that each chunk's groups are contiguous; padded write
+    # entries get private keys after every real one (they touch nothing)
+    span = S
     seg = torch.arange(B, device=dev)[:, None, None] * span
-    pad_key = S + torch.arange(C * W, device=dev).view(1, C, W)
-    key_w = torch.where(valid[..., None], kidx, pad_key) + seg
-    key_r = qidx + seg
-    flat_kw = key_w.reshape(-1)
+    pad_key = B * span + torch.arange(B * C * W, device=dev).view(B, C, W)
+    flat_kw = torch.where(valid[..., None], kidx + seg, pad_key).reshape(-1)
     sorted_kw, order = torch.sort(flat_kw, stable=True)
     ww = _pairs(flat_kw, sorted_kw, order)
-    rw = _pairs(key_r.reshape(-1), sorted_kw, order)
+    rw = _pairs((qidx + seg).reshape(-1), sorted_kw, order)
 
     tok_w = torch.arange(C, device=dev).view(1, C, 1).expand(B, C, W).reshape(-1)
     tok_r = torch.arange(C, device=dev).view(1, C, 1).expand(B, C, R).reshape(-1)
     seg_w = torch.arange(B, device=dev).view(B, 1, 1).expand(B, C, W).reshape(-1)
     seg_r = torch.arange(B, device=dev).view(B, 1, 1).expand(B, C, R).reshape(-1)
-    gflat = gw.reshape(-1)
 
     # cumulative decays: sums over same-key entries at or before the token
-    causal_ww = tok_w[ww.right] <= tok_w[ww.left]
-    gam = torch.zeros_like(gflat).index_add_(
-        0, ww.left[causal_ww], gflat[ww.right[causal_ww]])
-    gend = torch.zeros_like(gflat).index_add_(0, ww.left, gflat[ww.right])
-    causal_rw = tok_w[rw.right] <= tok_r[rw.left]
+    wl, wr = tok_w.index_select(0, ww.left), tok_w.index_select(0, ww.right)
+    g_right = gflat.index_select(0, ww.right)
+    gam = torch.zeros_like(gflat).index_add_(0, ww.left, g_right * (wr <= wl))
+    gend = torch.zeros_like(gflat).index_add_(0, ww.left, g_right)
+    rl = tok_r.index_select(0, rw.left)
+    causal_rw = tok_w.index_select(0, rw.right) <= rl
     gamq = torch.zeros(B * C * R, device=dev).index_add_(
-        0, rw.left[causal_rw], gflat[rw.right[causal_rw]])
+        0, rw.left, gflat.index_select(0, rw.right) * causal_rw)
 
     kflat, qflat = k.reshape(-1), q.reshape(-1)
-    strict = tok_w[ww.right] < tok_w[ww.left]
-    a, b = ww.left[strict], ww.right[strict]
+    neg_inf = torch.tensor(float("-inf"), device=dev)
+    # masked pairs contribute exp(-inf) = 0 (never inf * 0)
+    e = torch.exp(torch.where(wr < wl, gam.index_select(0, ww.left) - gam.index_select(0, ww.right), neg_inf))
     A = torch.zeros(B * C * C, device=dev).index_add_(
-        0, seg_w[a] * C * C + tok_w[a] * C + tok_w[b],
-        kflat[a] * kflat[b] * torch.exp(gam[a] - gam[b]))
-    r, b = rw.left[causal_rw], rw.right[causal_rw]
+        0, seg_w.index_select(0, ww.left) * C * C + wl * C + wr, kflat.index_select(0, ww.left) * kflat.index_select(0, ww.right) * e)
+    e = torch.exp(torch.where(causal_rw, gamq.index_select(0, rw.left) - gam.index_select(0, rw.right), neg_inf))
     QK = torch.zeros(B * C * C, device=dev).index_add_(
-        0, seg_r[r] * C * C + tok_r[r] * C + tok_w[b],
-        qflat[r] * kflat[b] * torch.exp(gamq[r] - gam[b]))
+        0, seg_r.index_select(0, rw.left) * C * C + rl * C + tok_w.index_select(0, rw.right), qflat.index_select(0, rw.left) * kflat.index_select(0, rw.right) * e)
+    A, QK = A.view(B, C, C), QK.view(B, C, C)
+    beta = beta * valid
+    eye = torch.eye(C, device=dev)
+    X = torch.linalg.solve_triangular(eye + torch.tril(beta[..., None] * A, -1), eye.expand(B, C, C),
+                                      upper=False, unitriangular=True)
 
-    # groups of equal written keys, in key order: chunk c owns a contiguous range
+    # groups of equal written keys, in key order; chunk c owns a contiguous range
     new_group = torch.ones_like(sorted_kw, dtype=torch.bool)
     new_group[1:] = sorted_kw[1:] != sorted_kw[:-1]
     gid_sorted = torch.cumsum(new_group, 0) - 1
     gid = torch.empty_like(gid_sorted).scatter_(0, order, gid_sorted)
-    rep = order[new_group]  # stable sort: the first entry of each group
-    rep_valid = (sorted_kw[new_group] % span) < S
-    P_chunk_keys = torch.arange(0, B + 1, device=dev) * span
     group_keys = sorted_kw[new_group]
+    bounds = torch.searchsorted(group_keys, torch.arange(0, B + 1, P, device=dev) * span).tolist()
+    n_chunks = B // P
+    chunk_of_entry = torch.arange(B * C * W, device=dev) // (P * C * W)
+    g0 = torch.tensor(bounds[:-1], device=dev).index_select(0, chunk_of_entry)
+    n_of = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev).index_select(0, chunk_of_entry)
+    gid = torch.where(valid[..., None].expand(B, C, W).reshape(-1), gid - g0, n_of)
+    n_real = bounds[-1]
+    rep = order[new_group][:n_real]  # stable sort: the first entry of each group
+    counts = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev)
+    group_chunk = torch.repeat_interleave(torch.arange(n_chunks, device=dev), counts)
+    rep_local = rep - group_chunk * (P * C * W)
+    gam3, gend3, gamq3 = gam.view(B, C, W), gend.view(B, C, W), gamq.view(B, C, R)
     return _Block(
-        B, kidx, qidx, k, q, beta * valid, v, first, active,
-        gam.view(B, C, W), gend.view(B, C, W), gamq.view(B, C, R),
-        A.view(B, C, C), QK.view(B, C, C), ww, rw, gid, rep, rep_valid,
-        torch.searchsorted(group_keys, P_chunk_keys))
+        B, kidx, qidx, torch.cat([kidx, qidx], -1), k, q, beta, v, first, active,
+        gam3, gend3, gamq3, k * torch.exp(gam3), q * torch.exp(gamq3),
+        k * torch.exp(gend3 - gam3), A, QK, X, ww, rw, gid, rep_local,
+        kidx.reshape(-1).index_select(0, rep), torch.exp(gend.index_select(0, rep)), bounds)
 
 
 def _segments(x: Tensor, C: int, n_chunks: int, fill=0):
@@ -172,41 +191,25 @@ class _Inputs:
         seg = lambda x: _segments(x, self.C, n)
         return _phase1(seg(k_idx.long()), seg(k_val.float()), seg(g.float()),
                        seg(q_idx.long()), seg(q_val.float()), seg(beta.float()),
-                       seg(v.float()), seg(valid), self.S)
+                       seg(v.float()), seg(valid), self.S, self.P)
 
 
-def _chunk_slices(blk: _Block, c: int, P: int):
-    return slice(c * P, (c + 1) * P)
-
-
-def _unit_lower(blk: _Block, s: slice) -> Tensor:
-    A = blk.A[s]
-    C = A.shape[-1]
-    return torch.eye(C, device=A.device) + torch.tril(blk.beta[s][..., None] * A, -1)
-
-
-def _chunk_forward(blk: _Block, c: int, P: int, M0w: Tensor, M0q: Tensor):
-    """Phase 2 maths of chunk c of a block given its starting rows (fp32)."""
-    s = _chunk_slices(blk, c, P)
-    ek = blk.k[s] * torch.exp(blk.gam[s])
-    eq = blk.q[s] * torch.exp(blk.gamq[s])
-    r0 = (ek[..., None] * M0w).sum(2)
-    inter = (eq[..., None] * M0q).sum(2)
+def _forward_chunk(blk: _Block, s: slice, rows: Tensor):
+    """Phase 2 maths of one chunk given its starting rows [P, C, W+R, hd] (fp32)."""
+    W = blk.k.shape[-1]
+    M0w, M0q = rows[:, :, :W], rows[:, :, W:]
+    r0 = (blk.ek[s][..., None] * M0w).sum(2)
     u = blk.beta[s][..., None] * (blk.v[s] - r0)
-    L = _unit_lower(blk, s)
-    delta = torch.linalg.solve_triangular(L, u, upper=False, unitriangular=True)
-    y = inter + blk.QK[s] @ delta
-    return ek, eq, r0, L, delta, y
+    delta = blk.X[s] @ u
+    return M0w, M0q, r0, u, delta
 
 
-def _chunk_groups(blk: _Block, c: int, P: int, C: int, W: int):
-    """This chunk's distinct written keys: local entry ids of their reps, and entry->group."""
-    g0, g1 = int(blk.chunk_groups[c * P]), int(blk.chunk_groups[(c + 1) * P])
-    e0 = c * P * C * W
-    gid = blk.gid[e0:e0 + P * C * W] - g0
-    rep = blk.rep[g0:g1] - e0
-    valid = blk.rep_valid[g0:g1]
-    return gid, rep[valid], valid, g1 - g0
+def _groups(blk: _Block, c: int, P: int):
+    """Chunk c's distinct written rows: (entry -> group, rep entry, bank row, decay, count)."""
+    C, W = blk.k.shape[1:]
+    n = P * C * W
+    g0, g1 = blk.chunk_groups[c], blk.chunk_groups[c + 1]
+    return (blk.gid[c * n:(c + 1) * n], blk.rep[g0:g1], blk.slot[g0:g1], blk.decay[g0:g1], g1 - g0)
 
 
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
@@ -223,33 +226,22 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     for c0 in inp.blocks():
         blk = inp.block(c0)
         for c in range(blk.n_seg // P):
-            s = _chunk_slices(blk, c, P)
-            rows = bank[torch.cat([blk.kidx[s], blk.qidx[s]], -1)]   # [P, C, W+R, hd]
-            store.put((c0 + c) * P * C, rows.reshape(P * C, W + R, hd))
-            rows = rows.float()
-            M0w, M0q = rows[:, :, :W], rows[:, :, W:]
-            ek, eq, r0, L, delta, y = _chunk_forward(blk, c, P, M0w, M0q)
+            s = slice(c * P, (c + 1) * P)
+            rows = bank.index_select(0, blk.rows_idx[s].reshape(-1))
+            store.put((c0 + c) * P * C, rows.view(P * C, W + R, hd))
+            rows = rows.view(P, C, W + R, hd).float()
+            M0w, M0q, _, _, delta = _forward_chunk(blk, s, rows)
+            y = (blk.eq[s][..., None] * M0q).sum(2) + blk.QK[s] @ delta
             t0 = (c0 + c) * C
             n = min(C, T - t0)
-            readings[:, t0:t0 + n] = y[:, :n].to(bank.dtype)
-            _write_rows(bank, blk, c, P, M0w, delta)
+            readings[:, t0:t0 + n] = y[:, :n]
+            # M_end of each distinct written row, written exactly once
+            gid, rep, slot, decay, n_groups = _groups(blk, c, P)
+            contrib = (blk.coef[s][..., None] * delta[:, :, None, :]).reshape(-1, hd)
+            acc = torch.zeros(n_groups + 1, hd, device=bank.device).index_add_(0, gid, contrib)
+            new = decay[:, None] * M0w.reshape(-1, hd).index_select(0, rep) + acc[:n_groups]
+            bank.index_copy_(0, slot, new.to(bank.dtype))
     return readings, *store.tensors()
-
-
-def _write_rows(bank, blk: _Block, c: int, P: int, M0w: Tensor, delta: Tensor):
-    """M_end of each distinct written slot of the chunk, written exactly once."""
-    s = _chunk_slices(blk, c, P)
-    _, C, W = blk.k[s].shape
-    gid, rep, _, n_groups = _chunk_groups(blk, c, P, C, W)
-    coef = blk.k[s] * torch.exp(blk.gend[s] - blk.gam[s])          # [P, C, W]
-    contrib = (coef[..., None] * delta[:, :, None, :]).reshape(-1, delta.shape[-1])
-    acc = torch.zeros(n_groups, delta.shape[-1], device=delta.device).index_add_(0, gid, contrib)
-    valid_groups = blk.rep_valid[int(blk.chunk_groups[c * P]):int(blk.chunk_groups[(c + 1) * P])]
-    acc = acc[valid_groups]
-    M0w = M0w.reshape(-1, M0w.shape[-1])
-    gend = blk.gend[s].reshape(-1)
-    new = torch.exp(gend[rep])[:, None] * M0w[rep] + acc
-    bank[blk.kidx[s].reshape(-1)[rep]] = new.to(bank.dtype)
 
 
 def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, saved_scales: Tensor,
@@ -275,15 +267,14 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     for c0 in reversed(list(inp.blocks())):
         blk = inp.block(c0)
         n_chunks = blk.n_seg // P
-        B = blk.n_seg
-        grads = _BlockGrads(B, C, W, R, hd)
+        grads = _BlockGrads(blk.n_seg, C, W, R, hd)
         for c in reversed(range(n_chunks)):
             t0 = (c0 + c) * C
             n = min(C, T - t0)
             dy = torch.zeros(P, C, hd)
             dy[:, :n] = dy_all[:, t0:t0 + n]
             rows = store.get((c0 + c) * P * C, P * C).view(P, C, W + R, hd)
-            _chunk_backward(blk, c, P, rows[:, :, :W], rows[:, :, W:], dy, dB, grads)
+            _chunk_backward(blk, c, P, rows, dy, dB, grads)
         dk, dq, dgw = _pair_backward(blk, grads)
         # back from the dense-key entries to the user's entries
         dk = torch.gather(dk, -1, blk.first)
@@ -321,30 +312,23 @@ class _BlockGrads:
         self.dbeta = torch.zeros(B, C)
 
 
-def _chunk_backward(blk: _Block, c: int, P: int, M0w, M0q, dy, dB: Tensor, gr: _BlockGrads):
-    s = _chunk_slices(blk, c, P)
-    M0w, M0q = M0w.float(), M0q.float()
-    _, C, W = blk.k[s].shape
-    ek, eq, r0, L, delta, _ = _chunk_forward(blk, c, P, M0w, M0q)
-    kidx, qidx = blk.kidx[s], blk.qidx[s]
-    gid, rep, _, _ = _chunk_groups(blk, c, P, C, W)
+def _chunk_backward(blk: _Block, c: int, P: int, rows, dy, dB: Tensor, gr: _BlockGrads):
+    s = slice(c * P, (c + 1) * P)
+    hd = rows.shape[-1]
+    M0w, M0q, r0, u, delta = _forward_chunk(blk, s, rows)
+    gid, rep, slot, decay, _ = _groups(blk, c, P)
 
-    Dw = dB[kidx].float()                                            # dL/dM_end of each entry's slot
-    coef = blk.k[s] * torch.exp(blk.gend[s] - blk.gam[s])
+    Dw = dB.index_select(0, blk.kidx[s].reshape(-1)).float().view(M0w.shape)  # dL/dM_end per entry
     gr.dcoef[s] = (Dw * delta[:, :, None, :]).sum(-1)
-    ddelta = (coef[..., None] * Dw).sum(2) + blk.QK[s].transpose(-1, -2) @ dy
+    ddelta = (blk.coef[s][..., None] * Dw).sum(2) + blk.QK[s].transpose(-1, -2) @ dy
     gr.dQK[s] = torch.tril(dy @ delta.transpose(-1, -2))
-
-    flatw = M0w.reshape(-1, M0w.shape[-1])
-    Dflat = Dw.reshape(-1, Dw.shape[-1])
-    decay = torch.exp(blk.gend[s].reshape(-1)[rep])[:, None]
-    e0 = c * P * C * W
-    gr.dgend[e0 + rep] = (Dflat[rep] * decay * flatw[rep]).sum(-1)
-
+    D_rep = Dw.reshape(-1, hd).index_select(0, rep)
+    gr.dgend[c * P * M0w.shape[1] * M0w.shape[2] + rep] = (D_rep * decay[:, None]
+                                                            * M0w.reshape(-1, hd).index_select(0, rep)).sum(-1)
     gr.deq[s] = (dy[:, :, None, :] * M0q).sum(-1)
-    dM0q = eq[..., None] * dy[:, :, None, :]
+    dM0q = blk.eq[s][..., None] * dy[:, :, None, :]
 
-    du = torch.linalg.solve_triangular(L.transpose(-1, -2), ddelta, upper=True, unitriangular=True)
+    du = blk.X[s].transpose(-1, -2) @ ddelta
     dL = torch.tril(-(du @ delta.transpose(-1, -2)), -1)
     beta = blk.beta[s]
     gr.dA[s] = beta[..., None] * dL
@@ -352,13 +336,12 @@ def _chunk_backward(blk: _Block, c: int, P: int, M0w, M0q, dy, dB: Tensor, gr: _
     gr.dv[s] = beta[..., None] * du
     dr0 = -beta[..., None] * du
     gr.dek[s] = (dr0[:, :, None, :] * M0w).sum(-1)
-    dM0w = ek[..., None] * dr0[:, :, None, :]
+    dM0w = blk.ek[s][..., None] * dr0[:, :, None, :]
 
     # the bank gradient at the chunk start: written rows are replaced by their decay term
-    kflat = kidx.reshape(-1)
-    dB[kflat[rep]] = (decay * Dflat[rep]).to(dB.dtype)
-    dB.index_add_(0, kflat, dM0w.reshape(-1, dM0w.shape[-1]).to(dB.dtype))
-    dB.index_add_(0, qidx.reshape(-1), dM0q.reshape(-1, dM0q.shape[-1]).to(dB.dtype))
+    dB.index_copy_(0, slot, (decay[:, None] * D_rep).to(dB.dtype))
+    dM0 = torch.cat([dM0w, dM0q], 2).reshape(-1, hd)
+    dB.index_add_(0, blk.rows_idx[s].reshape(-1), dM0.to(dB.dtype))
 
 
 def _pair_backward(blk: _Block, gr: _BlockGrads):
@@ -367,9 +350,7 @@ def _pair_backward(blk: _Block, gr: _BlockGrads):
     R = blk.q.shape[-1]
     k, q = blk.k.reshape(-1), blk.q.reshape(-1)
     gam, gend, gamq = blk.gam.reshape(-1), blk.gend.reshape(-1), blk.gamq.reshape(-1)
-    eg = torch.exp(gam)
-    egq = torch.exp(gamq)
-    ec = torch.exp(gend - gam)
+    eg, egq, ec = torch.exp(gam), torch.exp(gamq), torch.exp(gend - gam)
     dek, deq, dcoef = gr.dek.reshape(-1), gr.deq.reshape(-1), gr.dcoef.reshape(-1)
     dk = dek * eg + dcoef * ec
     dgam = dek * k * eg - dcoef * k * ec
@@ -382,31 +363,31 @@ def _pair_backward(blk: _Block, gr: _BlockGrads):
     seg_w = torch.arange(B).view(B, 1, 1).expand(B, C, W).reshape(-1)
     seg_r = torch.arange(B).view(B, 1, 1).expand(B, C, R).reshape(-1)
     ww, rw = blk.ww, blk.rw
+    neg_inf = torch.tensor(float("-inf"))
 
-    strict = tok_w[ww.right] < tok_w[ww.left]
-    a, b = ww.left[strict], ww.right[strict]
-    e = torch.exp(gam[a] - gam[b])
-    d = gr.dA.reshape(-1)[seg_w[a] * C * C + tok_w[a] * C + tok_w[b]]
-    dk.index_add_(0, a, d * k[b] * e)
-    dk.index_add_(0, b, d * k[a] * e)
-    t = d * k[a] * k[b] * e
+    a, b = ww.left, ww.right
+    wl, wr = tok_w.index_select(0, a), tok_w.index_select(0, b)
+    e = torch.exp(torch.where(wr < wl, gam.index_select(0, a) - gam.index_select(0, b), neg_inf))
+    d = gr.dA.reshape(-1).index_select(0, seg_w.index_select(0, a) * C * C + wl * C + wr) * e
+    dk.index_add_(0, a, d * k.index_select(0, b))
+    dk.index_add_(0, b, d * k.index_select(0, a))
+    t = d * k.index_select(0, a) * k.index_select(0, b)
     dgam.index_add_(0, a, t)
     dgam.index_add_(0, b, -t)
 
-    causal_rw = tok_w[rw.right] <= tok_r[rw.left]
-    r, b = rw.left[causal_rw], rw.right[causal_rw]
-    e = torch.exp(gamq[r] - gam[b])
-    d = gr.dQK.reshape(-1)[seg_r[r] * C * C + tok_r[r] * C + tok_w[b]]
-    dq.index_add_(0, r, d * k[b] * e)
-    dk.index_add_(0, b, d * q[r] * e)
-    t = d * q[r] * k[b] * e
+    r, b = rw.left, rw.right
+    rl, rr = tok_r.index_select(0, r), tok_w.index_select(0, b)
+    causal_rw = rr <= rl
+    e = torch.exp(torch.where(causal_rw, gamq.index_select(0, r) - gam.index_select(0, b), neg_inf))
+    d = gr.dQK.reshape(-1).index_select(0, seg_r.index_select(0, r) * C * C + rl * C + rr) * e
+    dq.index_add_(0, r, d * k.index_select(0, b))
+    dk.index_add_(0, b, d * q.index_select(0, r))
+    t = d * q.index_select(0, r) * k.index_select(0, b)
     dgamq.index_add_(0, r, t)
     dgam.index_add_(0, b, -t)
 
     # gates: each cumulative decay is a sum of same-key gates at or before its token
-    causal_ww = tok_w[ww.right] <= tok_w[ww.left]
     dg = torch.zeros_like(k)
-    dg.index_add_(0, ww.right[causal_ww], dgam[ww.left[causal_ww]])
-    dg.index_add_(0, ww.right, dgend[ww.left])
-    dg.index_add_(0, b, dgamq[r])
+    dg.index_add_(0, ww.right, dgam.index_select(0, ww.left) * (wr <= wl) + dgend.index_select(0, ww.left))
+    dg.index_add_(0, rw.right, dgamq.index_select(0, rw.left) * causal_rw)
     return dk.view(B, C, W), dq.view(B, C, R), dg.view(B, C, W)

@@ -1,0 +1,90 @@
+"""Random valid sdm inputs and error measures, shared by tests and benchmarks."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["SDMInputs", "make_inputs", "rel_err", "reference_outputs", "FLOAT_INPUTS"]
+
+# positions of the differentiable inputs in SDMInputs
+FLOAT_INPUTS = (0, 2, 3, 4, 5, 7)
+
+
+class SDMInputs(NamedTuple):
+    bank: Tensor
+    k_idx: Tensor
+    k_val: Tensor
+    v: Tensor
+    beta: Tensor
+    g: Tensor
+    q_idx: Tensor
+    q_val: Tensor
+
+    def to(self, *args, **kwargs) -> "SDMInputs":
+        return SDMInputs(*(t.to(*args, **kwargs) if t.is_floating_point() else t for t in self))
+
+    def leaves(self, requires_grad: bool = True) -> "SDMInputs":
+        """Fresh leaf copies; float inputs require grad."""
+        return SDMInputs(*(t.detach().clone().requires_grad_(requires_grad and i in FLOAT_INPUTS)
+                           for i, t in enumerate(self)))
+
+
+def make_inputs(P: int = 1, T: int = 16, W: int = 4, R: int = 4, hd: int = 8,
+                slots_per_stream: int = 64, *, per_write_gate: bool = False,
+                shared_bank: bool = False, repeats: bool = False, dtype=torch.float32,
+                index_dtype=torch.int64, device="cpu", seed: int | None = None,
+                gate_scale: float = 1.0) -> SDMInputs:
+    """Random inputs in the op's [P, T, *] layout.
+
+    Streams own rows ``[p * slots_per_stream, (p + 1) * slots_per_stream)`` of one bank of
+    ``P * slots_per_stream`` rows (with ``shared_bank`` the same disjoint rows, to be run
+    with ``slots_per_stream=0, shared_bank=True``). Write slots are distinct per token
+    unless ``repeats``, which makes some tokens write a slot twice.
+    """
+    gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    sph = slots_per_stream
+    if W > sph:
+        raise ValueError(f"W={W} distinct slots need slots_per_stream >= W, got {sph}")
+    base = (torch.arange(P) * sph).view(P, 1, 1)
+    k_idx = torch.rand(P, T, sph, generator=gen).argsort(-1)[..., :W] + base
+    if repeats and W > 1 and T > 0:
+        k_idx[:, ::2, -1] = k_idx[:, ::2, 0]
+    q_idx = torch.randint(0, sph, (P, T, R), generator=gen) + base
+    if R > 1 and T > 0:  # read some just-written slots: the in-chunk interactions
+        q_idx[..., 0] = k_idx[..., 0]
+    k_val = torch.randn(P, T, W, generator=gen).softmax(-1)
+    q_val = torch.randn(P, T, R, generator=gen)
+    v = torch.randn(P, T, hd, generator=gen)
+    beta = torch.rand(P, T, generator=gen)
+    g = -torch.rand(P, T, W if per_write_gate else 1, generator=gen) * gate_scale
+    bank = torch.randn(P * sph, hd, generator=gen)
+    ins = SDMInputs(bank.to(dtype), k_idx.to(index_dtype), k_val.to(dtype), v.to(dtype),
+                    beta, g, q_idx.to(index_dtype), q_val.to(dtype))
+    return SDMInputs(*(t.to(device) for t in ins))
+
+
+def rel_err(a: Tensor, b: Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (NaN never passes)."""
+    a, b = a.detach().double(), b.detach().double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    den = b.norm()
+    return float((a - b).norm() / (den if den > 0 else 1.0))
+
+
+def reference_outputs(ins: SDMInputs, grad_out=None, compute_dtype=torch.float64):
+    """Oracle readings, final bank and (with ``grad_out = (dy, dM)``) the six gradients."""
+    from .reference import sdm_write_read_reference
+
+    leaves = ins.to(compute_dtype).leaves(grad_out is not None)
+    y, M = sdm_write_read_reference(*leaves, compute_dtype=compute_dtype)
+    if grad_out is None:
+        return y.detach(), M.detach(), None
+    dy, dM = grad_out
+    loss = (y * dy.to(compute_dtype)).sum() + (M * dM.to(compute_dtype)).sum()
+    grads = torch.autograd.grad(loss, [leaves[i] for i in FLOAT_INPUTS], allow_unused=True)
+    grads = tuple(torch.zeros_like(leaves[i]) if g is None else g
+                  for i, g in zip(FLOAT_INPUTS, grads))
+    return y.detach(), M.detach(), grads
