@@ -1,7 +1,7 @@
 """Storage of what the backward keeps of the touched rows (``snapshot_quant``).
 
 "none": the bank's dtype. "bf16": bfloat16. "fp8": float8 e4m3 with one fp32 scale
-per row. "int4": two signed 4-bit values per byte with one fp32 scale per row.
+per row, kept as its bytes (uint8) so that the op's outputs support ordinary tensor ops. "int4": two signed 4-bit values per byte with one fp32 scale per row.
 Rows are quantized one at a time (the last dim), so any layout ``[..., hd]`` works.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ def storage(mode: str, bank_dtype: torch.dtype, hd: int):
     if mode == "bf16":
         return torch.bfloat16, hd, False
     if mode == "fp8":
-        return torch.float8_e4m3fn, hd, True
+        return torch.uint8, hd, True
     if mode == "int4":
         return torch.uint8, (hd + 1) // 2, True
     raise ValueError(f"snapshot_quant: expected one of {MODES}, got {mode!r}")
@@ -38,7 +38,7 @@ def quantize(rows: Tensor, mode: str, bank_dtype: torch.dtype):
     scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
     y = x / scale[..., None]
     if mode == "fp8":
-        return y.to(torch.float8_e4m3fn), scale
+        return y.to(torch.float8_e4m3fn).view(torch.uint8), scale
     n = torch.round(y).clamp_(-8, 7).to(torch.int16) + 8   # 0..15
     if n.shape[-1] % 2:
         n = torch.nn.functional.pad(n, (0, 1), value=8)
@@ -51,7 +51,7 @@ def dequantize(stored: Tensor, scales: Tensor | None, mode: str, hd: int) -> Ten
     if mode in ("none", "bf16"):
         return stored.float()
     if mode == "fp8":
-        return stored.float() * scales[..., None]
+        return stored.view(torch.float8_e4m3fn).float() * scales[..., None]
     b = stored.to(torch.int16)
     n = torch.stack([b & 0xF, b >> 4], -1).flatten(-2)[..., :hd]
     return (n - 8).float() * scales[..., None]

@@ -1,0 +1,328 @@
+"""The sdm op contract on CPU, against the token-loop oracle (issue 2)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import sdm_inductor
+from sdm_inductor.testing import FLOAT_INPUTS, make_inputs, reference_outputs, rel_err
+
+GRAD_NAMES = ("memory", "k_val", "v", "beta", "g", "q_val")
+
+
+def run_op(ins, dy, dM, **opts):
+    """Functional op with gradients: (readings, final bank, six grads)."""
+    leaves = ins.leaves()
+    y, M = sdm_inductor.write_read(*leaves, **opts)
+    ((y.float() * dy).sum() + (M.float() * dM).sum()).backward()
+    return y.detach(), M.detach(), tuple(leaves[i].grad for i in FLOAT_INPUTS)
+
+
+def check_against_oracle(ins, opts, fwd_tol, grad_tol):
+    P, T = ins.k_idx.shape[:2]
+    dy = torch.randn(P, T, ins.bank.shape[1])
+    dM = torch.randn(ins.bank.shape)
+    y0, M0, g0 = reference_outputs(ins, (dy, dM))
+    y, M, grads = run_op(ins, dy, dM, **opts)
+    assert rel_err(y, y0) <= fwd_tol, ("readings", rel_err(y, y0))
+    assert rel_err(M, M0) <= fwd_tol, ("final bank", rel_err(M, M0))
+    for name, a, b in zip(GRAD_NAMES, grads, g0):
+        assert a.dtype == ins[GRAD_NAMES.index(name) and FLOAT_INPUTS[GRAD_NAMES.index(name)]].dtype
+        assert rel_err(a, b) <= grad_tol, (name, rel_err(a, b))
+
+
+# (P, T, C, shared bank, per-write gate, index dtype): covers P in {1, 3}, own ranges and
+# a shared bank, both gate widths, T in {1, C-1, C, 2C+5}, C in {16, 64, 256}, int32/int64
+CASES = [
+    (1, 1, 16, False, False, torch.int64),
+    (1, 15, 16, False, True, torch.int32),
+    (3, 16, 16, False, False, torch.int64),
+    (3, 37, 16, True, True, torch.int64),
+    (1, 63, 64, False, False, torch.int32),
+    (3, 64, 64, True, False, torch.int32),
+    (1, 133, 64, False, True, torch.int64),
+    (1, 255, 256, False, False, torch.int64),
+    (2, 256, 256, False, True, torch.int32),
+    (1, 517, 256, True, False, torch.int64),
+]
+
+
+def _opts(P, C, shared, sph=24):
+    return dict(chunk_size=C, slots_per_stream=0 if shared else sph, shared_bank=shared)
+
+
+@pytest.mark.parametrize("P,T,C,shared,per_write,idx_dtype", CASES)
+def test_fp32_matches_oracle(P, T, C, shared, per_write, idx_dtype):
+    ins = make_inputs(P, T, W=4, R=3, hd=8, slots_per_stream=24, per_write_gate=per_write,
+                      index_dtype=idx_dtype)
+    check_against_oracle(ins, _opts(P, C, shared), 1e-5, 1e-4)
+
+
+@pytest.mark.parametrize("P,T,C,shared,per_write", [(1, 40, 16, False, False),
+                                                    (3, 70, 64, True, True)])
+def test_bf16_bank_matches_oracle(P, T, C, shared, per_write):
+    ins = make_inputs(P, T, W=4, R=3, hd=16, slots_per_stream=32, per_write_gate=per_write,
+                      dtype=torch.bfloat16)
+    check_against_oracle(ins, _opts(P, C, shared, 32), 2e-2, 2e-2)
+
+
+def test_strong_gates_and_wide_slots():
+    """Large decays (exp factors far from 1) and W, R up to 32 in one chunk."""
+    ins = make_inputs(2, 50, W=32, R=32, hd=8, slots_per_stream=80, per_write_gate=True,
+                      gate_scale=8.0)
+    check_against_oracle(ins, _opts(2, 32, False, 80), 1e-5, 1e-4)
+
+
+@pytest.mark.parametrize("per_write", [False, True])
+def test_repeated_write_slots_dense_key_meaning(per_write):
+    ins = make_inputs(2, 30, W=4, R=3, hd=8, slots_per_stream=24, per_write_gate=per_write,
+                      repeats=True)
+    n = sdm_inductor.repeated_write_slots(ins.k_idx)
+    assert n == 2 * 15  # every other token repeats one slot
+    check_against_oracle(ins, _opts(2, 16, False), 1e-5, 1e-4)
+    assert sdm_inductor.repeated_write_slots() == n  # recorded by the last call
+    clean = make_inputs(1, 10, seed=3)
+    sdm_inductor.write_read(*clean, chunk_size=16)
+    assert sdm_inductor.repeated_write_slots() == 0
+
+
+def test_chunk_size_invariance():
+    ins = make_inputs(2, 300, W=6, R=5, hd=8, slots_per_stream=40, per_write_gate=True)
+    outs = [sdm_inductor.write_read(*ins, chunk_size=C, slots_per_stream=40)
+            for C in (16, 48, 64, 256)]
+    for y, M in outs[1:]:
+        assert rel_err(y, outs[0][0]) < 1e-5 and rel_err(M, outs[0][1]) < 1e-5
+
+
+def test_bitwise_deterministic():
+    ins = make_inputs(3, 90, W=5, R=4, hd=8, slots_per_stream=20, per_write_gate=True,
+                      repeats=True)
+    dy, dM = torch.randn(3, 90, 8), torch.randn(60, 8)
+    a = run_op(ins, dy, dM, chunk_size=32, slots_per_stream=20)
+    b = run_op(ins, dy, dM, chunk_size=32, slots_per_stream=20)
+    for x, y in zip((a[0], a[1], *a[2]), (b[0], b[1], *b[2])):
+        assert torch.equal(x, y)
+
+
+def test_inputs_untouched_by_functional_op():
+    ins = make_inputs(1, 20)
+    copies = [t.clone() for t in ins]
+    sdm_inductor.write_read(*ins, chunk_size=16)
+    assert all(torch.equal(a, b) for a, b in zip(ins, copies))
+
+
+@pytest.mark.parametrize("mode,tol", [("bf16", 1e-2), ("fp8", 6e-2), ("int4", 0.35)])
+def test_snapshot_quant(mode, tol):
+    """Quantized snapshots change only the backward, within the storage's precision."""
+    ins = make_inputs(2, 60, W=4, R=3, hd=16, slots_per_stream=32)
+    dy, dM = torch.randn(2, 60, 16), torch.randn(64, 16)
+    y0, M0, g0 = run_op(ins, dy, dM, chunk_size=16, slots_per_stream=32)
+    y, M, grads = run_op(ins, dy, dM, chunk_size=16, slots_per_stream=32, snapshot_quant=mode)
+    assert torch.equal(y, y0) and torch.equal(M, M0)
+    errs = [rel_err(a, b) for a, b in zip(grads, g0)]
+    assert max(errs) <= tol, errs
+    assert max(errs) > 0  # the stored rows really were quantized
+
+
+def test_snapshot_bf16_on_bf16_bank_is_none():
+    ins = make_inputs(1, 40, hd=16, dtype=torch.bfloat16)
+    dy, dM = torch.randn(1, 40, 16), torch.randn(64, 16)
+    a = run_op(ins, dy, dM, chunk_size=16)
+    b = run_op(ins, dy, dM, chunk_size=16, snapshot_quant="bf16")
+    assert all(torch.equal(x, y) for x, y in zip(a[2], b[2]))
+
+
+def test_grad_bank_fp32():
+    ins = make_inputs(1, 200, W=4, R=4, hd=16, slots_per_stream=16, dtype=torch.bfloat16)
+    dy, dM = torch.randn(1, 200, 16), torch.randn(16, 16)
+    _, _, g0 = reference_outputs(ins, (dy, dM))
+    _, _, lo = run_op(ins, dy, dM, chunk_size=16)
+    _, _, hi = run_op(ins, dy, dM, chunk_size=16, grad_bank_fp32=True)
+    assert hi[0].dtype == torch.bfloat16
+    assert rel_err(hi[0], g0[0]) <= 2e-2
+    assert rel_err(hi[0], g0[0]) <= rel_err(lo[0], g0[0]) + 1e-3
+
+
+def test_no_grad_saves_nothing():
+    ins = make_inputs(1, 100)
+    out = torch.ops.sdm.write_read(*ins, 16, 0, False, "none", False, False)
+    assert out[2].numel() == 0 and out[3].numel() == 0
+    ins = make_inputs(1, 100).leaves()
+    out = torch.ops.sdm.write_read(*ins, 16, 0, False, "none", False, False)
+    with pytest.raises(RuntimeError, match="save_for_backward=False"):
+        out[0].sum().backward()
+
+
+def test_block_bounded_working_memory(monkeypatch):
+    """Phase 1 runs on blocks of chunks: results do not depend on the block size."""
+    from sdm_inductor import cpu
+    ins = make_inputs(2, 200, W=4, R=3, hd=8, slots_per_stream=24)
+    y0, M0 = sdm_inductor.write_read(*ins, chunk_size=16, slots_per_stream=24)
+    monkeypatch.setattr(cpu, "_BLOCK_ENTRIES", 2 * 16 * 4)  # one chunk per block
+    y1, M1 = sdm_inductor.write_read(*ins, chunk_size=16, slots_per_stream=24)
+    assert rel_err(y1, y0) < 1e-6 and rel_err(M1, M0) < 1e-6
+
+
+# ------------------------------------------------------------------ the 2.0.0 interface
+
+def test_sdm_write_read_in_place_flat_layout():
+    ins = make_inputs(3, 21, W=4, R=3, hd=8, slots_per_stream=24, per_write_gate=True)
+    y0, M0, _ = reference_outputs(ins)
+    flat = [t.reshape(63, *t.shape[2:]) for t in ins[1:]]
+    memory = ins.bank.clone()
+    with torch.no_grad():
+        y = sdm_inductor.sdm_write_read(memory, *flat, chunk_size=16, num_memory_slots=24,
+                                        num_parallel=3, key_weighted_decay=True)
+    assert y.shape == (63, 8)
+    assert rel_err(y, y0.reshape(63, 8)) < 1e-5 and rel_err(memory, M0) < 1e-5
+
+
+def test_sdm_write_read_gradients_reach_initial_memory():
+    ins = make_inputs(2, 30, W=4, R=3, hd=8, slots_per_stream=24)
+    dy, dM = torch.randn(60, 8), torch.zeros(48, 8)
+    _, _, g0 = reference_outputs(ins, (dy.view(2, 30, 8), dM))
+    memory, *rest = ins.leaves()
+    before = memory.detach().clone()
+    flat = [t.reshape(60, *t.shape[2:]) if i != 3 else t.reshape(60) for i, t in enumerate(rest)]
+    y = sdm_inductor.sdm_write_read(memory, *flat, chunk_size=16, num_memory_slots=24,
+                                    num_parallel=2)
+    assert not torch.equal(memory.detach(), before)  # advanced in place
+    (y * dy).sum().backward()
+    assert rel_err(memory.grad, g0[0]) < 1e-4
+    assert rel_err(rest[1].grad, g0[1]) < 1e-4 and rel_err(rest[4].grad, g0[4]) < 1e-4
+
+
+def test_beta_and_g_flat_forms():
+    ins = make_inputs(1, 20)
+    ref = sdm_inductor.sdm_write_read(ins.bank.clone(), *[t[0] for t in ins[1:]], chunk_size=16)
+    for beta, g in ((ins.beta[0][:, None], ins.g[0][:, 0]), (ins.beta[0], ins.g[0])):
+        y = sdm_inductor.sdm_write_read(ins.bank.clone(), ins.k_idx[0], ins.k_val[0], ins.v[0],
+                                        beta, g, ins.q_idx[0], ins.q_val[0], chunk_size=16)
+        assert torch.equal(y, ref)
+
+
+# ------------------------------------------------------------------ malformed calls
+
+def _call(**over):
+    ins = make_inputs(2, 12, W=4, R=3, hd=8, slots_per_stream=24)
+    args = dict(zip(("memory", "k_idx", "k_val", "v", "beta", "g", "q_idx", "q_val"), ins))
+    kw = dict(chunk_size=16, num_memory_slots=24, num_parallel=2)
+    for k, v in over.items():
+        if k in args:
+            args[k] = v(args[k])
+        else:
+            kw[k] = v
+    memory = args.pop("memory")
+    before = memory.clone()
+    return memory, before, lambda: sdm_inductor.sdm_write_read(memory, *args.values(), **kw)
+
+
+BAD = [
+    ("memory", dict(memory=lambda m: m.double()), "float32 or bfloat16"),
+    ("memory", dict(memory=lambda m: m[None]), "2-D"),
+    ("k_idx", dict(k_idx=lambda t: t.float()), "int32 or int64"),
+    ("k_val", dict(k_val=lambda t: t[..., :3]), "shape"),
+    ("v", dict(v=lambda t: t[..., :5]), "hd"),
+    ("beta", dict(beta=lambda t: t[:, :5]), "leading shape"),
+    ("beta", dict(beta=lambda t: t[..., None].expand(2, 12, 2)), "one value per token"),
+    ("g", dict(g=lambda t: t.expand(2, 12, 3)), "W"),
+    ("q_val", dict(q_val=lambda t: t[..., :2]), "like q_idx"),
+    ("q_idx", dict(q_idx=lambda t: t.int().float()), "int32 or int64"),
+    ("chunk_size", dict(chunk_size=8), "16..256"),
+    ("chunk_size", dict(chunk_size=512), "16..256"),
+    ("snapshot_quant", dict(snapshot_quant="fp4"), "one of"),
+    ("num_memory_slots", dict(num_memory_slots=7), "divisor"),
+    ("num_parallel", dict(num_memory_slots=12), "streams"),
+    ("num_parallel", dict(num_parallel=5), "streams"),
+    ("shared_bank", dict(num_memory_slots=0), "shared_bank"),
+    ("g", dict(key_weighted_decay=True), "per write slot"),
+    ("k_idx", dict(k_idx=lambda t: t + 24), "rows of stream"),
+    ("q_idx", dict(q_idx=lambda t: t - 1), "rows of stream"),
+]
+
+
+@pytest.mark.parametrize("arg,over,msg", BAD, ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(BAD)])
+def test_malformed_call_refused_before_work(arg, over, msg):
+    memory, before, call = _call(**over)
+    with pytest.raises(ValueError, match=msg) as info:
+        call()
+    assert f"'{arg}'" in str(info.value)
+    if memory.dtype == before.dtype and memory.shape == before.shape:
+        assert torch.equal(memory, before)
+
+
+def test_slots_per_token_limits():
+    ins = make_inputs(1, 4, W=4)
+    with pytest.raises(ValueError, match="'k_idx'.*1..256"):
+        sdm_inductor.write_read(ins.bank, ins.k_idx[..., :0], ins.k_val[..., :0], *ins[3:],
+                                chunk_size=16)
+    wide = torch.zeros(1, 4, 257, dtype=torch.long)
+    with pytest.raises(ValueError, match="'q_idx'.*1..256"):
+        sdm_inductor.write_read(*ins[:6], wide, wide.float(), chunk_size=16)
+
+
+def test_shared_bank_must_be_disjoint():
+    ins = make_inputs(2, 10, W=4, R=3, hd=8, slots_per_stream=24)
+    k_idx = ins.k_idx.clone()
+    k_idx[1, 3, 0] = k_idx[0, 0, 1]  # stream 1 writes a row of stream 0
+    bank = ins.bank.clone()
+    with pytest.raises(ValueError, match="disjoint"):
+        torch.ops.sdm.write_read_(bank, k_idx, *ins[2:], 16, 0, True)
+    assert torch.equal(bank, ins.bank)
+
+
+def test_device_mismatch_named():
+    ins = make_inputs(1, 4)
+    with pytest.raises(ValueError, match="'v'.*device"):
+        sdm_inductor.write_read(ins.bank, ins.k_idx, ins.k_val, ins.v.to("meta"), *ins[4:],
+                                chunk_size=16)
+
+
+# ------------------------------------------------------------------ opcheck
+
+OPCHECK_CONFIGS = [
+    dict(P=1, T=5, W=2, R=2, per_write_gate=False),
+    dict(P=2, T=19, W=3, R=4, per_write_gate=True),
+    dict(P=3, T=33, W=4, R=1, per_write_gate=False, repeats=True),
+]
+
+
+@pytest.mark.parametrize("cfg", OPCHECK_CONFIGS)
+def test_opcheck_write_read(cfg):
+    ins = make_inputs(hd=4, slots_per_stream=16, **cfg)
+    P = cfg["P"]
+    opcheck(torch.ops.sdm.write_read.default, tuple(ins.leaves()),
+            dict(chunk_size=16, slots_per_stream=16))
+    opcheck(torch.ops.sdm.write_read_.default, tuple(ins), dict(chunk_size=16, slots_per_stream=16))
+    opcheck(torch.ops.sdm.write_read.default, tuple(ins.leaves()),
+            dict(chunk_size=16, slots_per_stream=0, shared_bank=P > 1, snapshot_quant="fp8"))
+
+
+def test_opcheck_backward_op():
+    ins = make_inputs(2, 20, W=3, R=2, hd=4, slots_per_stream=16)
+    _, _, rows, scales = torch.ops.sdm.write_read(*ins, 16, 16)
+    args = (torch.randn(2, 20, 4), torch.randn(32, 4), rows, scales, *ins[1:], 16, "none", False)
+    opcheck(torch.ops.sdm.write_read_backward.default, args)
+
+
+def test_opcheck_helpers():
+    x = torch.randn(2, 5, 12, requires_grad=True)
+    opcheck(torch.ops.sdm.split_heads.default, (x, 3))
+    opcheck(torch.ops.sdm.merge_heads.default, (torch.randn(6, 5, 4, requires_grad=True), 3))
+    opcheck(torch.ops.sdm.expand_bank.default, (torch.randn(7, 4, requires_grad=True), 3))
+
+
+def test_heads_and_expand():
+    x = torch.randn(2, 5, 12)
+    s = torch.ops.sdm.split_heads(x, 3)
+    assert s.shape == (6, 5, 4)
+    assert torch.equal(s[1 * 3 + 2], x[1, :, 8:12])  # stream b*H + h
+    assert torch.equal(torch.ops.sdm.merge_heads(s, 3), x)
+    bank = torch.randn(7, 4, requires_grad=True)
+    big = torch.ops.sdm.expand_bank(bank, 3)
+    w = torch.randn(21, 4)
+    (big * w).sum().backward()
+    assert torch.allclose(bank.grad, w.view(3, 7, 4).sum(0))
+    with pytest.raises(ValueError, match="'num_heads'"):
+        torch.ops.sdm.split_heads(x, 5)
