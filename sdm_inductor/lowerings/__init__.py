@@ -1,1 +1,16 @@
-"""Inductor lowerings for the sdm ops (issue 4)."""
+"""Inductor lowerings for the sdm ops (issue 4).
+
+Importing this package registers rules that rewrite the sdm ops while AOTDispatcher
+functionalizes a graph for a backend (torch.compile, AOTInductor), the hook
+``torch.library.triton_op`` uses for itself:
+
+- ``write_read``: ``sdm::write_read`` / ``write_read_`` / ``write_read_backward``: casts
+  hoisted into the graph; on CUDA the Triton kernels' triton_ops (traced into Inductor's
+  output code); on CPU one extern call of the chunked path per op call.
+- ``layout``: ``sdm::split_heads`` / ``merge_heads`` / ``expand_bank`` as view + copy
+  graph ops that Inductor fuses with their neighbours.
+
+Eager calls are untouched; ``torch.export`` keeps the ops as they are (AOTInductor
+rewrites them when it compiles the exported program).
+"""
+from . import layout, write_read  # noqa: F401  (registration on import)

@@ -1,0 +1,101 @@
+"""How the compiled graph computes ``sdm::write_read``, ``sdm::write_read_`` and
+``sdm::write_read_backward``.
+
+Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules``):
+
+1. The dtype casts the eager op does inside its body (k_val, v, q_val to the bank dtype;
+   beta, g to fp32) are hoisted into the graph, where Inductor fuses them into the
+   kernels that produce those tensors instead of paying a pass of their own.
+2. On a device with Triton kernels (``TRITON_OPS``: CUDA), the op becomes the matching
+   ``torch.library.triton_op``; that op decomposes into its body in the same
+   functionalization, so Inductor sees the ``wrap_triton`` kernels and launches them from
+   its own output code (and CUDA graphs / AOTInductor carry them).
+3. Elsewhere (CPU) the op stays one extern call of the chunked implementation per op
+   call. A functional call that saves nothing for a backward becomes ``clone`` +
+   ``sdm::write_read_``: Inductor reinplaces the clone, so the copy of the bank that
+   the eager op makes internally fuses with whatever produced the bank (e.g. the
+   ``expand_bank`` of a learned bank) instead of being a second full pass.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from . import _rules
+
+# op name -> name of the triton_op (in torch.ops.sdm) that implements it on these devices
+TRITON_OPS = {
+    "write_read": "triton_write_read",
+    "write_read_": "triton_write_read_",
+    "write_read_backward": "triton_write_read_backward",
+}
+TRITON_DEVICES = ("cuda",)
+
+
+def triton_op(name: str, device: torch.device):
+    """The triton_op for ``name`` on ``device``, or None (no kernels for that device,
+    or ``sdm_inductor.kernels`` did not register them: no triton / no GPU)."""
+    if device.type not in TRITON_DEVICES:
+        return None
+    qualname = TRITON_OPS[name]
+    if not hasattr(torch.ops.sdm, qualname):
+        return None
+    return getattr(torch.ops.sdm, qualname).default
+
+
+def _cast_inputs(dtype, k_val, v, beta, g, q_val):
+    """The eager op's casts, as graph ops (no-ops when the dtypes already match)."""
+    return k_val.to(dtype), v.to(dtype), beta.float(), g.float(), q_val.to(dtype)
+
+
+def _write_read_rule(mode, op, types, args, kwargs):
+    (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream, shared_bank,
+     snapshot_quant, grad_bank_fp32, save) = _rules.bound_args(op, args, kwargs)
+    with mode:
+        k_val, v, beta, g, q_val = _cast_inputs(bank.dtype, k_val, v, beta, g, q_val)
+        kernel = triton_op("write_read", bank.device)
+        if kernel is not None:
+            return kernel(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
+                          snapshot_quant, save)
+        if not save:
+            final = bank.clone()
+            readings = torch.ops.sdm.write_read_(final, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                                 chunk_size, slots_per_stream, shared_bank)
+            rows, dtype, scales = ops._saved_shapes(bank, k_idx, q_idx, chunk_size,
+                                                    snapshot_quant, False)
+            return (readings, final, bank.new_empty(rows, dtype=dtype),
+                    bank.new_empty(scales, dtype=torch.float32))
+    args = (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+            shared_bank, snapshot_quant, grad_bank_fp32, save)
+    return mode.__torch_dispatch__(op, types, args, {})
+
+
+def _write_read_inplace_rule(mode, op, types, args, kwargs):
+    (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+     shared_bank) = _rules.bound_args(op, args, kwargs)
+    with mode:
+        k_val, v, beta, g, q_val = _cast_inputs(bank.dtype, k_val, v, beta, g, q_val)
+        kernel = triton_op("write_read_", bank.device)
+        if kernel is not None:
+            return kernel(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size)
+    args = (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+            shared_bank)
+    return mode.__torch_dispatch__(op, types, args, {})
+
+
+def _backward_rule(mode, op, types, args, kwargs):
+    (grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g, q_idx, q_val,
+     chunk_size, snapshot_quant, grad_bank_fp32) = _rules.bound_args(op, args, kwargs)
+    with mode:
+        k_val, v, beta, g, q_val = _cast_inputs(grad_final.dtype, k_val, v, beta, g, q_val)
+        args = (grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g,
+                q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32)
+        kernel = triton_op("write_read_backward", grad_final.device)
+        if kernel is not None:
+            return kernel(*args)
+    return mode.__torch_dispatch__(op, types, args, {})
+
+
+_rules.register("sdm::write_read", _write_read_rule)
+_rules.register("sdm::write_read_", _write_read_inplace_rule)
+_rules.register("sdm::write_read_backward", _backward_rule)
