@@ -37,15 +37,13 @@ class _Pairs:
     right: Tensor  # flat write-entry index with the same key
 
 
-def _pairs(left_keys: Tensor, sorted_keys: Tensor, order: Tensor) -> _Pairs:
-    """All (left, right) with equal keys; right entries given sorted by key."""
-    lo = torch.searchsorted(sorted_keys, left_keys, right=False)
-    hi = torch.searchsorted(sorted_keys, left_keys, right=True)
-    counts = hi - lo
-    left = torch.repeat_interleave(torch.arange(left_keys.numel()), counts)
+def _pairs(lo: Tensor, counts: Tensor, order: Tensor) -> _Pairs:
+    """All (left, right) with equal keys, given for each left entry the range
+    ``[lo, lo + counts)`` of its equal keys in the sorted right entries."""
+    left = torch.repeat_interleave(torch.arange(lo.numel(), device=lo.device), counts)
     starts = torch.cumsum(counts, 0) - counts
-    within = torch.arange(left.numel()) - starts.index_select(0, left)
-    return _Pairs(left, order[lo.index_select(0, left) + within])
+    within = torch.arange(left.numel(), device=lo.device) - starts.index_select(0, left)
+    return _Pairs(left, order.index_select(0, lo.index_select(0, left) + within))
 
 
 @dataclass
@@ -98,8 +96,18 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     pad_key = B * span + torch.arange(B * C * W, device=dev).view(B, C, W)
     flat_kw = torch.where(valid[..., None], kidx + seg, pad_key).reshape(-1)
     sorted_kw, order = torch.sort(flat_kw, stable=True)
-    ww = _pairs(flat_kw, sorted_kw, order)
-    rw = _pairs((qidx + seg).reshape(-1), sorted_kw, order)
+    # groups of equal written keys, in key order; chunk c owns a contiguous range
+    new_group = torch.ones_like(sorted_kw, dtype=torch.bool)
+    new_group[1:] = sorted_kw[1:] != sorted_kw[:-1]
+    gid_sorted = torch.cumsum(new_group, 0) - 1
+    group_start = new_group.nonzero().squeeze(1)
+    group_size = torch.diff(group_start, append=group_start.new_tensor([sorted_kw.numel()]))
+    gid = torch.empty_like(gid_sorted).scatter_(0, order, gid_sorted)
+    ww = _pairs(group_start.index_select(0, gid), group_size.index_select(0, gid), order)
+    key_r = (qidx + seg).reshape(-1)
+    lo = torch.searchsorted(sorted_kw, key_r).clamp_(max=sorted_kw.numel() - 1)
+    hit = sorted_kw.index_select(0, lo) == key_r
+    rw = _pairs(lo, group_size.index_select(0, gid_sorted.index_select(0, lo)) * hit, order)
 
     tok_w = torch.arange(C, device=dev).view(1, C, 1).expand(B, C, W).reshape(-1)
     tok_r = torch.arange(C, device=dev).view(1, C, 1).expand(B, C, R).reshape(-1)
@@ -131,11 +139,6 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     X = torch.linalg.solve_triangular(eye + torch.tril(beta[..., None] * A, -1), eye.expand(B, C, C),
                                       upper=False, unitriangular=True)
 
-    # groups of equal written keys, in key order; chunk c owns a contiguous range
-    new_group = torch.ones_like(sorted_kw, dtype=torch.bool)
-    new_group[1:] = sorted_kw[1:] != sorted_kw[:-1]
-    gid_sorted = torch.cumsum(new_group, 0) - 1
-    gid = torch.empty_like(gid_sorted).scatter_(0, order, gid_sorted)
     group_keys = sorted_kw[new_group]
     bounds = torch.searchsorted(group_keys, torch.arange(0, B + 1, P, device=dev) * span).tolist()
     n_chunks = B // P
