@@ -1,0 +1,205 @@
+"""The canonical token step (SDM_SPEC section 1) in the normal form of ``algebra``.
+
+A write of rows ``idx`` of bank state ``v`` with values ``V[w, d]`` is a token step iff
+
+    V[w, d] =   a[w] * M_v[idx[w], d]                                   (D: decay)
+              + c * beta * k[w] * v[d]                                  (B: value)
+              - c * beta * k[w] * sum_u k[u] * a[u] * M_v[idx[u], d]    (C: retrieval)
+
+with ``a = exp(g)`` (per write slot, per token, or absent), ``k``, ``beta``, ``v``
+products of bank-independent atoms and ``c`` a number. A reading is
+``sum_r q[r] * M_v'[q_idx[r], d]`` of a state ``v' >= 1``. Everything else (a missing
+decay in the retrieval, other weights in the retrieval than in the write, a gate on
+the delta, no delta at all, ...) fails one of the checks below with a reason.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .algebra import Atom, Sym
+
+__all__ = ["Reject", "WriteRoles", "ReadRoles", "match_write", "match_read", "RoleFactor"]
+
+
+class Reject(Exception):
+    """A candidate is not a canonical token step; the message says why."""
+
+
+@dataclass(frozen=True)
+class RoleFactor:
+    """An atom seen along one role axis: ``labels`` per atom dim, as 'w'/'u'/'d'/'r' or None."""
+    atom: Atom
+    labels: tuple
+
+    def sig(self):
+        return (self.atom.key, self.labels)
+
+
+@dataclass
+class WriteRoles:
+    k_idx: Atom
+    k: list            # RoleFactors along 'w'
+    gate: RoleFactor | None   # the exp atom; per write slot when it has a 'w' label
+    beta: list         # scalar RoleFactors
+    coef: float        # c
+    v: list            # RoleFactors along 'd'
+    W: int
+    hd: int
+
+    @property
+    def per_write_gate(self) -> bool:
+        return self.gate is not None and "w" in self.gate.labels
+
+
+@dataclass
+class ReadRoles:
+    q_idx: Atom
+    q: list            # RoleFactors along 'r' (and scalars)
+    coef: float
+    R: int
+    version: int
+    shape: tuple = field(default=())
+
+
+def _split(t, names: dict):
+    """Non-bank factors of a term as RoleFactors, labels renamed through ``names``."""
+    out = []
+    for f in t.factors:
+        if f.kind != "atom":
+            continue
+        labels = tuple(names.get(lb, "?") if lb is not None else None for lb in f.labels)
+        out.append(RoleFactor(f.ref, labels))
+    return out
+
+
+def _live(rf: RoleFactor) -> set:
+    return {lb for lb in rf.labels if lb is not None}
+
+
+def _by_axis(factors, where: str):
+    parts = {"w": [], "d": [], "": [], "u": [], "r": []}
+    for rf in factors:
+        live = _live(rf)
+        if len(live) > 1 or "?" in live:
+            raise Reject(f"{where}: a tensor mixes two axes of the step ({rf.atom.node})")
+        if len(live) == 1 and sum(lb is not None for lb in rf.labels) > 1:
+            raise Reject(f"{where}: a diagonal of a tensor ({rf.atom.node})")
+        parts["".join(live)].append(rf)
+    return parts
+
+
+def _ms(factors) -> Counter:
+    return Counter(rf.sig() for rf in factors)
+
+
+def _relabel(factors, old: str, new: str):
+    return [RoleFactor(rf.atom, tuple(new if lb == old else lb for lb in rf.labels)) for rf in factors]
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
+    """Roles of a canonical write of ``vals`` into rows ``idx`` of state ``version``."""
+    if len(vals.shape) != 2:
+        raise Reject(f"written rows have shape {list(vals.shape)}, expected [W, hd]")
+    W, hd = vals.shape
+    lw, ld = vals.axes
+    if lw is None:
+        raise Reject("one write slot per token (W = 1) is not recognised")
+    D, B, C = [], [], []
+    for t in vals.terms:
+        bank = t.bank_factors()
+        if not bank:
+            B.append(t)
+            continue
+        (f,) = bank
+        bid, ver, atom = f.ref
+        if bid != bank_id or ver != version:
+            raise Reject("the written rows use another bank state than the one written "
+                         "(a reading fed back into a later token?)")
+        if atom.key != idx.key:
+            raise Reject("the written rows combine bank rows read at other slots than the ones written")
+        row, col = f.labels
+        if col != ld:
+            raise Reject("bank columns are mixed (the step is not separable by column)")
+        if row == lw and row not in t.bound:
+            D.append(t)
+        elif row in t.bound:
+            C.append(t)
+        else:
+            raise Reject("bank rows enter the write along an unexpected axis")
+    if len(D) != 1:
+        raise Reject("the written rows do not keep the old row once (decay term: "
+                     f"{len(D)} terms): not a delta-rule update")
+    if len(C) != 1:
+        raise Reject("no retrieval from the decayed rows subtracted from the value "
+                     "(plain outer-product write, no delta)" if not C else
+                     "more than one retrieval term in the written rows")
+    if len(B) != 1:
+        raise Reject("the written rows hold no single value term beta * k * v")
+    d, b, c = D[0], B[0], C[0]
+    u = next(iter(c.bound - {lb for lb in c.bound if lb != c.bank_factors()[0].labels[0]}))
+    if d.bound or b.bound or c.bound != {u} or not _close(d.coef, 1.0):
+        raise Reject("the old row is scaled by a number or summed in the decay term")
+    names = {lw: "w", ld: "d", u: "u"}
+    dparts = _by_axis(_split(d, names), "decay term")
+    a_f = dparts["w"] + dparts[""]
+    if dparts["d"] or len(a_f) > 1:
+        raise Reject("the decay of the written rows is not a single exp(g) per slot or per token")
+    gate = a_f[0] if a_f else None
+    if gate is not None and gate.atom.exp_of is None:
+        raise Reject(f"the written rows are scaled by {gate.atom.node}, not by exp(g)")
+    bparts = _by_axis(_split(b, names), "value term")
+    k, v, beta = bparts["w"], bparts["d"], bparts[""]
+    if not v:
+        raise Reject("the value term has no value vector v[d]")
+    cparts = _by_axis(_split(c, names), "retrieval term")
+    if cparts["d"]:
+        raise Reject("the retrieval is scaled along the value dim")
+    if not _close(c.coef, -b.coef):
+        raise Reject("the retrieval is not subtracted from the value with the same strength "
+                     "(delta = beta * (v - retrieved))")
+    if _ms(cparts["w"]) != _ms(k):
+        raise Reject("the delta is spread over the written rows with other weights than in the value term")
+    want_u = _relabel(k, "w", "u") + ([_relabel([gate], "w", "u")[0]] if gate is not None and "w" in gate.labels else [])
+    want_s = list(beta) + ([gate] if gate is not None and "w" not in gate.labels else [])
+    if _ms(cparts["u"]) != _ms(want_u) or _ms(cparts[""]) != _ms(want_s):
+        have = {"retrieval weights": _ms(cparts["u"]), "retrieval scalars": _ms(cparts[""])}
+        if gate is not None and _ms(cparts["u"]) == _ms(_relabel(k, "w", "u")) and "w" in gate.labels:
+            raise Reject("the retrieval reads the rows before their decay (spec: retrieve from decayed rows)")
+        raise Reject("the retrieval uses other weights or gates than the write "
+                     f"({sum(have['retrieval weights'].values())} weight factors, expected {len(want_u)})")
+    return WriteRoles(idx, k, gate, beta, b.coef, v, W, hd)
+
+
+def match_read(val: Sym, bank_id: int) -> ReadRoles:
+    """Roles of a canonical reading (a weighted sum of rows of one bank state)."""
+    live = [(i, lb) for i, lb in enumerate(val.axes) if lb is not None]
+    if len(live) != 1 or len(val.terms) != 1:
+        raise Reject(f"a bank-dependent value of shape {list(val.shape)} leaves the loop and "
+                     "is not a reading (sum_r q[r] * M[q_idx[r]])")
+    (t,) = val.terms
+    (_, ld), = live
+    bank = t.bank_factors()
+    if len(bank) != 1:
+        raise Reject("a value that leaves the loop does not read the bank linearly")
+    f = bank[0]
+    bid, ver, atom = f.ref
+    if bid != bank_id:
+        raise Reject("a reading mixes two banks")
+    row, col = f.labels
+    if col != ld:
+        raise Reject("a reading mixes bank columns")
+    if t.bound != ({row} if row is not None else set()):
+        raise Reject("a reading sums over other axes than the read slots")
+    if ver == 0:
+        raise Reject("the bank is read before the first token's write (read before write)")
+    names = {ld: "d"} | ({row: "r"} if row is not None else {})
+    parts = _by_axis(_split(t, names), "reading")
+    if parts["d"] or parts["w"] or parts["u"]:
+        raise Reject("a reading is scaled along the value dim")
+    R = atom.shape[0] if atom.shape else 1
+    return ReadRoles(atom, parts["r"] + parts[""], t.coef, R, ver, tuple(val.shape))

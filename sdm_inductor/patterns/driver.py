@@ -1,0 +1,57 @@
+"""Run the recognizer on one graph and rewrite what it accepts (both front-ends)."""
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .canonical import Reject
+from .interpret import Analysis
+from .report import RejectedChain, Report, RewrittenChain
+from .rewrite import check_chain, rewrite_chain
+
+__all__ = ["rewrite_graph"]
+
+# Rewriting one bank can make another recognisable (a layer whose inputs are an earlier
+# layer's readings): re-analyse a few times while something changes.
+_MAX_ROUNDS = 4
+
+
+def _needs_grad(an: Analysis, chain) -> bool:
+    fe = an.fe
+    for n in chain.nodes:
+        if fe.requires_grad(n):
+            return True
+    return fe.requires_grad(chain.bank.root)
+
+
+def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
+    report = Report(graphs=1)
+    rejected: dict = {}
+    for _ in range(_MAX_ROUNDS):
+        an = Analysis(graph, frontend).run()
+        chains, rej = an.chains()
+        for r in rej:
+            rejected[(r.where, r.tokens)] = r
+        done = 0
+        for chain in chains:
+            try:
+                before, move = check_chain(an, chain)
+            except Reject as e:
+                rejected[(chain.where, chain.length)] = RejectedChain(chain.where, chain.length, str(e))
+                continue
+            grad = _needs_grad(an, chain)
+            rewrite_chain(an, chain, before, move, aten_level=(level == "aten"), needs_grad=grad)
+            rejected.pop((chain.where, chain.length), None)
+            form = "decode step" if chain.length == 1 else "unrolled loop"
+            op = "sdm.write_read_" if (chain.bank.inplace_root and chain.bank.root.op in
+                                       ("placeholder", "get_attr") and not grad) else "sdm.write_read"
+            report.rewritten.append(RewrittenChain(chain.where, chain.length, f"{form} ({level})",
+                                                   op, chain.distinct or "runtime check"))
+            done += 1
+        if not done:
+            break
+        graph.eliminate_dead_code()
+    report.rejected = [RejectedChain(r.where, r.tokens, r.reason) for r in rejected.values()]
+    if report.rewritten and graph.owning_module is not None:
+        graph.lint()
+        graph.owning_module.recompile()
+    return report

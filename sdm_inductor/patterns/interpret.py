@@ -1,0 +1,394 @@
+"""Abstract interpretation of an FX graph into ``algebra`` values, and chain linking.
+
+One pass over the nodes in order (so in-place writes on the Dynamo IR are seen in
+program order): bank-independent nodes become atoms, bank rows and linear
+combinations of them become ``Sym``s, writes into rows of a bank advance its version,
+and anything else that touches the bank becomes ``Opaque``. Where a bank-dependent value
+meets an op outside the algebra it *escapes*; afterwards every bank is checked: its
+writes must be canonical token steps, its escapes readings or its final state, and it
+must not be derived from another bank through foreign ops. Front-ends (torch-level and
+aten-level) supply only the op table (``FrontEnd``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+
+from . import algebra as A
+from .algebra import Atom, BankVal, NotSymbolic, Sym
+from .canonical import ReadRoles, Reject, WriteRoles, match_read, match_write
+
+__all__ = ["Opaque", "WriteOp", "Analysis", "Chain", "Rejected"]
+
+
+@dataclass
+class Opaque:
+    """A value that depends on banks ``deps`` in a way outside the algebra."""
+    deps: frozenset
+    why: str = ""
+
+
+@dataclass
+class WriteOp:
+    """What a front-end returns for a write into bank rows."""
+    target: object          # fx node written (in place) or read (functional)
+    idx: Sym
+    vals: Sym
+    accumulate: bool
+    inplace: bool
+
+
+@dataclass
+class WriteRec:
+    node: fx.Node
+    version: int            # the state written from
+    idx: Atom
+    vals: Sym
+    inplace: bool
+    target: fx.Node
+
+
+@dataclass
+class Bank:
+    id: int
+    root: fx.Node
+    shape: tuple
+    dtype: object
+    writes: dict = field(default_factory=dict)      # version -> WriteRec
+    reject: str | None = None
+    derived_from: frozenset = frozenset()
+    inplace_root: bool = False                       # writes mutate the root node itself
+
+
+@dataclass
+class Escape:
+    consumer: fx.Node
+    producer: fx.Node
+    value: object
+
+
+@dataclass
+class Step:
+    write: WriteRoles
+    read: ReadRoles | None
+    node: fx.Node
+
+
+@dataclass
+class Chain:
+    bank: Bank
+    steps: list
+    reads: dict                  # step (1-based) -> list of (producer node, ReadRoles)
+    final_escapes: list          # Escapes of the final state
+    nodes: list                  # every node whose value depends on this bank (erased on rewrite)
+    distinct: str | None = None  # how distinct write slots are known (None: runtime check)
+    where: str = ""
+
+    @property
+    def length(self) -> int:
+        return len(self.steps)
+
+
+@dataclass
+class Rejected:
+    where: str
+    tokens: int
+    reason: str
+
+
+def _deps(v) -> frozenset:
+    if isinstance(v, BankVal):
+        return frozenset({v.bank_id})
+    if isinstance(v, Opaque):
+        return v.deps
+    if isinstance(v, Sym):
+        return frozenset(r[0] for r in v.bank_refs())
+    if isinstance(v, (list, tuple)):
+        out = frozenset()
+        for x in v:
+            out |= _deps(x)
+        return out
+    return frozenset()
+
+
+def location(node: fx.Node) -> str:
+    """``file:line`` of the user code behind ``node`` (the last frame of its stack trace)."""
+    st = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in st.splitlines() if ln.strip().startswith("File ")]
+    if not lines:
+        return f"node {node.name}"
+    last = lines[-1]
+    try:
+        path = last.split('"')[1].rsplit("/", 1)[-1]
+        line = last.split("line ")[1].split(",")[0]
+        return f"{path}:{line}"
+    except IndexError:
+        return last
+
+
+class Analysis:
+    def __init__(self, graph: fx.Graph, frontend):
+        self.graph = graph
+        self.fe = frontend
+        self.space = A.LabelSpace()
+        self.env: dict = {}
+        self.banks: dict[int, Bank] = {}
+        self.escapes: list[Escape] = []
+        self.node_banks: dict = {}         # node -> bank ids its value depends on
+        self.volatile: set = set()         # leaf nodes mutated by foreign in-place ops
+        self.roots = frontend.write_targets(graph)
+        self._keys: dict = {}
+        self._intern: dict = {}
+
+    # ---------------------------------------------------------------- values
+    def atom_key(self, node: fx.Node):
+        key = self._keys.get(node)
+        if key is None:
+            raw = self.fe.value_key(node, self.atom_key)
+            key = self._intern.setdefault(raw, len(self._intern)) if raw is not None else ("unique", node.name)
+            self._keys[node] = key
+        return key
+
+    def leaf(self, node: fx.Node) -> Sym | None:
+        shape = self.fe.shape(node)
+        if shape is None:
+            return None
+        exp_arg = self.fe.exp_arg(node)
+        exp_of = None
+        if exp_arg is not None and isinstance(self.env.get(exp_arg), Sym):
+            exp_of = Atom(self.atom_key(exp_arg), exp_arg, shape)
+        return Sym.atom(self.space, Atom(self.atom_key(node), node, shape, exp_of))
+
+    def value(self, x):
+        if isinstance(x, fx.Node):
+            return self.env.get(x)
+        if isinstance(x, bool) or x is None:
+            return x
+        if isinstance(x, (int, float)):
+            return Sym.scalar(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.value(y) for y in x)
+        return x
+
+    # ---------------------------------------------------------------- the pass
+    def run(self) -> "Analysis":
+        for node in self.graph.nodes:
+            self.visit(node)
+        return self
+
+    def _inputs(self, node):
+        return [n for n in node.all_input_nodes]
+
+    def visit(self, node: fx.Node):
+        ins = self._inputs(node)
+        dep = frozenset()
+        for n in ins:
+            dep |= _deps(self.env.get(n))
+        if node.op == "output":
+            self._escape(node, ins)
+            return
+        if node in self.roots and not dep and node.op != "output":
+            shape = self.fe.shape(node)
+            if shape is not None and len(shape) == 2:
+                bid = len(self.banks)
+                self.banks[bid] = Bank(bid, node, shape, self.fe.dtype(node))
+                self.env[node] = BankVal(bid, 0, shape)
+                self.node_banks[node] = {bid}
+                return
+        try:
+            out = self.fe.evaluate(self, node) if node.op == "call_function" or node.op == "call_method" else None
+        except NotSymbolic as e:
+            out = Opaque(dep, str(e)) if dep else None
+            if dep:
+                self._escape(node, ins)
+                self._foreign_inplace(node, dep)
+                self._set(node, out)
+                return
+        if isinstance(out, WriteOp):
+            self._write(node, out, dep)
+            return
+        if out is None and node.op in ("call_function", "call_method"):
+            if dep:
+                self._escape(node, ins)
+                self._foreign_inplace(node, dep)
+                self._set(node, Opaque(dep, f"{self.fe.describe(node)}"))
+                return
+            self._foreign_inplace(node, dep)
+        if out is None:
+            out = self.leaf(node) if not dep else Opaque(dep)
+        self._set(node, out)
+
+    def _set(self, node, out):
+        self.env[node] = out
+        d = _deps(out)
+        if d and not isinstance(out, Opaque):   # opaque values are not the loop's: never erased
+            self.node_banks[node] = set(d)
+
+    def _escape(self, node, ins):
+        for n in ins:
+            v = self.env.get(n)
+            if _deps(v):
+                self.escapes.append(Escape(node, n, v))
+
+    def _foreign_inplace(self, node, dep):
+        target = self.fe.inplace_target(node)
+        if target is None:
+            return
+        tv = self.env.get(target)
+        if _deps(tv) or dep:
+            self.env[target] = Opaque(_deps(tv) | dep, f"changed in place by {self.fe.describe(node)}")
+            self.node_banks.setdefault(target, set()).update(_deps(tv) | dep)
+        else:
+            self.volatile.add(target)
+
+    def _write(self, node, op: WriteOp, dep):
+        tv = self.env.get(op.target)
+        if not isinstance(tv, BankVal):
+            # a write into something that is not a tracked bank state
+            if _deps(tv):
+                for bid in _deps(tv):
+                    self._reject_bank(bid, f"the bank is altered by a foreign op before {self.fe.describe(node)}")
+            self._escape(node, self._inputs(node))
+            out = Opaque(dep)
+            if op.inplace:
+                self.env[op.target] = out
+            self._set(node, out if not op.inplace or self.fe.returns_self(node) else None)
+            return
+        bank = self.banks[tv.bank_id]
+        try:
+            if not isinstance(op.vals, Sym) or not isinstance(op.idx, Sym):
+                raise Reject(f"the written rows are not linear in the bank ({self.fe.describe(node)})")
+            atom, _ = _index_atom(op.idx)
+            W = op.idx.shape[0]
+            vals = A.expand(self.space, op.vals, (W, bank.shape[1]))
+            if op.accumulate:
+                vals = A.add(self.space, Sym.rows(self.space, tv, _idx_sym(self.space, atom)), vals)
+            if tv.version in bank.writes:
+                raise Reject("one bank state is written twice (the chain branches)")
+            if op.inplace and op.target is bank.root:
+                bank.inplace_root = True
+            bank.writes[tv.version] = WriteRec(node, tv.version, atom, vals, op.inplace, op.target)
+        except (Reject, NotSymbolic) as e:
+            self._reject_bank(bank.id, f"token {tv.version + 1}: {e}")
+        new = BankVal(bank.id, tv.version + 1, tv.shape)
+        if op.inplace:
+            self.env[op.target] = new
+        self._set(node, new if (not op.inplace or self.fe.returns_self(node)) else None)
+        self.node_banks.setdefault(node, set()).add(bank.id)
+        # other inputs that depend on *other* banks leak into this one
+        for bid in dep - {bank.id}:
+            self._reject_bank(bid, "a value of this bank is written into another bank")
+            self._reject_bank(bank.id, "the written rows depend on another bank")
+
+    def _reject_bank(self, bid, why):
+        b = self.banks[bid]
+        if b.reject is None:
+            b.reject = why
+
+    # ---------------------------------------------------------------- chains
+    def chains(self):
+        """(chains that may be rewritten, rejected candidates with reasons)."""
+        ok, rejected = [], []
+        # a bank whose root depends on another bank's state: the loop is broken by foreign ops
+        for b in self.banks.values():
+            root_dep = self._root_deps(b)
+            for other in root_dep:
+                why = (f"the bank passes through a foreign op between tokens "
+                       f"(its state at {location(b.root)} comes from another loop's bank)")
+                self._reject_bank(other, why)
+                self._reject_bank(b.id, why)
+        for b in self.banks.values():
+            if not b.writes and b.reject is None:
+                continue
+            where = location(b.writes[min(b.writes)].node) if b.writes else location(b.root)
+            if b.reject is not None:
+                rejected.append(Rejected(where, len(b.writes), b.reject))
+                continue
+            try:
+                ok.append(self._chain(b, where))
+            except Reject as e:
+                rejected.append(Rejected(where, len(b.writes), str(e)))
+        return ok, rejected
+
+    def _root_deps(self, b: Bank) -> frozenset:
+        # the root was created from bank-independent inputs unless a foreign op fed it
+        deps = frozenset()
+        for n in b.root.all_input_nodes:
+            deps |= _deps(self.env.get(n))
+        return deps
+
+    def _chain(self, b: Bank, where: str) -> Chain:
+        V = len(b.writes)
+        if sorted(b.writes) != list(range(V)):
+            raise Reject("the writes do not form one chain of bank states")
+        steps = []
+        for ver in range(V):
+            rec = b.writes[ver]
+            steps.append(Step(match_write(rec.vals, b.id, ver, rec.idx), None, rec.node))
+        reads: dict = {}
+        finals = []
+        for e in self.escapes:
+            if b.id not in _deps(e.value):
+                continue
+            v = e.value
+            if isinstance(v, Opaque):
+                continue        # downstream of an escape already checked (or of a foreign op)
+            if isinstance(v, BankVal):
+                if v.version == V:
+                    finals.append(e)
+                elif v.version == 0 and not b.inplace_root:
+                    continue
+                elif v.version == 0:
+                    raise Reject(f"the bank is used by {self.fe.describe(e.consumer)} before the loop "
+                                 "in a way that needs its old state")
+                else:
+                    raise Reject(f"the bank state after token {v.version} is used by "
+                                 f"{self.fe.describe(e.consumer)} (outside the loop)")
+                continue
+            if not isinstance(v, Sym):
+                raise Reject(f"a bank-dependent value reaches {self.fe.describe(e.consumer)}")
+            if _deps(v) != {b.id}:
+                raise Reject("a value read from two banks leaves the loop")
+            r = match_read(v, b.id)
+            reads.setdefault(r.version, []).append((e.producer, r))
+        for ver, lst in reads.items():
+            first = lst[0][1]
+            for _, r in lst[1:]:
+                if r.q_idx.key != first.q_idx.key or Counterish(r.q) != Counterish(first.q):
+                    raise Reject(f"two different readings after token {ver}")
+            steps[ver - 1].read = first
+        nodes = [n for n, ids in self.node_banks.items() if b.id in ids]
+        chain = Chain(b, steps, reads, finals, nodes, where=where)
+        return chain
+
+
+def Counterish(factors):
+    from collections import Counter
+    return Counter(rf.sig() for rf in factors)
+
+
+def _index_atom(idx: Sym):
+    """(atom, label) of an index tensor used for rows: 1-D, or [W, ...] broadcast along
+    the other dims (the index of ``scatter``/``gather``)."""
+    if len(idx.shape) == 1:
+        return idx.single_atom_1d()
+    if len(idx.terms) != 1:
+        raise NotSymbolic("computed row index")
+    t = idx.terms[0]
+    if t.coef != 1.0 or t.bound or len(t.factors) != 1 or t.factors[0].kind != "atom":
+        raise NotSymbolic("computed row index")
+    f = t.factors[0]
+    live = [lb for lb in f.labels if lb is not None]
+    if live != [idx.axes[0]] or idx.axes[0] is None:
+        raise NotSymbolic("the row index varies along the columns")
+    if len([d for d in f.ref.shape if d != 1]) != 1:
+        raise NotSymbolic("the row index is not a vector of rows")
+    return f.ref, idx.axes[0]
+
+
+def _idx_sym(space, atom: Atom) -> Sym:
+    """A 1-D Sym of the index atom (its size-1 dims dropped)."""
+    s = Sym.atom(space, atom)
+    W = max(atom.shape) if atom.shape else 1
+    return A.reshape(space, s, (W,))

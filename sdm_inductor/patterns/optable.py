@@ -1,0 +1,441 @@
+"""Op tables: what torch-level (Dynamo) and aten-level ops mean in ``algebra`` terms.
+
+Both front-ends share this module: a table maps an FX node to one of the algebra
+primitives (or to a write into bank rows); nodes not in a table are atoms when they do
+not depend on the bank and opaque when they do.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from . import algebra as A
+from .algebra import BankVal, NotSymbolic, Sym
+from .interpret import WriteOp
+
+__all__ = ["TorchOps", "AtenOps"]
+
+aten = torch.ops.aten
+
+_RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "poisson",
+                 "exponential", "cauchy", "geometric", "log_normal")
+
+
+def _name(target) -> str:
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _is_impure(node: fx.Node) -> bool:
+    name = _name(node.target).lower()
+    if any(w in name for w in _RANDOM_WORDS):
+        return True
+    if isinstance(node.target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in node.target.tags or node.target._schema.is_mutable
+    return name.endswith("_") and not name.endswith("__") or node.target is operator.setitem
+
+
+def _hashable(x, key):
+    if isinstance(x, fx.Node):
+        return ("n", key(x))
+    if isinstance(x, (list, tuple)):
+        return tuple(_hashable(y, key) for y in x)
+    if isinstance(x, slice):
+        return ("slice", _hashable(x.start, key), _hashable(x.stop, key), _hashable(x.step, key))
+    if isinstance(x, dict):
+        return tuple(sorted((k, _hashable(v, key)) for k, v in x.items()))
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+class _Base:
+    """Shared parts: shapes from meta, value numbering, exp detection."""
+    META = "val"
+
+    def shape(self, node: fx.Node):
+        v = node.meta.get(self.META)
+        if not isinstance(v, torch.Tensor):
+            return None
+        try:
+            return tuple(int(s) for s in v.shape)
+        except (TypeError, ValueError):      # symbolic sizes: left alone
+            return None
+
+    def dtype(self, node: fx.Node):
+        v = node.meta.get(self.META)
+        return v.dtype if isinstance(v, torch.Tensor) else None
+
+    def requires_grad(self, node: fx.Node) -> bool:
+        v = node.meta.get(self.META)
+        return isinstance(v, torch.Tensor) and v.requires_grad
+
+    def value_key(self, node: fx.Node, key):
+        if node.op == "placeholder":
+            return ("ph", node.target)
+        if node.op == "get_attr":
+            return ("attr", node.target)
+        if node.op not in ("call_function", "call_method") or _is_impure(node):
+            return None
+        return (node.op, _name(node.target), _hashable(node.args, key), _hashable(node.kwargs, key))
+
+    def describe(self, node: fx.Node) -> str:
+        from .interpret import location
+        return f"{_name(node.target)} ({location(node)})"
+
+    # helpers for evaluate
+    @staticmethod
+    def sym(an, x):
+        v = an.value(x)
+        if isinstance(v, Sym):
+            return v
+        raise NotSymbolic(f"operand {x} is not a tensor of the algebra")
+
+    def out_shape(self, node):
+        s = self.shape(node)
+        if s is None:
+            raise NotSymbolic("output shape unknown or dynamic")
+        return s
+
+
+def _dim_arg(node, pos, name, default=None):
+    if len(node.args) > pos:
+        return node.args[pos]
+    return node.kwargs.get(name, default)
+
+
+def _is_view_index(idx) -> bool:
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    return all(i is None or i is Ellipsis or i == slice(None) for i in idx)
+
+
+# ======================================================================== torch level
+
+_T = {
+    "mul": {operator.mul, torch.mul, "mul", operator.imul},
+    "add": {operator.add, torch.add, "add"},
+    "sub": {operator.sub, torch.sub, "sub"},
+    "neg": {operator.neg, torch.neg, "neg"},
+    "div": {operator.truediv, torch.div, "div", torch.true_divide},
+    "sum": {torch.sum, "sum"},
+    "view": {torch.reshape, "view", "reshape", torch.unsqueeze, "unsqueeze", torch.squeeze,
+             "squeeze", torch.flatten, "flatten", "view_as", "reshape_as"},
+    "expand": {"expand", "expand_as", torch.broadcast_to, "broadcast_to"},
+    "permute": {torch.permute, "permute"},
+    "transpose": {torch.transpose, "transpose", torch.swapaxes, "swapaxes"},
+    "t": {torch.t, "t"},
+    "same": {"contiguous", torch.clone, "clone"},
+    "matmul": {operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm",
+               torch.mv, "mv", torch.dot, "dot"},
+    "outer": {torch.outer, "outer", torch.ger, "ger"},
+    "einsum": {torch.einsum},
+    "index_select": {torch.index_select, "index_select"},
+    "gather": {torch.gather, "gather"},
+    "index_put": {torch.index_put, "index_put", "index_put_"},
+    "index_copy": {torch.index_copy, "index_copy", "index_copy_"},
+    "index_add": {torch.index_add, "index_add", "index_add_"},
+    "scatter": {torch.scatter, "scatter", "scatter_"},
+    "scatter_add": {torch.scatter_add, "scatter_add", "scatter_add_"},
+}
+_TORCH_KIND = {t: k for k, ts in _T.items() for t in ts}
+_WRITE_KINDS = ("index_put", "index_copy", "index_add", "scatter", "scatter_add")
+
+
+class TorchOps(_Base):
+    """Dynamo's torch-level graph (``node.meta['example_value']``, not functional)."""
+    META = "example_value"
+
+    def kind(self, node):
+        t = node.target
+        try:
+            return _TORCH_KIND.get(t)
+        except TypeError:
+            return None
+
+    def exp_arg(self, node):
+        if node.target in (torch.exp, "exp") and node.args and isinstance(node.args[0], fx.Node):
+            return node.args[0]
+        return None
+
+    def write_targets(self, graph) -> set:
+        out = set()
+        for n in graph.nodes:
+            if n.op not in ("call_function", "call_method"):
+                continue
+            if n.target is operator.setitem and self._advanced(n.args[1]):
+                out.add(n.args[0])
+            elif self.kind(n) in _WRITE_KINDS:
+                out.add(n.args[0])
+        return out
+
+    def _advanced(self, idx) -> bool:
+        if isinstance(idx, fx.Node):
+            return isinstance(idx.meta.get(self.META), torch.Tensor)
+        if isinstance(idx, tuple) and len(idx) == 1:
+            return self._advanced(idx[0])
+        return False
+
+    def inplace_target(self, node):
+        if node.op == "call_method" and _name(node.target).endswith("_") and node.args:
+            return node.args[0] if isinstance(node.args[0], fx.Node) else None
+        if node.target is operator.setitem:
+            return node.args[0]
+        if node.op == "call_function" and node.kwargs.get("out") is not None:
+            return node.kwargs["out"]
+        return None
+
+    def returns_self(self, node) -> bool:
+        return node.target is not operator.setitem
+
+    def evaluate(self, an, node):
+        k = self.kind(node)
+        t = node.target
+        if t is operator.getitem:
+            return self._getitem(an, node)
+        if t is operator.setitem:
+            if not self._advanced(node.args[1]):
+                return None
+            idx = node.args[1][0] if isinstance(node.args[1], tuple) else node.args[1]
+            return WriteOp(node.args[0], self.sym(an, idx), self._vals(an, node.args[2]), False, True)
+        if k is None:
+            if t in (torch.exp, "exp"):
+                x = an.value(node.args[0])
+                if isinstance(x, Sym) and x.depends_on_bank():
+                    raise NotSymbolic("exp of a bank value")
+            return None
+        inplace = node.op == "call_method" and _name(t).endswith("_")
+        if k in _WRITE_KINDS:
+            return self._write(an, node, k, inplace)
+        if inplace:
+            return None
+        return self._op(an, node, k)
+
+    def _vals(self, an, x):
+        return an.value(x) if isinstance(x, fx.Node) else Sym.scalar(x)
+
+    def _write(self, an, node, k, inplace):
+        a = node.args
+        kw = node.kwargs
+        if k == "index_put":
+            idx = a[1]
+            if not isinstance(idx, (tuple, list)) or len(idx) != 1:
+                raise NotSymbolic("index_put with more than one index tensor")
+            acc = bool(_dim_arg(node, 3, "accumulate", False))
+            return WriteOp(a[0], self.sym(an, idx[0]), self._vals(an, _dim_arg(node, 2, "values")), acc, inplace)
+        dim = _dim_arg(node, 1, "dim")
+        if dim not in (0, -2):
+            raise NotSymbolic(f"{k} along dim {dim}")
+        src = _dim_arg(node, 3, "source" if k.startswith("index") else "src")
+        if kw.get("alpha", 1) != 1 or (k == "index_add" and len(a) > 4 and a[4] != 1):
+            raise NotSymbolic("index_add with alpha")
+        if kw.get("reduce") is not None:
+            raise NotSymbolic("scatter with reduce")
+        return WriteOp(a[0], self.sym(an, _dim_arg(node, 2, "index")), self._vals(an, src),
+                       k in ("index_add", "scatter_add"), inplace)
+
+    def _getitem(self, an, node):
+        base, idx = node.args
+        bv = an.value(base)
+        if isinstance(bv, BankVal):
+            if isinstance(idx, tuple) and len(idx) == 1:
+                idx = idx[0]
+            if isinstance(idx, fx.Node) and isinstance(an.value(idx), Sym):
+                return Sym.rows(an.space, bv, _row_index(an, self.sym(an, idx)))
+            raise NotSymbolic("bank indexed by something else than a tensor of rows")
+        if isinstance(bv, Sym) and _is_view_index(idx):
+            return A.reshape(an.space, bv, self.out_shape(node))
+        if isinstance(bv, Sym) and bv.depends_on_bank():
+            raise NotSymbolic("basic indexing of a bank-dependent value")
+        return None
+
+    def _op(self, an, node, k):
+        a = node.args
+        sp = an.space
+        if k in ("mul", "add", "sub"):
+            x, y = self._vals(an, a[0]), self._vals(an, a[1] if len(a) > 1 else node.kwargs["other"])
+            if not isinstance(x, Sym) or not isinstance(y, Sym):
+                raise NotSymbolic("operand outside the algebra")
+            if k == "mul":
+                return A.mul(sp, x, y)
+            alpha = node.kwargs.get("alpha", 1)
+            return A.add(sp, x, y, alpha if k == "add" else -alpha)
+        if k == "neg":
+            return A.scale(self.sym(an, a[0]), -1.0)
+        if k == "div":
+            if isinstance(a[1], (int, float)) and a[1] != 0 and not node.kwargs.get("rounding_mode"):
+                return A.scale(self.sym(an, a[0]), 1.0 / a[1])
+            raise NotSymbolic("division by a tensor")
+        x = an.value(a[0])
+        if k == "same":
+            if isinstance(x, (Sym, BankVal)) and not node.kwargs.get("memory_format"):
+                return x
+            raise NotSymbolic("clone of an opaque value")
+        if isinstance(x, BankVal):
+            if k == "index_select":
+                if _dim_arg(node, 1, "dim") not in (0, -2):
+                    raise NotSymbolic("index_select along the columns")
+                return Sym.rows(sp, x, _row_index(an, self.sym(an, _dim_arg(node, 2, "index"))))
+            if k == "gather":
+                if _dim_arg(node, 1, "dim") not in (0, -2):
+                    raise NotSymbolic("gather along the columns")
+                from .interpret import _idx_sym, _index_atom
+                atom, _ = _index_atom(self.sym(an, _dim_arg(node, 2, "index")))
+                rows = Sym.rows(sp, x, _idx_sym(sp, atom))
+                return A.expand(sp, rows, self.out_shape(node))
+            raise NotSymbolic(f"{k} of the whole bank")
+        if k in ("index_select", "gather"):
+            return None
+        if k == "sum":
+            x = self.sym(an, a[0])
+            dims = _dim_arg(node, 1, "dim")
+            if dims is None:
+                dims = list(range(len(x.shape)))
+            dims = [dims] if isinstance(dims, int) else list(dims)
+            if node.kwargs.get("dtype") is not None:
+                raise NotSymbolic("sum with a dtype")
+            return A.reduce_sum(sp, x, dims, bool(_dim_arg(node, 2, "keepdim", False)))
+        if k == "view":
+            return A.reshape(sp, self.sym(an, a[0]), self.out_shape(node))
+        if k == "expand":
+            return A.expand(sp, self.sym(an, a[0]), self.out_shape(node))
+        if k == "permute":
+            order = a[1:] if len(a) > 2 or isinstance(a[1], int) else a[1]
+            return A.permute(self.sym(an, a[0]), list(order))
+        if k in ("transpose", "t"):
+            x = self.sym(an, a[0])
+            n = len(x.shape)
+            if n < 2:
+                return x
+            d0, d1 = (a[1], a[2]) if k == "transpose" else (0, 1)
+            order = list(range(n))
+            order[d0 % n], order[d1 % n] = order[d1 % n], order[d0 % n]
+            return A.permute(x, order)
+        if k == "matmul":
+            return A.matmul(sp, self.sym(an, a[0]), self.sym(an, a[1]))
+        if k == "outer":
+            return A.contract(sp, [(self.sym(an, a[0]), "i"), (self.sym(an, a[1]), "j")], "ij")
+        if k == "einsum":
+            eq = a[0]
+            ops = a[1:]
+            if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+                ops = ops[0]
+            return _einsum(sp, eq, [self.sym(an, o) for o in ops])
+        return None
+
+
+def _einsum(sp, eq: str, syms):
+    eq = eq.replace(" ", "")
+    if "..." in eq:
+        raise NotSymbolic("einsum with ellipsis")
+    lhs, _, out = eq.partition("->")
+    ins = lhs.split(",")
+    if not _:
+        letters = "".join(ins)
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if len(ins) != len(syms):
+        raise NotSymbolic("einsum operand count")
+    return A.contract(sp, list(zip(syms, ins)), out)
+
+
+def _row_index(an, idx: Sym) -> Sym:
+    """A row index as a 1-D Sym (a [W, 1] or [1, W] view of a vector is fine)."""
+    live = [s for s in idx.shape if s != 1]
+    if len(live) > 1:
+        raise NotSymbolic("a bank indexed by a multi-dimensional index")
+    return A.reshape(an.space, idx, (live[0] if live else 1,))
+
+
+# ======================================================================== aten level
+
+_ATEN = {
+    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.add.Tensor: "add", aten.add.Scalar: "add",
+    aten.sub.Tensor: "sub", aten.sub.Scalar: "sub", aten.neg.default: "neg",
+    aten.div.Scalar: "div", aten.div.Tensor: "div",
+    aten.sum.dim_IntList: "sum", aten.sum.default: "sum",
+    aten.view.default: "view", aten.reshape.default: "view", aten._unsafe_view.default: "view",
+    aten.unsqueeze.default: "view", aten.squeeze.dim: "view", aten.squeeze.dims: "view",
+    aten.squeeze.default: "view", aten.flatten.using_ints: "view",
+    aten.expand.default: "expand", aten.permute.default: "permute", aten.transpose.int: "transpose",
+    aten.t.default: "t", aten.clone.default: "same", aten.alias.default: "same",
+    aten.mm.default: "matmul", aten.bmm.default: "matmul", aten.matmul.default: "matmul",
+    aten.mv.default: "matmul", aten.dot.default: "matmul", aten.outer.default: "outer",
+    aten.einsum.default: "einsum",
+    aten.index_select.default: "index_select", aten.gather.default: "gather",
+    aten.index_put.default: "index_put", aten.index_put_.default: "index_put",
+    aten._unsafe_index_put.default: "index_put",
+    aten.index_copy.default: "index_copy", aten.index_copy_.default: "index_copy",
+    aten.index_add.default: "index_add", aten.index_add_.default: "index_add",
+    aten.scatter.src: "scatter", aten.scatter_.src: "scatter",
+    aten.scatter_add.default: "scatter_add", aten.scatter_add_.default: "scatter_add",
+}
+
+
+class AtenOps(TorchOps):
+    """Aten-level graphs (post-grad, exported programs: functional, ``meta['val']``)."""
+    META = "val"
+
+    def kind(self, node):
+        return _ATEN.get(node.target)
+
+    def exp_arg(self, node):
+        if node.target is aten.exp.default:
+            return node.args[0]
+        return None
+
+    def write_targets(self, graph) -> set:
+        return {n.args[0] for n in graph.nodes if n.op == "call_function" and self.kind(n) in _WRITE_KINDS}
+
+    def inplace_target(self, node):
+        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            for i, a in enumerate(node.target._schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write and i < len(node.args):
+                    return node.args[i]
+        return None
+
+    def returns_self(self, node) -> bool:
+        return True
+
+    def evaluate(self, an, node):
+        t = node.target
+        k = self.kind(node)
+        if t in (aten.index.Tensor, aten._unsafe_index.Tensor):
+            base = an.value(node.args[0])
+            idx = node.args[1]
+            if len(idx) != 1 or not isinstance(idx[0], fx.Node):
+                raise NotSymbolic("index with several index tensors") if isinstance(base, BankVal) or (
+                    isinstance(base, Sym) and base.depends_on_bank()) else NotSymbolic("leaf")
+            if isinstance(base, BankVal):
+                return Sym.rows(an.space, base, _row_index(an, self.sym(an, idx[0])))
+            if isinstance(base, Sym) and base.depends_on_bank():
+                raise NotSymbolic("indexing a bank-dependent value")
+            return None
+        if t is aten.exp.default:
+            x = an.value(node.args[0])
+            if isinstance(x, Sym) and x.depends_on_bank():
+                raise NotSymbolic("exp of a bank value")
+            return None
+        if k is None:
+            return None
+        inplace = _name(t).split(".")[-2].endswith("_") if "." in _name(t) else False
+        inplace = isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
+        if k in _WRITE_KINDS:
+            if k == "index_put":
+                idx = node.args[1]
+                if len(idx) != 1:
+                    raise NotSymbolic("index_put with several index tensors")
+                acc = bool(_dim_arg(node, 3, "accumulate", False))
+                return WriteOp(node.args[0], self.sym(an, idx[0]), self._vals(an, node.args[2]), acc, inplace)
+            return self._write(an, node, k, inplace)
+        if k == "div":
+            y = node.args[1]
+            if isinstance(y, (int, float)) and y != 0 and not node.kwargs.get("rounding_mode"):
+                return A.scale(self.sym(an, node.args[0]), 1.0 / y)
+            raise NotSymbolic("division by a tensor")
+        if k in ("mul", "add", "sub") and len(node.args) > 2:
+            raise NotSymbolic("alpha")
+        return self._op(an, node, k)
