@@ -34,11 +34,11 @@ def test_fullgraph_aot_eager_forward_backward(fresh_dynamo):
             assert torch.equal(x.grad, y.grad)
 
 
-def test_dynamic_T_does_not_recompile(fresh_dynamo):
+def test_dynamic_T_and_P_do_not_recompile(fresh_dynamo):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(loss_fn, backend=counter, fullgraph=True, dynamic=True)
-    for T in (9, 23, 40, 71):
-        ins = make_inputs(2, T, hd=8, slots_per_stream=32, seed=T)
+    for P, T in ((2, 9), (2, 23), (3, 40), (5, 71)):  # symbolic T and P (and bank rows)
+        ins = make_inputs(P, T, hd=8, slots_per_stream=32, seed=T)
         assert torch.equal(compiled(*ins), loss_fn(*ins))
     assert counter.frame_count == 1
 
