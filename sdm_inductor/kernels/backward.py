@@ -1,0 +1,405 @@
+"""Backward of the chunked form: the chunks in reverse, then Phase 1 backwards.
+
+``_reverse_kernel``: one program per (stream, column block) walks the chunks from last
+to first with ``dB`` (the gradient w.r.t. the bank state at the current chunk's end)
+advanced in place, the chunk-start rows read back from the forward's snapshot
+(dequantized in the kernel). Per chunk:
+
+1. ``v - r0`` from the saved write rows;  2. ``delta = X u``;
+3. ``Dw = dB[written slots]``: ``d coef``, ``Dw . M0w`` and ``d delta = coef Dw + QK^T dy``;
+   the ``dQK`` tile;  4. ``du = X^T d delta``: ``dv``, the ``dL`` tile, ``d r0``, ``d ev``;
+5. the new ``dB`` of every distinct touched slot, written once by its group's first
+   member (decay of a written slot + the gathers' transposes, summed in group order).
+
+Sums over bank columns (``d coef``, ``dQK``, ...) cross column blocks: each program
+stores its partial and torch sums the partials in a fixed order (deterministic, no
+atomics). ``_pair_grads_kernel`` / ``_gate_grads_kernel`` then take the Gram matrices
+and per-entry weights back to ``k``, ``q`` and the gates by walking each entry's group,
+the transpose of ``phase1._pairs_kernel``; every output element has one writer.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .launch import launch, pow2
+from .phase1 import plan
+
+# snapshot modes as the kernel decodes them
+_QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
+
+
+@triton.jit
+def _fp8_e4m3_to_f32(byte):
+    """float8 e4m3fn bits -> fp32 (decoded by hand: no fp8 type needed, e.g. in the interpreter)."""
+    b = byte.to(tl.int32)
+    sign = tl.where((b & 0x80) != 0, -1.0, 1.0)
+    ex = (b >> 3) & 0xF
+    man = (b & 0x7).to(tl.float32)
+    mag = tl.where(ex == 0, man * 0.001953125, (8.0 + man) * tl.exp2((ex - 10).to(tl.float32)))
+    return sign * mag
+
+
+@triton.jit
+def _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, e_lo, e_hi, hd, width, cols, cm,
+                E: tl.constexpr, EW: tl.constexpr, QMODE: tl.constexpr):
+    """Saved chunk-start rows [TB, EW, BD] (fp32) of entries [e0, e0+EW) within [e_lo, e_hi)."""
+    ents = e0 + tl.arange(0, EW)
+    em = tm[:, None] & (ents < e_hi)[None, :] & (ents >= e_lo)[None, :]
+    row = (sv + toks[:, None]) * E + ents[None, :]
+    m3 = em[:, :, None] & cm[None, None, :]
+    if QMODE == 0:
+        x = tl.load(saved_ptr + row[:, :, None] * width + cols[None, None, :], mask=m3,
+                    other=0.0).to(tl.float32)
+    else:
+        scale = tl.load(scale_ptr + row, mask=em, other=0.0)
+        if QMODE == 1:
+            byte = tl.load(saved_ptr + row[:, :, None] * width + cols[None, None, :], mask=m3,
+                           other=0)
+            x = _fp8_e4m3_to_f32(byte)
+        else:
+            byte = tl.load(saved_ptr + row[:, :, None] * width + (cols // 2)[None, None, :],
+                           mask=m3, other=0).to(tl.int32)
+            x = (((byte >> ((cols % 2) * 4)[None, None, :]) & 0xF) - 8).to(tl.float32)
+        x = x * scale[:, :, None]
+    return x, ents, em
+
+
+@triton.jit
+def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr, decay_ptr,
+                    perm_ptr, gs_ptr, nw_ptr, na_ptr, X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
+                    dv_ptr, pe_ptr, pc_ptr, pm_ptr, pb_ptr, pqk_ptr, pl_ptr, scratch_ptr,
+                    P, T, hd, width, NC, B,
+                    C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+                    TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
+                    QMODE: tl.constexpr, PREC: tl.constexpr):
+    p = tl.program_id(0)
+    cb = tl.program_id(1)
+    E: tl.constexpr = W + R
+    cols = cb * BD + tl.arange(0, BD)
+    cm = cols < hd
+    sc = tl.arange(0, BD)
+    scr = scratch_ptr + (p * tl.num_programs(1) + cb).to(tl.int64) * (4 * CP * BD)
+    scr_vmr = scr                    # v - r0
+    scr_d = scr + CP * BD            # delta
+    scr_dd = scr + 2 * CP * BD       # d delta
+    scr_dr = scr + 3 * CP * BD       # d r0
+    part = cb.to(tl.int64) * B       # this program's slice of the partial sums
+    cc = 0
+    while cc < NC:  # chunks in reverse; runtime trip count
+        c = NC - 1 - cc
+        b = p * NC + c
+        seg = b.to(tl.int64) * C * E
+        sv = (c * P + p).to(tl.int64) * C
+        mat = b.to(tl.int64) * C * C
+        # 1: v - r0
+        for t0 in range(0, C, TB):
+            toks = t0 + tl.arange(0, TB)
+            tm = toks < C
+            r0 = tl.zeros([TB, BD], tl.float32)
+            for e0 in range(0, W, EW):
+                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
+                                             width, cols, cm, E, EW, QMODE)
+                wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
+                r0 += tl.sum(wt[:, :, None] * rows, axis=1)
+            tg = c * C + toks
+            tv = tm & (tg < T)
+            vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                         mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
+            tl.store(scr_vmr + toks[:, None] * BD + sc[None, :], vv - r0, mask=tm[:, None])
+        tl.debug_barrier()
+        # 2: delta = X (beta (v - r0))
+        for t0 in range(0, C, TB):
+            toks = t0 + tl.arange(0, TB)
+            tm = toks < C
+            d = tl.zeros([TB, BD], tl.float32)
+            for k0 in range(0, t0 + TB, TB):
+                ks = k0 + tl.arange(0, TB)
+                km = ks < C
+                bk = tl.load(beta_ptr + b.to(tl.int64) * C + ks, mask=km, other=0.0)
+                uk = bk[:, None] * tl.load(scr_vmr + ks[:, None] * BD + sc[None, :],
+                                           mask=km[:, None], other=0.0)
+                xk = tl.load(X_ptr + mat + toks[:, None] * C + ks[None, :],
+                             mask=tm[:, None] & km[None, :], other=0.0)
+                d += tl.dot(xk, uk, input_precision=PREC)
+            tl.store(scr_d + toks[:, None] * BD + sc[None, :], d, mask=tm[:, None])
+        tl.debug_barrier()
+        # 3: the chunk-end gradients of the written rows; d delta; dQK
+        for t0 in range(0, C, TB):
+            toks = t0 + tl.arange(0, TB)
+            tm = toks < C
+            tg = c * C + toks
+            tv = tm & (tg < T)
+            dl = tl.load(scr_d + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
+            dd = tl.zeros([TB, BD], tl.float32)
+            for e0 in range(0, W, EW):
+                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
+                                             width, cols, cm, E, EW, QMODE)
+                off = seg + toks[:, None] * E + ents[None, :]
+                sl = tl.load(slot_ptr + off, mask=em, other=-1)
+                Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                             mask=(sl >= 0)[:, :, None] & cm[None, None, :],
+                             other=0.0).to(tl.float32)
+                cf = tl.load(coef_ptr + off, mask=em, other=0.0)
+                po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
+                tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
+                tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
+                dd += tl.sum(cf[:, :, None] * Dw, axis=1)
+            for k0 in range(0, C, TB):
+                ks = k0 + tl.arange(0, TB)
+                km = ks < C
+                kg = c * C + ks
+                dyk = tl.load(dy_ptr + (p.to(tl.int64) * T + kg)[:, None] * hd + cols[None, :],
+                              mask=(km & (kg < T))[:, None] & cm[None, :], other=0.0).to(tl.float32)
+                # QK[ks, toks]^T @ dy[ks]
+                qkt = tl.load(QK_ptr + mat + ks[None, :] * C + toks[:, None],
+                              mask=tm[:, None] & km[None, :], other=0.0)
+                dd += tl.dot(qkt, dyk, input_precision=PREC)
+                # dQK[toks, ks] = dy[toks] . delta[ks] (j <= i)
+                dlk = tl.load(scr_d + ks[:, None] * BD + sc[None, :], mask=km[:, None], other=0.0)
+                dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                              mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
+                g = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
+                g = tl.where(ks[None, :] <= toks[:, None], g, 0.0)
+                tl.store(pqk_ptr + (part + b) * C * C + toks[:, None] * C + ks[None, :], g,
+                         mask=tm[:, None] & km[None, :])
+            tl.store(scr_dd + toks[:, None] * BD + sc[None, :], dd, mask=tm[:, None])
+        tl.debug_barrier()
+        # 4: du = X^T d delta; dv, dL, dbeta, d r0, d ev
+        for t0 in range(0, C, TB):
+            toks = t0 + tl.arange(0, TB)
+            tm = toks < C
+            tg = c * C + toks
+            tv = tm & (tg < T)
+            du = tl.zeros([TB, BD], tl.float32)
+            for k0 in range(t0, C, TB):
+                ks = k0 + tl.arange(0, TB)
+                km = ks < C
+                xt = tl.load(X_ptr + mat + ks[None, :] * C + toks[:, None],
+                             mask=tm[:, None] & km[None, :], other=0.0)
+                ddk = tl.load(scr_dd + ks[:, None] * BD + sc[None, :], mask=km[:, None], other=0.0)
+                du += tl.dot(xt, ddk, input_precision=PREC)
+            for k0 in range(0, C, TB):
+                ks = k0 + tl.arange(0, TB)
+                km = ks < C
+                dlk = tl.load(scr_d + ks[:, None] * BD + sc[None, :], mask=km[:, None], other=0.0)
+                g = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
+                g = tl.where(ks[None, :] < toks[:, None], g, 0.0)
+                tl.store(pl_ptr + (part + b) * C * C + toks[:, None] * C + ks[None, :], g,
+                         mask=tm[:, None] & km[None, :])
+            vmr = tl.load(scr_vmr + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
+            tl.store(pb_ptr + (part + b) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
+            bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
+            tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                     bt[:, None] * du, mask=tv[:, None] & cm[None, :])
+            dr0 = -bt[:, None] * du
+            tl.store(scr_dr + toks[:, None] * BD + sc[None, :], dr0, mask=tm[:, None])
+            dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                          mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
+            for e0 in range(0, E, EW):
+                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, E, hd,
+                                             width, cols, cm, E, EW, QMODE)
+                vec = tl.where((ents < W)[None, :, None], dr0[:, None, :], dyt[:, None, :])
+                tl.store(pe_ptr + (part + b) * C * E + toks[:, None] * E + ents[None, :],
+                         tl.sum(vec * rows, axis=2), mask=em)
+        tl.debug_barrier()
+        # 5: dB at the chunk start, each distinct touched slot once
+        for f0 in range(0, C * E, NG):
+            own = f0 + tl.arange(0, NG)
+            fm = own < C * E
+            sl = tl.load(slot_ptr + seg + own, mask=fm, other=-1)
+            gs = tl.load(gs_ptr + seg + own, mask=fm, other=0)
+            nw = tl.load(nw_ptr + seg + own, mask=fm, other=0)
+            na = tl.load(na_ptr + seg + own, mask=fm, other=0)
+            lead = (sl >= 0) & (tl.load(perm_ptr + seg + gs, mask=sl >= 0, other=-1) == own)
+            acc = tl.zeros([NG, BD], tl.float32)
+            m = 0
+            while m < tl.max(tl.where(lead, na, 0), axis=0):  # data-dependent trip count
+                mm = lead & (m < na)
+                f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
+                wt = tl.load(ev_ptr + seg + f, mask=mm, other=0.0)
+                tf = f // E
+                is_w = m < nw
+                dr = tl.load(scr_dr + tf[:, None] * BD + sc[None, :],
+                             mask=(mm & is_w)[:, None], other=0.0)
+                fg = c * C + tf
+                dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, None] * hd + cols[None, :],
+                              mask=(mm & (~is_w) & (fg < T))[:, None] & cm[None, :],
+                              other=0.0).to(tl.float32)
+                acc += wt[:, None] * (dr + dyf)
+                m += 1
+            dec = tl.where(nw > 0, tl.load(decay_ptr + seg + own, mask=lead, other=1.0), 1.0)
+            ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+            wm = lead[:, None] & cm[None, :]
+            old = tl.load(dB_ptr + ro, mask=wm, other=0.0).to(tl.float32)
+            tl.store(dB_ptr + ro, (dec[:, None] * old + acc).to(dB_ptr.dtype.element_ty), mask=wm)
+        tl.debug_barrier()
+        cc += 1
+
+
+@triton.jit
+def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_ptr,
+                       dev_ptr, dcoef_ptr, dgd_ptr, dA_ptr, dQK_ptr,
+                       dval_ptr, dgam_ptr, dgend_ptr, C,
+                       W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr):
+    """Per entry: d val (k or q), d gam (gamq for reads), d gend, by walking its group."""
+    pid = tl.program_id(0)            # b * C + i
+    b = pid // C
+    i = pid % C
+    E: tl.constexpr = W + R
+    seg = b.to(tl.int64) * C * E
+    mat = b.to(tl.int64) * C * C
+    for e0 in range(0, E, EB):
+        e = e0 + tl.arange(0, EB)
+        em = e < E
+        off = seg + i * E + e
+        is_w = e < W
+        val = tl.load(val_ptr + off, mask=em, other=0.0)
+        gam = tl.load(gam_ptr + off, mask=em, other=0.0)
+        gend = tl.load(gend_ptr + off, mask=em, other=0.0)
+        dev = tl.load(dev_ptr + off, mask=em, other=0.0)
+        dco = tl.load(dcoef_ptr + pid.to(tl.int64) * W + e, mask=em & is_w, other=0.0)
+        dgd = tl.load(dgd_ptr + pid.to(tl.int64) * W + e, mask=em & is_w, other=0.0)
+        gs = tl.load(gs_ptr + off, mask=em, other=0)
+        nw = tl.load(nw_ptr + off, mask=em, other=0)
+        na = tl.load(na_ptr + off, mask=em, other=0)
+        eg = tl.exp(gam)
+        ec = tl.where(is_w, tl.exp(gend - gam), 0.0)
+        dv = dev * eg + dco * ec
+        dg = dev * val * eg - dco * val * ec
+        dge = dgd + dco * val * ec
+        # reads pair with write members only; writes with all members
+        n = tl.where(is_w, na, nw)
+        m = 0
+        while m < tl.max(tl.where(em, n, 0), axis=0):  # data-dependent trip count
+            mm = em & (m < n)
+            f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
+            tf = f // E
+            vf = tl.load(val_ptr + seg + f, mask=mm, other=0.0)
+            gf = tl.load(gam_ptr + seg + f, mask=mm, other=0.0)
+            f_w = m < nw
+            # write e, earlier write f: A[i, tf]; later write f: A[tf, i]
+            # write e, read f at tf >= i: QK[tf, i]; read e, write f at tf <= i: QK[i, tf]
+            use_a_lo = mm & is_w & f_w & (tf < i)
+            use_a_hi = mm & is_w & f_w & (tf > i)
+            use_q_w = mm & is_w & (~f_w) & (tf >= i)
+            use_q_r = mm & (~is_w) & f_w & (tf <= i)
+            a_lo = tl.load(dA_ptr + mat + i * C + tf, mask=use_a_lo, other=0.0)
+            a_hi = tl.load(dA_ptr + mat + tf * C + i, mask=use_a_hi, other=0.0)
+            q_w = tl.load(dQK_ptr + mat + tf * C + i, mask=use_q_w, other=0.0)
+            q_r = tl.load(dQK_ptr + mat + i * C + tf, mask=use_q_r, other=0.0)
+            x_lo = vf * tl.exp(gam - gf)      # e later than f
+            x_hi = vf * tl.exp(gf - gam)      # f later than e
+            t_lo = tl.where(use_a_lo, a_lo * x_lo, 0.0) + tl.where(use_q_r, q_r * x_lo, 0.0)
+            t_hi = tl.where(use_a_hi, a_hi * x_hi, 0.0) + tl.where(use_q_w, q_w * x_hi, 0.0)
+            dv += t_lo + t_hi
+            dg += val * (t_lo - t_hi)
+            m += 1
+        tl.store(dval_ptr + off, dv, mask=em)
+        tl.store(dgam_ptr + off, dg, mask=em)
+        tl.store(dgend_ptr + off, tl.where(is_w, dge, 0.0), mask=em)
+
+
+@triton.jit
+def _gate_grads_kernel(perm_ptr, gs_ptr, nw_ptr, na_ptr, dgam_ptr, dgend_ptr, dgate_ptr, C,
+                       W: tl.constexpr, R: tl.constexpr, WB: tl.constexpr):
+    """d gate of a write entry: every cumulative decay of its group at or after its token."""
+    pid = tl.program_id(0)
+    b = pid // C
+    i = pid % C
+    E: tl.constexpr = W + R
+    seg = b.to(tl.int64) * C * E
+    for w0 in range(0, W, WB):
+        w = w0 + tl.arange(0, WB)
+        wm = w < W
+        off = seg + i * E + w
+        gs = tl.load(gs_ptr + off, mask=wm, other=0)
+        nw = tl.load(nw_ptr + off, mask=wm, other=0)
+        na = tl.load(na_ptr + off, mask=wm, other=0)
+        acc = tl.zeros([WB], tl.float32)
+        m = 0
+        while m < tl.max(tl.where(wm, na, 0), axis=0):  # data-dependent trip count
+            mm = wm & (m < na)
+            f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
+            later = (f // E) >= i
+            dgm = tl.load(dgam_ptr + seg + f, mask=mm & later, other=0.0)
+            dge = tl.load(dgend_ptr + seg + f, mask=mm & (m < nw), other=0.0)
+            acc += dgm + dge
+            m += 1
+        tl.store(dgate_ptr + pid.to(tl.int64) * W + w, acc, mask=wm)
+
+
+def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, saved_scales: Tensor,
+             k_idx, k_val, v, beta, g, q_idx, q_val, C: int, snapshot_quant: str,
+             grad_bank_fp32: bool, config: dict):
+    """The six gradients (bank, k_val, v, beta, g, q_val). Shapes-only host code."""
+    k_idx, k_val, v, beta, g, q_idx, q_val, dy = (
+        x.contiguous() for x in (k_idx, k_val, v, beta, g, q_idx, q_val, grad_readings))
+    S, hd = grad_final.shape
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    E = W + R
+    bank_dtype = grad_final.dtype
+    dev = grad_final.device
+    acc_dtype = torch.float32 if (grad_bank_fp32 or bank_dtype == torch.float32) else bank_dtype
+    dB = grad_final.to(acc_dtype, copy=True).contiguous()
+    if T == 0:
+        return (dB.to(bank_dtype), torch.zeros_like(k_val, dtype=bank_dtype),
+                torch.zeros_like(v, dtype=bank_dtype), torch.zeros_like(beta, dtype=torch.float32),
+                torch.zeros_like(g, dtype=torch.float32), torch.zeros_like(q_val, dtype=bank_dtype))
+    pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
+    NC, B = pl.NC, pl.B
+    BD, CP = config["BD_BWD"], pow2(C)
+    NCB = -(-hd // BD)
+    f32 = dict(dtype=torch.float32, device=dev)
+    dv = torch.empty(P, T, hd, **f32)
+    pe = torch.empty(NCB, B, C, E, **f32)       # d ev (d r0 . M0w, dy . M0q)
+    pc = torch.empty(NCB, B, C, W, **f32)       # d coef
+    pm = torch.empty(NCB, B, C, W, **f32)       # Dw . M0w
+    pb = torch.empty(NCB, B, C, **f32)          # (v - r0) . du
+    pqk = torch.empty(NCB, B, C, C, **f32)      # dQK
+    pL = torch.empty(NCB, B, C, C, **f32)       # dL
+    scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
+    qmode = _QMODE[snapshot_quant]
+    rows = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
+    scales = saved_scales if saved_scales.numel() else dB
+    prec = "ieee" if bank_dtype == torch.float32 else "tf32"
+    launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, pl.decay,
+           pl.perm, pl.gs, pl.nw, pl.na, pl.X, pl.QK, pl.beta, v, dy, dv, pe, pc, pm, pb, pqk, pL,
+           scratch, P, T, hd, saved_rows.shape[-1], NC, B, C=C, W=W, R=R, BD=BD,
+           TB=min(config["TB"], CP), EW=config["EW"], NG=config["NG"], CP=CP, QMODE=qmode,
+           PREC=prec, num_warps=config["WARPS_BWD"])
+
+    # cross-column sums, in a fixed order
+    dL = pL.sum(0)
+    dQK = pqk.sum(0)
+    dA = pl.beta[:, :, None] * dL
+    dbeta = (pl.A * dL).sum(-1) + pb.sum(0)
+    dev_ = pe.sum(0)
+    dcoef = pc.sum(0)
+    lead = pl.perm.long().gather(1, pl.gs.view(B, C * E).long()) == torch.arange(C * E, device=dev)
+    lead = lead.view(B, C, E)[:, :, :W] & (pl.slot.view(B, C, E)[:, :, :W] >= 0)
+    dgd = torch.where(lead, pl.decay.view(B, C, E)[:, :, :W] * pm.sum(0), 0.0)
+
+    dval = torch.empty(B, C, E, **f32)
+    dgam = torch.empty(B, C, E, **f32)
+    dgend = torch.empty(B, C, E, **f32)
+    launch(_pair_grads_kernel, (B * C,), pl.val, pl.gam, pl.gend, pl.perm, pl.gs, pl.nw, pl.na,
+           dev_, dcoef, dgd, dA, dQK, dval, dgam, dgend, C, W=W, R=R, EB=min(32, pow2(E)),
+           num_warps=4)
+    dgate = torch.empty(B, C, W, **f32)
+    launch(_gate_grads_kernel, (B * C,), pl.perm, pl.gs, pl.nw, pl.na, dgam, dgend, dgate, C,
+           W=W, R=R, WB=min(32, pow2(W)), num_warps=4)
+
+    # back from the dense-key entries to the user's entries; drop padding
+    Tp = NC * C
+    dval = dval.view(P, Tp, E)
+    dk = torch.gather(dval[:, :, :W], 2, pl.first.long())[:, :T]
+    dq = dval[:, :T, W:]
+    active = (pl.slot.view(P, Tp, E)[:, :T, :W] >= 0)
+    dgw = dgate.view(P, Tp, W)[:, :T] * active
+    dg = dgw if g.shape[2] == W else dgw.sum(-1, keepdim=True)
+    return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype),
+            dbeta.view(P, Tp)[:, :T].contiguous(), dg, dq.to(bank_dtype))

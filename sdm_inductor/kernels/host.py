@@ -1,0 +1,147 @@
+"""Host side of the CUDA implementation: buffers, launch parameters, the IMPLS interface.
+
+Everything here depends on shapes only: no ``.item()``, no host sync, no data-dependent
+Python, so the same functions serve the eager op (``IMPLS['cuda']``), CUDA-graph capture
+and the ``triton_op`` bodies that Inductor traces (``triton_ops.py``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import quant
+from . import backward as bwd
+from .decode import DECODE_MAX_T, _decode_kernel
+from .launch import launch, pow2
+from .phase1 import plan, prep
+from .phase2 import _forward_kernel
+
+NAME = "cuda-triton-chunked"
+
+# Launch parameters (the benchmark may override them). BD: bank columns per program
+# (16 bf16 columns = one 32-byte sector per gathered row); TB: tokens per tile; EW:
+# entries per gather tile; NG: write entries per tile of the write pass.
+CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=32, TB=64, EW=8, NG=64, WARPS=4, WARPS_BWD=4)
+
+# The eager no-grad forward runs the sequence in windows of about this many tokens, so
+# its working memory (Phase 1 of a window) does not grow with T. Traced calls (one
+# triton_op) cannot loop over a length and do the whole sequence at once.
+WINDOW_TOKENS = 4096
+
+
+def _prec(dtype: torch.dtype) -> str:
+    # fp32 banks: exact fp32 products (1e-4 contract); bf16 banks: tf32 is far inside 2e-2
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _contig(*xs):
+    return tuple(x.contiguous() for x in xs)
+
+
+def decode_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val) -> Tensor:
+    """Token loop for short sequences (no backward): advances ``bank``, returns readings."""
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    S, hd = bank.shape
+    slot, val, gate, _, _, _ = prep(S, k_idx, k_val, g, q_idx, q_val, T)
+    out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
+    BD = CONFIG["BD_DECODE"]
+    launch(_decode_kernel, (P, -(-hd // BD)), bank, slot, val, gate, v, beta, out, T, hd,
+           W=W, R=R, WP=pow2(W), RP=pow2(R), BD=BD, num_warps=CONFIG["WARPS"])
+    return out
+
+
+def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
+                    saved: Tensor | None):
+    """Phase 1 + the Phase 2 walk for the whole sequence; advances ``bank``, returns readings.
+
+    ``saved`` ([NC*P*C, W+R, hd], chunk-major like ``ops._saved_shapes``) receives the
+    chunk-start rows of every entry when given.
+    """
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    S, hd = bank.shape
+    pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
+    out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
+    BD, CP = CONFIG["BD"], pow2(C)
+    NCB = -(-hd // BD)
+    scratch = torch.empty(P * NCB * 2 * CP * BD, dtype=torch.float32, device=bank.device)
+    launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.coef, pl.decay, pl.perm, pl.gs,
+           pl.nw, pl.X, pl.QKX, v, pl.beta, out, scratch, bank if saved is None else saved,
+           P, T, hd, pl.NC, C, W=W, R=R, BD=BD, TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"],
+           NG=CONFIG["NG"], CP=CP, SAVE=saved is not None, PREC=_prec(bank.dtype),
+           num_warps=CONFIG["WARPS"])
+    return out
+
+
+def saved_buffers(bank: Tensor, P: int, T: int, W: int, R: int, C: int, mode: str, save: bool):
+    """(buffer the kernel writes or None, final rows or None, scales or None).
+
+    The final tensors have the layout of ``ops._saved_shapes``. Modes with per-row scales
+    need whole rows, which no column-block program sees: the kernel stores raw rows and
+    ``quant.quantize`` packs them afterwards (the None entries).
+    """
+    hd = bank.shape[1]
+    dtype, width, scaled = quant.storage(mode, bank.dtype, hd)
+    if not save:
+        return None, bank.new_empty(0, W + R, width, dtype=dtype), bank.new_empty(
+            0, dtype=torch.float32)
+    n = -(-T // C) * P * C
+    if scaled:
+        return bank.new_empty(n, W + R, hd), None, None
+    rows = bank.new_empty(n, W + R, width, dtype=dtype)
+    return rows, rows, bank.new_empty(0, dtype=torch.float32)
+
+
+def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
+                 snapshot_quant: str, save: bool):
+    """One pass over the whole sequence: (readings, saved rows, saved scales). Traceable."""
+    k_idx, k_val, v, beta, g, q_idx, q_val = _contig(k_idx, k_val, v, beta, g, q_idx, q_val)
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    raw, rows, scales = saved_buffers(bank, P, T, W, R, chunk_size, snapshot_quant, save)
+    if T == 0:
+        out = bank.new_empty(P, 0, bank.shape[1])
+    elif not save and T <= DECODE_MAX_T:
+        out = decode_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val)
+    else:
+        out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw)
+    if rows is None:
+        rows, scales = quant.quantize(raw, snapshot_quant, bank.dtype)
+    return out, rows, scales
+
+
+def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
+            snapshot_quant: str, save: bool):
+    """``IMPLS`` interface: advance ``bank`` in place; (readings, saved rows, saved scales)."""
+    P, T, _ = k_idx.shape
+    C = chunk_size
+    path = "empty" if T == 0 else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
+    win = max(C, WINDOW_TOKENS // C * C)
+    windows = 1 if (save or path != "chunked") else -(-T // win)
+    _record(path, windows, bank, C)
+    if windows == 1:
+        return forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save)
+    readings = bank.new_empty(P, T, bank.shape[1])
+    for t0 in range(0, T, win):
+        sl = slice(t0, min(T, t0 + win))
+        readings[:, sl] = forward_once(bank, k_idx[:, sl], k_val[:, sl], v[:, sl], beta[:, sl],
+                                       g[:, sl], q_idx[:, sl], q_val[:, sl], C, "none", False)[0]
+    _, empty_rows, empty_scales = saved_buffers(bank, P, T, k_idx.shape[2], q_idx.shape[2], C,
+                                                snapshot_quant, False)
+    return readings, empty_rows, empty_scales
+
+
+def _record(path: str, windows: int, bank: Tensor, C: int):
+    from .. import ops
+    ops.record_dispatch(kernel_path=path, windows=windows, block_cols=CONFIG["BD"],
+                        decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // CONFIG["BD"]))
+
+
+def backward(grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g,
+             q_idx, q_val, chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool):
+    """``IMPLS`` interface: the six gradients (bank, k_val, v, beta, g, q_val)."""
+    from .. import ops
+    ops.record_dispatch(backward_path="chunked-reverse", block_cols_bwd=CONFIG["BD_BWD"])
+    return bwd.backward(grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v,
+                        beta, g, q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32, CONFIG)

@@ -1,0 +1,237 @@
+"""Phase 1 of the chunked form (SDM_SPEC section 3): everything that needs no bank.
+
+Layout. The tokens of each stream are padded to ``NC * C`` and cut into *segments*
+``b = p * NC + c`` (stream-major), so a per-token array ``[P, NC*C, X]`` is also the
+per-segment array ``[B, C, X]`` with no copy. Each token has ``E = W + R`` *entries*:
+``W`` writes then ``R`` reads. Entry ``(i, e)`` of a segment has the flat index
+``i * E + e`` there.
+
+Kernels:
+
+- ``_prep_kernel`` (one program per token): the dense-key meaning of repeated write
+  slots (weights summed into the first occurrence, later repeats switched off), masks
+  of padded tokens and out-of-range rows (an entry that touches nothing gets slot -1),
+  and the sort keys ``2 * slot + is_read``.
+- torch: a stable sort of each segment's keys, and three ``searchsorted`` that give
+  every entry its *group* (the entries of its segment touching the same slot): the
+  write members first, in token order, then the read members.
+- ``_pairs_kernel`` (one program per token): per-slot cumulative log-decays by walking
+  each entry's group (a fixed order: deterministic, and no long cumsum), the rows of
+  the Gram matrices A and QK, and the per-entry weights Phase 2 uses.
+- torch: the unit-lower-triangular inverse ``X = (I + tril(beta A, -1))^-1`` and
+  ``QKX = QK @ X`` (batched, fp32).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .launch import launch, pow2
+
+
+@triton.jit
+def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr,
+                 slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr,
+                 T, Tp, S, C, W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
+                 WP: tl.constexpr, RP: tl.constexpr):
+    pid = tl.program_id(0)            # p * Tp + t
+    p = pid // Tp
+    t = pid % Tp
+    i = t % C
+    E: tl.constexpr = W + R
+    tvalid = t < T
+    src = p.to(tl.int64) * T + t      # row of the unpadded [P, T] inputs
+    out = pid.to(tl.int64) * E        # row of the padded [P, Tp, E] outputs
+
+    w = tl.arange(0, WP)
+    wm = w < W
+    kid = tl.load(kidx_ptr + src * W + w, mask=wm & tvalid, other=-1).to(tl.int64)
+    kv = tl.load(kval_ptr + src * W + w, mask=wm & tvalid, other=0.0).to(tl.float32)
+    ok = wm & tvalid & (kid >= 0) & (kid < S)
+    # first occurrence of each entry's slot in this token (dense-key meaning of repeats)
+    wc = tl.arange(0, WP)
+    same = (kid[:, None] == kid[None, :]) & ok[:, None] & ok[None, :]
+    first = tl.min(tl.where(same, wc[None, :], WP), axis=1)
+    first = tl.where(ok, first, w)
+    active = ok & (first == w)
+    kd = tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0), axis=1)
+    kd = tl.where(active, kd, 0.0)
+    if G == 1:
+        gv = tl.load(g_ptr + src + w * 0, mask=wm & tvalid, other=0.0)
+    else:
+        gv = tl.load(g_ptr + src * W + w, mask=wm & tvalid, other=0.0)
+    gv = tl.where(active, gv.to(tl.float32), 0.0)
+    wslot = tl.where(active, kid, -1)
+    # entries that touch nothing get a private key past the bank: a group of their own
+    wkey = 2 * tl.where(active, kid, S + i.to(tl.int64) * E + w)
+    tl.store(slot_ptr + out + w, wslot.to(tl.int32), mask=wm)
+    tl.store(val_ptr + out + w, kd, mask=wm)
+    tl.store(gate_ptr + out + w, gv, mask=wm)
+    tl.store(key_ptr + out + w, wkey, mask=wm)
+    tl.store(first_ptr + pid.to(tl.int64) * W + w, first.to(tl.int32), mask=wm)
+
+    r = tl.arange(0, RP)
+    rm = r < R
+    qid = tl.load(qidx_ptr + src * R + r, mask=rm & tvalid, other=-1).to(tl.int64)
+    qv = tl.load(qval_ptr + src * R + r, mask=rm & tvalid, other=0.0).to(tl.float32)
+    rok = rm & tvalid & (qid >= 0) & (qid < S)
+    qkey = 2 * tl.where(rok, qid, S + i.to(tl.int64) * E + W + r) + 1
+    tl.store(slot_ptr + out + W + r, tl.where(rok, qid, -1).to(tl.int32), mask=rm)
+    tl.store(val_ptr + out + W + r, tl.where(rok, qv, 0.0), mask=rm)
+    tl.store(gate_ptr + out + W + r, tl.zeros([RP], tl.float32), mask=rm)
+    tl.store(key_ptr + out + W + r, qkey, mask=rm)
+
+
+@triton.jit
+def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
+                  gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
+                  C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr):
+    pid = tl.program_id(0)            # b * C + i
+    b = pid // C
+    i = pid % C
+    E: tl.constexpr = W + R
+    seg = b.to(tl.int64) * C * E      # first entry of the segment
+    cols = tl.arange(0, CP)
+    a_row = tl.zeros([CP], tl.float32)
+    qk_row = tl.zeros([CP], tl.float32)
+    for e0 in range(0, E, EB):
+        e = e0 + tl.arange(0, EB)
+        em = e < E
+        off = seg + i * E + e
+        val = tl.load(val_ptr + off, mask=em, other=0.0)
+        gs = tl.load(gs_ptr + off, mask=em, other=0)
+        nw = tl.load(nw_ptr + off, mask=em, other=0)
+        is_w = e < W
+        n_max = tl.max(nw, axis=0)
+        # cumulative log-decay of the entry's slot: at this token (causal) and at the end
+        gam = tl.zeros([EB], tl.float32)
+        gend = tl.zeros([EB], tl.float32)
+        m = 0
+        while m < n_max:  # data-dependent trip count
+            mm = m < nw
+            f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
+            gf = tl.load(gate_ptr + seg + f, mask=mm, other=0.0)
+            gend += gf
+            gam += tl.where((f // E) <= i, gf, 0.0)
+            m += 1
+        # Gram rows: the write members are in token order, so their own cumulative
+        # decay is the running sum of the gates walked so far
+        run = tl.zeros([EB], tl.float32)
+        m = 0
+        while m < n_max:  # data-dependent trip count
+            mm = m < nw
+            f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
+            gf = tl.load(gate_ptr + seg + f, mask=mm, other=0.0)
+            kf = tl.load(val_ptr + seg + f, mask=mm, other=0.0)
+            run += gf
+            tf = f // E
+            x = val * kf * tl.exp(gam - run)
+            hit = (tf[:, None] == cols[None, :]) & mm[:, None]
+            a_row += tl.sum(tl.where(hit & (is_w & (tf < i))[:, None], x[:, None], 0.0), axis=0)
+            qk_row += tl.sum(tl.where(hit & ((~is_w) & (tf <= i))[:, None], x[:, None], 0.0),
+                             axis=0)
+            m += 1
+        tl.store(gam_ptr + off, gam, mask=em)
+        tl.store(gend_ptr + off, gend, mask=em)
+        tl.store(ev_ptr + off, val * tl.exp(gam), mask=em)
+        tl.store(coef_ptr + off, tl.where(is_w, val * tl.exp(gend - gam), 0.0), mask=em)
+        tl.store(decay_ptr + off, tl.exp(gend), mask=em)
+    cm = cols < C
+    tl.store(A_ptr + pid.to(tl.int64) * C + cols, a_row, mask=cm)
+    tl.store(QK_ptr + pid.to(tl.int64) * C + cols, qk_row, mask=cm)
+
+
+@dataclass
+class Plan:
+    """Phase 1 of a whole call: per-entry ``[B, C, E]`` and per-segment ``[B, C, C]``."""
+    P: int
+    T: int
+    C: int
+    NC: int
+    W: int
+    R: int
+    slot: Tensor    # int32, -1: touches nothing (padding, out of range, repeated write)
+    val: Tensor     # fp32 dense-key weight (writes) / read weight (reads)
+    gate: Tensor    # fp32 log-decay of an active write entry, else 0
+    first: Tensor   # [P, Tp, W] int32, first occurrence of the entry's slot in its token
+    perm: Tensor    # [B, C*E] int32, entries sorted by (slot, write-before-read, token)
+    gs: Tensor      # int32, start of the entry's group in perm
+    nw: Tensor      # int32, number of write members of the group
+    na: Tensor      # int32, number of members of the group
+    gam: Tensor     # fp32 cumulative log-decay of the slot at the entry's token (causal)
+    gend: Tensor    # fp32 same at the end of the chunk
+    ev: Tensor      # fp32 val * exp(gam): weight of the chunk-start row in r0 / inter
+    coef: Tensor    # fp32 k * exp(gend - gam): weight of delta in the chunk-end row
+    decay: Tensor   # fp32 exp(gend): decay of the slot over the whole chunk
+    beta: Tensor    # [B, C] fp32, 0 on padded tokens
+    A: Tensor       # [B, C, C]
+    QK: Tensor      # [B, C, C]
+    X: Tensor       # [B, C, C] (I + tril(beta A, -1))^-1
+    QKX: Tensor     # [B, C, C] QK @ X
+
+    @property
+    def E(self) -> int:
+        return self.W + self.R
+
+    @property
+    def B(self) -> int:
+        return self.P * self.NC
+
+
+def prep(S: int, k_idx, k_val, g, q_idx, q_val, C: int):
+    """Dense keys, masks and sort keys of every entry; returns the tensors and ``NC``."""
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    G = g.shape[2]
+    NC = -(-T // C)
+    Tp = NC * C
+    E: tl.constexpr = W + R
+    dev = k_idx.device
+    slot = torch.empty(P, Tp, E, dtype=torch.int32, device=dev)
+    val = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
+    gate = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
+    key = torch.empty(P, Tp, E, dtype=torch.int64, device=dev)
+    first = torch.empty(P, Tp, W, dtype=torch.int32, device=dev)
+    launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, slot, val, gate, key, first,
+           T, Tp, S, C, W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), num_warps=4)
+    return slot, val, gate, key, first, NC
+
+
+def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int) -> Plan:
+    """Phase 1 for all chunks of all streams. Inputs contiguous ``[P, T, *]``."""
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    E: tl.constexpr = W + R
+    slot, val, gate, key, first, NC = prep(S, k_idx, k_val, g, q_idx, q_val, C)
+    B = P * NC
+    dev = k_idx.device
+    key = key.view(B, C * E)
+    skey, perm = torch.sort(key, dim=-1, stable=True)
+    even = key & ~1
+    gs = torch.searchsorted(skey, even)
+    nw = torch.searchsorted(skey, even, right=True) - gs
+    na = torch.searchsorted(skey, even + 1, right=True) - gs
+    gs, nw, na, perm = (x.to(torch.int32) for x in (gs, nw, na, perm))
+
+    gam = torch.empty_like(val)
+    ev = torch.empty_like(val)
+    coef = torch.empty_like(val)
+    decay = torch.empty_like(val)
+    A = torch.empty(B, C, C, dtype=torch.float32, device=dev)
+    QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
+    gend = torch.empty_like(val)
+    launch(_pairs_kernel, (B * C,), val, gate, perm, gs, nw, gam, gend, ev, coef, decay, A, QK,
+           C, W=W, R=R, EB=min(32, pow2(E)), CP=pow2(C), num_warps=4)
+
+    bp = torch.nn.functional.pad(beta, (0, NC * C - T)).view(B, C)
+    L = torch.tril(bp[:, :, None] * A, -1) + torch.eye(C, device=dev)
+    eye = torch.eye(C, device=dev).expand(B, C, C)
+    # the solver may return column-major storage; the kernels index row-major
+    X = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True).contiguous()
+    QKX = torch.matmul(QK, X).contiguous()
+    return Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
+                coef, decay, bp, A, QK, X, QKX)
