@@ -97,11 +97,9 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     flat_kw = torch.where(valid[..., None], kidx + seg, pad_key).reshape(-1)
     sorted_kw, order = torch.sort(flat_kw, stable=True)
     # groups of equal written keys, in key order; chunk c owns a contiguous range
-    new_group = torch.ones_like(sorted_kw, dtype=torch.bool)
-    new_group[1:] = sorted_kw[1:] != sorted_kw[:-1]
-    gid_sorted = torch.cumsum(new_group, 0) - 1
-    group_start = new_group.nonzero().squeeze(1)
-    group_size = torch.diff(group_start, append=group_start.new_tensor([sorted_kw.numel()]))
+    group_keys, gid_sorted, group_size = torch.unique_consecutive(
+        sorted_kw, return_inverse=True, return_counts=True)
+    group_start = torch.cumsum(group_size, 0) - group_size
     gid = torch.empty_like(gid_sorted).scatter_(0, order, gid_sorted)
     ww = _pairs(group_start.index_select(0, gid), group_size.index_select(0, gid), order)
     key_r = (qidx + seg).reshape(-1)
@@ -139,7 +137,6 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     X = torch.linalg.solve_triangular(eye + torch.tril(beta[..., None] * A, -1), eye.expand(B, C, C),
                                       upper=False, unitriangular=True)
 
-    group_keys = sorted_kw[new_group]
     bounds = torch.searchsorted(group_keys, torch.arange(0, B + 1, P, device=dev) * span).tolist()
     n_chunks = B // P
     chunk_of_entry = torch.arange(B * C * W, device=dev) // (P * C * W)
@@ -147,7 +144,7 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     n_of = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev).index_select(0, chunk_of_entry)
     gid = torch.where(valid[..., None].expand(B, C, W).reshape(-1), gid - g0, n_of)
     n_real = bounds[-1]
-    rep = order[new_group][:n_real]  # stable sort: the first entry of each group
+    rep = order.index_select(0, group_start[:n_real])  # stable sort: first entry of each group
     counts = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev)
     group_chunk = torch.repeat_interleave(torch.arange(n_chunks, device=dev), counts)
     rep_local = rep - group_chunk * (P * C * W)
