@@ -183,11 +183,47 @@ def mul(space: LabelSpace, a: Sym, b: Sym) -> Sym:
     return Sym(shape, axes, _check_linear([t for t in terms if t.coef != 0.0]))
 
 
+def _signature(t: Term):
+    """Terms equal up to the names of their summed labels and the order of factors."""
+    ren, n = {}, 0
+    out = []
+    for f in sorted(t.factors, key=lambda f: (f.kind, repr(f.ref), tuple(lb in t.bound for lb in f.labels))):
+        labels = []
+        for lb in f.labels:
+            if lb in t.bound:
+                if lb not in ren:
+                    ren[lb] = ("b", n)
+                    n += 1
+                labels.append(ren[lb])
+            else:
+                labels.append(lb)
+        out.append((f.kind, f.ref, tuple(labels)))
+    return tuple(out), len(t.bound)
+
+
+def _combine(terms):
+    """Collect like terms (so ``rows + (dec - rows)`` is ``dec``)."""
+    acc: dict = {}
+    order = []
+    for t in terms:
+        try:
+            sig = _signature(t)
+            hash(sig)
+        except TypeError:
+            sig = id(t)
+        if sig in acc:
+            acc[sig] = Term(acc[sig].coef + t.coef, acc[sig].factors, acc[sig].bound)
+        else:
+            acc[sig] = t
+            order.append(sig)
+    return [acc[s] for s in order if acc[s].coef != 0.0]
+
+
 def add(space: LabelSpace, a: Sym, b: Sym, alpha: float = 1.0) -> Sym:
     shape, axes, b = _broadcast(space, a, b)
     # a term constant along a broadcast axis needs no change: labels it lacks are free
     terms = list(a.terms) + [Term(t.coef * alpha, t.factors, t.bound) for t in b.terms]
-    return Sym(shape, axes, [t for t in terms if t.coef != 0.0])
+    return Sym(shape, axes, _combine(terms))
 
 
 def scale(a: Sym, c: float) -> Sym:

@@ -59,6 +59,7 @@ class Bank:
     reject: str | None = None
     derived_from: frozenset = frozenset()
     inplace_root: bool = False                       # writes mutate the root node itself
+    attempts: int = 0                                # writes seen (also the rejected ones)
 
 
 @dataclass
@@ -215,6 +216,8 @@ class Analysis:
                 self._set(node, Opaque(dep, f"{self.fe.describe(node)}"))
                 return
             self._foreign_inplace(node, dep)
+        if not dep and isinstance(out, Sym) and (len(out.terms) != 1 or out.terms[0].bound):
+            out = None      # sums and contractions of inputs stay whole: one atom (e.g. x @ Wv)
         if out is None:
             out = self.leaf(node) if not dep else Opaque(dep)
         self._set(node, out)
@@ -238,7 +241,6 @@ class Analysis:
         tv = self.env.get(target)
         if _deps(tv) or dep:
             self.env[target] = Opaque(_deps(tv) | dep, f"changed in place by {self.fe.describe(node)}")
-            self.node_banks.setdefault(target, set()).update(_deps(tv) | dep)
         else:
             self.volatile.add(target)
 
@@ -256,6 +258,7 @@ class Analysis:
             self._set(node, out if not op.inplace or self.fe.returns_self(node) else None)
             return
         bank = self.banks[tv.bank_id]
+        bank.attempts += 1
         try:
             if not isinstance(op.vals, Sym) or not isinstance(op.idx, Sym):
                 raise Reject(f"the written rows are not linear in the bank ({self.fe.describe(node)})")
@@ -303,7 +306,7 @@ class Analysis:
                 continue
             where = location(b.writes[min(b.writes)].node) if b.writes else location(b.root)
             if b.reject is not None:
-                rejected.append(Rejected(where, len(b.writes), b.reject))
+                rejected.append(Rejected(where, max(b.attempts, len(b.writes)), b.reject))
                 continue
             try:
                 ok.append(self._chain(b, where))

@@ -14,7 +14,7 @@ def register() -> None:
     """Register the artifact (idempotent). Also the ``torch.backends`` autoload hook, so
     that ``TORCH_LOGS=sdm`` is accepted when torch parses it at import."""
     if NAME not in _internal.log_registry.artifact_names:
-        torch._logging.register_artifact(NAME, DESCRIPTION, visible=True)
+        _internal.register_artifact(NAME, DESCRIPTION, visible=True)
 
 
 register()

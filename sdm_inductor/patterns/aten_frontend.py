@@ -1,0 +1,66 @@
+"""Aten-level front-end: post-grad graphs and exported programs (functional aten IR).
+
+The same recognizer as the torch-level front-end with the aten op table; new nodes get
+``meta['val']`` by fake-tensor propagation, as Inductor and ExportedProgram expect.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+
+from .driver import rewrite_graph
+from .optable import AtenOps
+from .report import Report
+from .scan import rewrite_scans
+
+__all__ = ["rewrite_aten_graph", "rewrite_exported"]
+
+
+def _fill_meta(graph: fx.Graph) -> None:
+    """``meta['val']`` for nodes that lack it, computed on the fake values of their inputs."""
+    vals = [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    mode = detect_fake_mode(vals)
+    if mode is None:
+        return
+
+    def val(x):
+        return x.meta.get("val") if isinstance(x, fx.Node) else x
+
+    with mode:
+        for n in graph.nodes:
+            if n.op != "call_function" or "val" in n.meta:
+                continue
+            args = fx.node.map_aggregate(n.args, val)
+            kwargs = fx.node.map_aggregate(n.kwargs, val)
+            n.meta["val"] = n.target(*args, **kwargs)
+
+
+def rewrite_aten_graph(graph: fx.Graph) -> Report:
+    report = rewrite_scans(graph, AtenOps(), "aten")
+    report.extend(rewrite_graph(graph, AtenOps(), "aten"))
+    report.graphs = 1
+    if report.rewritten:
+        _fill_meta(graph)
+    return report
+
+
+def rewrite_exported(ep: "torch.export.ExportedProgram", report: Report | None = None):
+    """An ExportedProgram with each recognised token loop replaced by ``sdm.write_read``.
+
+    ``ep`` is left unchanged. Pass a ``Report`` to learn what was rewritten and why
+    candidates were left alone."""
+    if not isinstance(ep, torch.export.ExportedProgram):
+        raise TypeError(f"sdm: argument 'ep' of rewrite_exported: expected a "
+                        f"torch.export.ExportedProgram, got {type(ep).__name__}")
+    gm = copy.deepcopy(ep.graph_module)
+    rep = rewrite_aten_graph(gm.graph)
+    if report is not None:
+        report.extend(rep)
+    if not rep.rewritten:
+        return ep
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return ep._update(gm, ep.graph_signature)

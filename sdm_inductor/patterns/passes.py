@@ -1,0 +1,176 @@
+"""Inductor ``CustomGraphPass``es that run the rewrites, and their installation.
+
+Two passes: the torch-level one on Dynamo's graph (``pre_grad_custom_pass``, before
+AOTAutograd: compile time is won there) and the aten-level one on post-grad graphs
+(``post_grad_custom_pre_pass``, for what reaches Inductor unrewritten). Their uuids hash
+this package's sources and the settings in ``config``, so the FX graph cache keys
+change whenever what the passes would do changes. Installing keeps passes already set
+by the user or other libraries: ours are appended (a list where Inductor takes one, a
+composed pass on torch versions that take a single callable).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import os
+
+import torch._inductor.config as inductor_config
+from torch._inductor import custom_graph_pass as cgp
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from . import config
+from .log import emit
+from .report import Report
+
+__all__ = ["TorchLevelPass", "AtenLevelPass", "install", "uninstall", "installed",
+           "enable_rewrites", "disable_rewrites", "rewrites", "last_report"]
+
+_SOURCES = tuple(sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*.py"))))
+
+
+class _State:
+    last = Report()
+
+
+def last_report() -> Report:
+    """What the passes did in the most recent compile (all graphs since it started)."""
+    return _State.last
+
+
+def _record(report: Report):
+    _State.last = report
+    emit(report)
+
+
+class _SdmPass(CustomGraphPass):
+    LEVEL = ""
+
+    def uuid(self):
+        h = hashlib.sha256(cgp.get_hash_for_files(_SOURCES))
+        h.update(repr((self.LEVEL, config.snapshot())).encode())
+        return h.hexdigest()
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+    def __hash__(self):
+        return hash(type(self))
+
+
+class TorchLevelPass(_SdmPass):
+    """Pre-grad: token loops in Dynamo's torch-level graph -> the fused op."""
+    LEVEL = "torch"
+
+    def __call__(self, graph):
+        from .torch_frontend import rewrite_dynamo_graph
+        _record(rewrite_dynamo_graph(graph))
+
+
+class AtenLevelPass(_SdmPass):
+    """Post-grad: token loops left in an aten graph -> the fused op."""
+    LEVEL = "aten"
+
+    def __call__(self, graph):
+        from .aten_frontend import rewrite_aten_graph
+        report = rewrite_aten_graph(graph)
+        if report.rewritten or report.rejected:
+            _record(report)
+
+
+_PASSES = {"pre_grad_custom_pass": TorchLevelPass(), "post_grad_custom_pre_pass": AtenLevelPass()}
+_LISTS = hasattr(cgp, "get_custom_graph_passes")   # Inductor takes lists of passes
+
+
+class _Composed(CustomGraphPass):
+    """Another pass followed by ours, for Inductors that take one callable per slot."""
+
+    def __init__(self, first, ours):
+        self.first, self.ours = first, ours
+
+    def __call__(self, graph):
+        self.first(graph)
+        self.ours(graph)
+
+    def uuid(self):
+        u = self.first.uuid() if isinstance(self.first, CustomGraphPass) else None
+        return None if u is None else (u, self.ours.uuid())
+
+
+def _current(slot):
+    cur = getattr(inductor_config, slot)
+    if cur is None:
+        return []
+    return list(cur) if isinstance(cur, (list, tuple)) else [cur]
+
+
+def _without_ours(passes, ours):
+    out = []
+    for p in passes:
+        if isinstance(p, _Composed) and p.ours == ours:
+            out.append(p.first)
+        elif p != ours:
+            out.append(p)
+    return out
+
+
+def installed() -> bool:
+    return all(_has(slot, p) for slot, p in _PASSES.items())
+
+
+def _has(slot, ours) -> bool:
+    return any(p == ours or (isinstance(p, _Composed) and p.ours == ours) for p in _current(slot))
+
+
+def install() -> None:
+    """Add the passes to Inductor's config, after any passes already there."""
+    for slot, ours in _PASSES.items():
+        if _has(slot, ours):
+            continue
+        others = _current(slot)
+        if not others:
+            setattr(inductor_config, slot, ours)
+        elif _LISTS:
+            setattr(inductor_config, slot, others + [ours])
+        else:
+            setattr(inductor_config, slot, _Composed(others[0], ours))
+
+
+def uninstall() -> None:
+    """Remove only our passes, leaving the others as they were."""
+    for slot, ours in _PASSES.items():
+        rest = _without_ours(_current(slot), ours)
+        setattr(inductor_config, slot, None if not rest else (rest[0] if len(rest) == 1 else rest))
+
+
+def enable_rewrites(assume_distinct_write_slots: bool | None = None) -> None:
+    """Turn the rewrites on (the default after ``import sdm_inductor``)."""
+    config.enabled = True
+    if assume_distinct_write_slots is not None:
+        config.assume_distinct_write_slots = bool(assume_distinct_write_slots)
+    install()
+
+
+def disable_rewrites() -> None:
+    """Turn the rewrites off: ``torch.compile`` compiles token loops as written."""
+    config.enabled = False
+    uninstall()
+
+
+@contextlib.contextmanager
+def rewrites(enabled: bool = True, *, assume_distinct_write_slots: bool | None = None):
+    """``with sdm_inductor.rewrites(False): ...`` compiles without the rewrites;
+    ``rewrites(True, assume_distinct_write_slots=True)`` takes the user's word that no
+    token writes a slot twice (no runtime check)."""
+    saved = (config.enabled, config.assume_distinct_write_slots, installed())
+    try:
+        if enabled:
+            enable_rewrites(assume_distinct_write_slots)
+        else:
+            disable_rewrites()
+            if assume_distinct_write_slots is not None:
+                config.assume_distinct_write_slots = bool(assume_distinct_write_slots)
+        yield
+    finally:
+        config.enabled, config.assume_distinct_write_slots = saved[0], saved[1]
+        install() if saved[2] else uninstall()

@@ -1,0 +1,435 @@
+"""Token-loop spellings for the pattern-rewrite tests: positives (the op's meaning) and
+near-misses (a different meaning: must stay as written). Each entry is a function of the
+inputs built by ``inputs()``; T is small so that Dynamo traces fast."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+S, HD, W, R, T = 64, 8, 4, 3, 6
+
+
+def inputs(T=T, dtype=torch.float32, per_write=True, seed=0, requires_grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    k_idx = torch.stack([torch.randperm(S, generator=gen)[:W] for _ in range(T)])
+    q_idx = torch.randint(0, S, (T, R), generator=gen)
+    d = dict(
+        M=torch.randn(S, HD, generator=gen).to(dtype),
+        k_idx=k_idx,
+        k_val=torch.randn(T, W, generator=gen).to(dtype) * 0.5,
+        v=torch.randn(T, HD, generator=gen).to(dtype),
+        beta=torch.rand(T, generator=gen) * 0.9,
+        g=-torch.rand(T, W if per_write else 1, generator=gen) * 0.5,
+        q_idx=q_idx,
+        q_val=torch.randn(T, R, generator=gen).to(dtype),
+    )
+    if requires_grad:
+        for k in ("M", "k_val", "v", "beta", "g", "q_val"):
+            d[k].requires_grad_(True)
+    return d
+
+
+# ============================================================================ positives
+
+def p_setitem_mulsum(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The spec's loop: setitem on a clone, mul + sum, per-write gate."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        dec = rows * torch.exp(g[t])[:, None]
+        ret = (k_val[t][:, None] * dec).sum(0)
+        delta = beta[t] * (v[t] - ret)
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def p_index_put_einsum(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """Functional index_put, einsum contractions, per-token gate (g[t] of width 1)."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        idx = k_idx[t]
+        a = torch.exp(g[t])
+        dec = M[idx] * a
+        ret = torch.einsum("w,wd->d", k_val[t], dec)
+        delta = beta[t] * (v[t] - ret)
+        M = M.index_put((idx,), dec + torch.einsum("w,d->wd", k_val[t], delta))
+        outs.append(torch.einsum("r,rd->d", q_val[t], M[q_idx[t]]))
+    return torch.stack(outs, 0), M
+
+
+def p_index_select_copy_matmul(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """index_select reads, index_copy_ writes, matmul contractions."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M.index_select(0, k_idx[t])
+        dec = torch.exp(g[t]).unsqueeze(-1) * rows
+        ret = k_val[t] @ dec
+        delta = (v[t] - ret) * beta[t]
+        M.index_copy_(0, k_idx[t], dec + k_val[t].unsqueeze(1) @ delta.unsqueeze(0))
+        outs.append(q_val[t] @ M.index_select(0, q_idx[t]))
+    return torch.stack(outs), M
+
+
+def p_gather_scatter_outer(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """gather / functional scatter with [W, hd] index, outer for the delta."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        gi = k_idx[t][:, None].expand(-1, M.shape[1])
+        rows = torch.gather(M, 0, gi)
+        dec = rows * g[t].exp().view(-1, 1)
+        ret = (dec * k_val[t].view(-1, 1)).sum(dim=0)
+        delta = beta[t] * (v[t] - ret)
+        M = torch.scatter(M, 0, gi, dec + torch.outer(k_val[t], delta))
+        qi = q_idx[t][:, None].expand(-1, M.shape[1])
+        outs.append((torch.gather(M, 0, qi) * q_val[t][:, None]).sum(0))
+    return torch.stack(outs), M
+
+
+def p_index_add_increment(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """index_add_ of the increment (new rows - old rows)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        dec = rows * torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M.index_add_(0, k_idx[t], dec - rows + k_val[t][:, None] * delta)
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def p_scatter_add_no_gate_no_beta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """scatter_add_, no gate (g = 0) and no beta (beta = 1)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        gi = k_idx[t].unsqueeze(1).expand(W, HD)
+        rows = M[k_idx[t]]
+        delta = v[t] - (k_val[t].unsqueeze(1) * rows).sum(0)
+        M.scatter_add_(0, gi, k_val[t].unsqueeze(1) * delta.unsqueeze(0))
+        outs.append((q_val[t].unsqueeze(1) * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def p_bmm(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """bmm contractions on [1, ...] views, distributed delta (beta*v - beta*ret)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.exp(g[t])[:, None]
+        ret = torch.bmm(k_val[t].view(1, 1, W), dec.unsqueeze(0)).view(HD)
+        delta = beta[t] * v[t] - beta[t] * ret
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta
+        outs.append(torch.bmm(q_val[t].view(1, 1, R), M[q_idx[t]].unsqueeze(0)).view(HD))
+    return torch.stack(outs), M
+
+
+def p_out_buffer(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """Readings stored into a preallocated output with setitem; transposed matmul."""
+    M = M.clone()
+    out = torch.zeros(k_idx.shape[0], HD)
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.exp(g[t])[:, None]
+        ret = dec.t() @ k_val[t]
+        delta = beta[t] * (v[t] - ret)
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        out[t] = M[q_idx[t]].t() @ q_val[t]
+    return out, M
+
+
+class Projected(torch.nn.Module):
+    """Per-token inputs computed inside the loop from x (hoisted), slots from topk."""
+
+    def __init__(self, d=12):
+        super().__init__()
+        gen = torch.Generator().manual_seed(1)
+        self.wk = torch.nn.Parameter(torch.randn(d, S, generator=gen) * 0.3)
+        self.wq = torch.nn.Parameter(torch.randn(d, S, generator=gen) * 0.3)
+        self.wv = torch.nn.Parameter(torch.randn(d, HD, generator=gen) * 0.3)
+        self.wb = torch.nn.Parameter(torch.randn(d, generator=gen) * 0.3)
+        self.wg = torch.nn.Parameter(torch.randn(d, W, generator=gen) * 0.3)
+        self.bank = torch.nn.Parameter(torch.randn(S, HD, generator=gen) * 0.3)
+
+    def forward(self, x):
+        M = self.bank * 1.0
+        outs = []
+        for t in range(x.shape[0]):
+            ks, ki = torch.topk(x[t] @ self.wk, W)
+            kv = torch.softmax(ks, -1)
+            qs, qi = (x[t] @ self.wq).topk(R)
+            qv = torch.softmax(qs, -1)
+            vv = x[t] @ self.wv
+            b = torch.sigmoid(x[t] @ self.wb)
+            gg = -F.softplus(x[t] @ self.wg)
+            dec = M[ki] * torch.exp(gg)[:, None]
+            delta = b * (vv - (kv[:, None] * dec).sum(0))
+            M = M.index_put((ki,), dec + kv[:, None] * delta[None])
+            outs.append((qv[:, None] * M[qi]).sum(0))
+        return torch.stack(outs)
+
+
+def p_product_keys(M, k_idx, k_val, v, beta, g, q_idx, q_val, a_scores=None):
+    """Write slots from product keys (distinct by construction): 2 x 2 sub-keys of 8."""
+    M = M.clone()
+    outs = []
+    for t in range(k_val.shape[0]):
+        _, i1 = torch.topk(k_val[t] * 3.0 + torch.arange(W), 2)
+        _, i2 = torch.topk(v[t], 2)
+        idx = (i1[:, None] * 8 + i2[None, :]).reshape(-1)
+        dec = M[idx] * torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[idx] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+class DecodeStep(torch.nn.Module):
+    """A decode step (chain of one) that advances a module's buffer in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("M", torch.randn(S, HD, generator=torch.Generator().manual_seed(2)))
+
+    def forward(self, k_idx, k_val, v, beta, g, q_idx, q_val):
+        rows = self.M[k_idx]
+        dec = rows * torch.exp(g)[:, None]
+        delta = beta * (v - (k_val[:, None] * dec).sum(0))
+        self.M[k_idx] = dec + k_val[:, None] * delta[None, :]
+        return (q_val[:, None] * self.M[q_idx]).sum(0)
+
+
+def p_two_readings_scaled(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """A reading used twice (once scaled), per-token gate by mul of exp, alpha=-1 sub."""
+    M = M.clone()
+    outs, outs2 = [], []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        dec = torch.mul(rows, torch.exp(g[t, :1]))
+        ret = torch.sum(k_val[t][:, None] * dec, dim=0)
+        delta = torch.sub(v[t], ret) * beta[t]
+        M[k_idx[t]] = torch.add(dec, k_val[t][:, None] * delta[None, :])
+        r = (q_val[t][:, None] * M[q_idx[t]]).sum(0)
+        outs.append(r)
+        outs2.append(r * 0.5)
+    return torch.stack(outs) + torch.stack(outs2)
+
+
+# ============================================================================ near misses
+
+def _step_parts(M, t, k_idx, k_val, g):
+    rows = M[k_idx[t]]
+    dec = rows * torch.exp(g[t])[:, None]
+    return rows, dec
+
+
+def n_read_before_write(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+    return torch.stack(outs), M
+
+
+def n_whole_bank_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    outs = []
+    for t in range(k_idx.shape[0]):
+        M = M * torch.exp(g[t, 0])
+        rows = M[k_idx[t]]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * rows).sum(0))
+        M = M.index_put((k_idx[t],), rows + k_val[t][:, None] * delta[None, :])
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_other_retrieval_weights(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (torch.softmax(k_val[t], 0)[:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_no_delta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        M[k_idx[t]] = dec + beta[t] * k_val[t][:, None] * v[t][None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_readings_fed_back(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    r = torch.zeros(HD)
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] + 0.5 * r - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        r = (q_val[t][:, None] * M[q_idx[t]]).sum(0)
+        outs.append(r)
+    return torch.stack(outs), M
+
+
+def n_tanh_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = torch.tanh(dec + k_val[t][:, None] * delta[None, :])
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_clamped_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = (dec + k_val[t][:, None] * delta[None, :]).clamp(-0.5, 0.5)
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_gate_on_delta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        a = torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * rows * a).sum(0))
+        M[k_idx[t]] = a * (rows + k_val[t][:, None] * delta[None, :])
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_undecayed_retrieval(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * rows).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def p_negated_delta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * ((k_val[t][:, None] * dec).sum(0) - v[t])
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_beta_on_v_only(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * v[t] - (k_val[t][:, None] * dec).sum(0)
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_write_other_slots(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[(k_idx[t] + 1) % S] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_sigmoid_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.sigmoid(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_states_kept(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    states = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M = M.index_put((k_idx[t],), dec + k_val[t][:, None] * delta[None, :])
+        states.append(M)
+    return torch.stack(states)
+
+
+def n_mean_retrieval(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).mean(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_extra_term(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :] + 0.01 * rows
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_accumulate_put(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """index_put with accumulate=True of the *new* rows (adds the old row twice)."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M = M.index_put((k_idx[t],), dec + k_val[t][:, None] * delta[None, :], accumulate=True)
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_double_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The reading is squared (nonlinear in the bank)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        r = M[q_idx[t]]
+        outs.append((q_val[t][:, None] * r * r).sum(0))
+    return torch.stack(outs), M
+
+
+POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
+             p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
+             p_two_readings_scaled, p_negated_delta]
+NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
+               n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
+               n_beta_on_v_only, n_write_other_slots, n_sigmoid_decay, n_states_kept,
+               n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank]
