@@ -426,9 +426,26 @@ def n_double_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return torch.stack(outs), M
 
 
+
+
+def p_scan(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """torch._higher_order_ops.scan over the tokens (rewritten from the body)."""
+    from torch._higher_order_ops.scan import scan
+
+    def body(M, x):
+        ki, kv, vv, b, gg, qi, qv = x
+        dec = M[ki] * torch.exp(gg)[:, None]
+        delta = b * (vv - (kv[:, None] * dec).sum(0))
+        M = M.index_put((ki,), dec + kv[:, None] * delta[None, :])
+        return M, (qv[:, None] * M[qi]).sum(0)
+
+    M, outs = scan(body, M, (k_idx, k_val, v, beta, g, q_idx, q_val))
+    return outs, M
+
+
 POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
              p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
-             p_two_readings_scaled, p_negated_delta]
+             p_two_readings_scaled, p_negated_delta, p_scan]
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
                n_beta_on_v_only, n_write_other_slots, n_sigmoid_decay, n_states_kept,

@@ -15,6 +15,9 @@ def register() -> None:
     that ``TORCH_LOGS=sdm`` is accepted when torch parses it at import."""
     if NAME not in _internal.log_registry.artifact_names:
         _internal.register_artifact(NAME, DESCRIPTION, visible=True)
+    if not _internal.log_registry.is_log("sdm_inductor"):
+        # our loggers get torch's handler and format (TORCH_LOGS="sdm_inductor" works too)
+        _internal.register_log("sdm_inductor", "sdm_inductor")
 
 
 register()
@@ -30,6 +33,6 @@ def refresh_from_env() -> None:
 
 
 def emit(report) -> None:
-    if log.isEnabledFor(logging.DEBUG) or log.isEnabledFor(logging.INFO):
+    if log.isEnabledFor(logging.DEBUG):
         for line in str(report).splitlines():
-            log.info("%s", line)
+            log.debug("%s", line)

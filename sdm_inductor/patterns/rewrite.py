@@ -70,6 +70,11 @@ class Emitter:
             return self._call(aten.slice.Tensor, x, 0, start, stop)
         return self._call(operator.getitem, x, slice(start, stop))
 
+    def select0(self, x, i):
+        if self.aten:
+            return self._call(aten.select.int, x, 0, i)
+        return self._call(operator.getitem, x, i)
+
     def getitem(self, x, i):
         return self._call(operator.getitem, x, i)
 
