@@ -63,4 +63,15 @@ def rewrite_exported(ep: "torch.export.ExportedProgram", report: Report | None =
         return ep
     gm.graph.eliminate_dead_code()
     gm.recompile()
-    return ep._update(gm, ep.graph_signature)
+    return ep._update(gm, _signature_for(gm, ep.graph_signature))
+
+
+def _signature_for(gm, sig):
+    """The signature with output names following the rewritten output node."""
+    from torch.export.graph_signature import TensorArgument
+    sig = copy.deepcopy(sig)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    for spec, arg in zip(sig.output_specs, out.args[0]):
+        if isinstance(spec.arg, TensorArgument) and isinstance(arg, fx.Node):
+            spec.arg = TensorArgument(name=arg.name)
+    return sig
