@@ -64,30 +64,32 @@ class SDMCache:
 
 def sdm_token_loop(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                    g: Tensor, q_idx: Tensor, q_val: Tensor):
-    """SDM_SPEC section 1 as a plain PyTorch loop over tokens, all streams at once.
+    """SDM_SPEC section 1 as a plain PyTorch loop over tokens, one stream after the other.
 
     ``bank [S, hd]``; ``k_idx/k_val [P, T, W]``, ``v [P, T, hd]``, ``beta [P, T]``,
     ``g [P, T, 1 or W]``, ``q_idx/q_val [P, T, R]``; the write slots of a token must be
-    distinct and streams touch disjoint rows. Returns ``(readings [P, T, hd], final bank)``.
-    Ordinary indexing / ``index_put`` / mul+sum on purpose: this is the code a user would
-    write, and the code ``sdm_inductor.patterns`` turns into the fused op.
+    distinct and streams touch disjoint rows (so running them one after the other is
+    exact). Returns ``(readings [P, T, hd], final bank)``. Ordinary indexing /
+    ``index_put`` / mul+sum on purpose: this is the code a user would write for one
+    sequence, and the code ``sdm_inductor.patterns`` turns into the fused op.
     """
     # gates in the bank dtype, like the oracle (index_put needs one dtype)
     beta, g = beta.to(bank.dtype), g.to(bank.dtype)
+    P, T = k_idx.shape[:2]
     M = bank
     readings = []
-    for t in range(k_idx.shape[1]):
-        idx = k_idx[:, t]                                      # [P, W]
-        kv = k_val[:, t]                                       # [P, W]
-        rows = M[idx]                                          # [P, W, hd] before this token
-        decayed = rows * torch.exp(g[:, t])[:, :, None]        # only the written rows decay
-        retrieved = (kv[:, :, None] * decayed).sum(1)          # [P, hd]
-        delta = beta[:, t, None] * (v[:, t] - retrieved)       # [P, hd]
-        M = M.index_put((idx,), decayed + kv[:, :, None] * delta[:, None, :])
-        readings.append((q_val[:, t, :, None] * M[q_idx[:, t]]).sum(1))  # read after the write
-    if not readings:
-        return v.new_zeros(v.shape[0], 0, bank.shape[1], dtype=bank.dtype), M
-    return torch.stack(readings, 1), M
+    for p in range(P):
+        outs = []
+        for t in range(T):
+            idx = k_idx[p, t]
+            rows = M[idx]                                    # [W, hd], before this token
+            decayed = rows * torch.exp(g[p, t])[:, None]     # only the written rows decay
+            retrieved = (k_val[p, t][:, None] * decayed).sum(0)
+            delta = beta[p, t] * (v[p, t] - retrieved)
+            M = M.index_put((idx,), decayed + k_val[p, t][:, None] * delta[None, :])
+            outs.append((q_val[p, t][:, None] * M[q_idx[p, t]]).sum(0))  # read after the write
+        readings.append(torch.stack(outs) if outs else v.new_zeros(0, bank.shape[1], dtype=bank.dtype))
+    return torch.stack(readings), M
 
 
 class SparseDeltaMemory(nn.Module):
@@ -236,7 +238,7 @@ class SparseDeltaMemory(nn.Module):
             readings, final = sdm_token_loop(bank, k_idx, k_val, v, beta, g, q_idx, q_val)
         else:
             readings, final = api.write_read(
-                bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=self.chunk_size,
+                bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=self._chunk_for(T),
                 slots_per_stream=self.slots_per_head)
         if cache is not None:
             cache.bank, cache.batch, cache.seen_tokens = final, B, cache.seen_tokens + T
@@ -245,6 +247,14 @@ class SparseDeltaMemory(nn.Module):
         if self.gate_proj is not None:
             y = y * F.silu(self.gate_proj(x))
         return self.o_proj(y)
+
+    def _chunk_for(self, T) -> int:
+        """A short call (a decode step) pads to a smaller chunk: same result (the chunked
+        form is chunk-size invariant), less padded work. A symbolic T (export, dynamic
+        compile) keeps the configured chunk so that nothing specializes on T."""
+        if not isinstance(T, int) or T >= self.chunk_size:
+            return self.chunk_size
+        return max(MIN_CHUNK, 1 << max(T - 1, 0).bit_length())
 
     def _start_bank(self, cache: SDMCache | None, batch: int) -> Tensor:
         if cache is not None and not isinstance(cache, SDMCache):
