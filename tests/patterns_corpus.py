@@ -18,8 +18,8 @@ def inputs(T=T, dtype=torch.float32, per_write=True, seed=0, requires_grad=False
         k_idx=k_idx,
         k_val=torch.randn(T, W, generator=gen).to(dtype) * 0.5,
         v=torch.randn(T, HD, generator=gen).to(dtype),
-        beta=torch.rand(T, generator=gen) * 0.9,
-        g=-torch.rand(T, W if per_write else 1, generator=gen) * 0.5,
+        beta=(torch.rand(T, generator=gen) * 0.9).to(dtype),
+        g=(-torch.rand(T, W if per_write else 1, generator=gen) * 0.5).to(dtype),
         q_idx=q_idx,
         q_val=torch.randn(T, R, generator=gen).to(dtype),
     )

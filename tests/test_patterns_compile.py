@@ -1,0 +1,166 @@
+"""Pattern rewrites inside real torch.compile (Inductor), the installed passes, the FX
+graph cache and exported programs. Inductor compiles are few and tiny (CPU CI)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
+
+import sdm_inductor
+from sdm_inductor.patterns import config, passes, rewrite_exported, rewrites
+from sdm_inductor.patterns.passes import AtenLevelPass, TorchLevelPass
+
+import patterns_corpus as C
+
+NAMES = ("M", "k_idx", "k_val", "v", "beta", "g", "q_idx", "q_val")
+
+
+def _ops_in(gm_graph):
+    return [n for n in gm_graph.nodes if "sdm.write_read" in str(n.target)]
+
+
+# ---------------------------------------------------------------- installation (no compile)
+
+def test_on_by_import_and_switches():
+    assert passes.installed() and config.enabled
+    with rewrites(False):
+        assert not passes.installed()
+        assert inductor_config.pre_grad_custom_pass is None
+    assert passes.installed()
+    sdm_inductor.patterns.disable_rewrites()
+    try:
+        assert not passes.installed() and not config.enabled
+    finally:
+        sdm_inductor.patterns.enable_rewrites()
+    assert passes.installed()
+
+
+def test_install_composes_with_other_passes():
+    seen = []
+
+    class UserPass(torch._inductor.custom_graph_pass.CustomGraphPass):
+        def __call__(self, graph):
+            seen.append(graph)
+
+        def uuid(self):
+            return "user-pass"
+
+    user = UserPass()
+    passes.uninstall()
+    try:
+        inductor_config.pre_grad_custom_pass = user
+        passes.install()
+        slot = inductor_config.pre_grad_custom_pass
+        chain = slot if isinstance(slot, (list, tuple)) else [slot]
+        assert any(p is user or getattr(p, "first", None) is user for p in chain)
+        assert passes.installed()
+        passes.uninstall()
+        assert inductor_config.pre_grad_custom_pass is user
+    finally:
+        inductor_config.pre_grad_custom_pass = None
+        passes.install()
+
+
+def test_uuid_is_stable_and_follows_settings():
+    a, b = TorchLevelPass().uuid(), TorchLevelPass().uuid()
+    assert a == b and a != AtenLevelPass().uuid()
+    with rewrites(True, assume_distinct_write_slots=True):
+        assert TorchLevelPass().uuid() != a
+    assert TorchLevelPass().uuid() == a
+
+
+# ---------------------------------------------------------------- exported programs
+
+@pytest.mark.parametrize("fn", [C.p_gather_scatter_outer, C.p_scan, C.n_no_delta], ids=lambda f: f.__name__)
+def test_rewrite_exported(fn):
+    class Wrap(torch.nn.Module):
+        def forward(self, *a):
+            return fn(*a)
+
+    d = C.inputs(seed=21)
+    args = tuple(d[k] for k in NAMES)
+    ep = torch.export.export(Wrap(), args)
+    report = sdm_inductor.patterns.Report()
+    ep2 = rewrite_exported(ep, report)
+    assert isinstance(ep2, torch.export.ExportedProgram)
+    expect = fn is not C.n_no_delta
+    assert bool(_ops_in(ep2.graph)) == expect, str(report)
+    assert not _ops_in(ep.graph)            # the input program is left as it was
+    for a, b in zip(ep2.module()(*args), fn(*args)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_rewrite_exported_refuses_other_types():
+    with pytest.raises(TypeError, match="argument 'ep' of rewrite_exported: expected a torch.export.ExportedProgram"):
+        rewrite_exported(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------- Inductor
+
+@pytest.mark.compile
+def test_inductor_forward_rewritten():
+    d = C.inputs(T=12, seed=31)
+    torch._dynamo.reset()
+    out = torch.compile(C.p_setitem_mulsum)(**d)
+    report = sdm_inductor.patterns.last_report()
+    assert len(report.rewritten) == 1 and report.rewritten[0].tokens == 12, str(report)
+    for a, b in zip(out, C.p_setitem_mulsum(**d)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.compile
+def test_inductor_training_gradients():
+    torch.manual_seed(1)
+    m = C.Projected()
+    x = torch.randn(C.T, 12)
+    m(x).pow(2).sum().backward()
+    ref = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    torch._dynamo.reset()
+    torch.compile(m)(x).pow(2).sum().backward()
+    assert sdm_inductor.patterns.last_report().rewritten
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+@pytest.mark.compile
+def test_fx_graph_cache_hit_and_miss_when_switched_off():
+    """Same program twice: a cache hit. With the rewrites off the cached (rewritten) graph
+    must not be served: a miss, and the program compiles as written."""
+    from torch._inductor.utils import fresh_cache
+    d = C.inputs(T=4, per_write=False, seed=41)
+    fn = C.p_index_put_einsum
+
+    def compile_once():
+        torch._dynamo.reset()
+        counters.clear()
+        out = torch.compile(fn)(**d)
+        return dict(counters["inductor"]), out
+
+    with fresh_cache(), inductor_config.patch(fx_graph_cache=True):
+        first, _ = compile_once()
+        second, out = compile_once()
+        with rewrites(False):
+            off, out_off = compile_once()
+    assert first.get("fxgraph_cache_miss") == 1
+    assert second.get("fxgraph_cache_hit") == 1 and not second.get("fxgraph_cache_miss")
+    assert off.get("fxgraph_cache_miss") == 1 and not off.get("fxgraph_cache_hit")
+    assert second.get("extern_calls") and not off.get("extern_calls")   # the op vs the loop
+    for a, b, c in zip(out, out_off, fn(**d)):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b, c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.compile
+def test_post_grad_pass_rewrites_inference_graph():
+    """With only the aten-level pass, the post-grad (functional) graph is rewritten."""
+    d = C.inputs(T=6, seed=51)
+    torch._dynamo.reset()
+    counters.clear()
+    with inductor_config.patch(pre_grad_custom_pass=None), torch.no_grad():
+        out = torch.compile(C.p_gather_scatter_outer)(**d)
+    report = sdm_inductor.patterns.last_report()
+    assert report.rewritten and "aten" in report.rewritten[0].form, str(report)
+    for a, b in zip(out, C.p_gather_scatter_outer(**d)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

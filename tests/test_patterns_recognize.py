@@ -1,0 +1,185 @@
+"""Pattern rewrites, checked with Dynamo + the torch-level pass + eager execution of the
+rewritten graph (no Inductor: fast). Every case is compared with eager on fresh random
+inputs and checked rewritten / left alone as expected."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import sdm_inductor
+from sdm_inductor.patterns import Report, RepeatedWriteSlotError, explain, rewrites
+from sdm_inductor.patterns.torch_frontend import rewrite_dynamo_graph
+
+import patterns_corpus as C
+
+NAMES = ("M", "k_idx", "k_val", "v", "beta", "g", "q_idx", "q_val")
+PER_TOKEN_GATE = {"p_index_put_einsum"}
+
+
+def rewrite_compile(fn):
+    """torch.compile with a backend that applies the torch-level rewrite and runs the
+    rewritten graph eagerly; returns (compiled fn, report)."""
+    report = Report()
+
+    def backend(gm, example_inputs):
+        report.extend(rewrite_dynamo_graph(gm.graph))
+        return gm.forward
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend), report
+
+
+def _tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _close(out, ref, dtype):
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    for a, b in zip(_tuple(out), _tuple(ref)):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+def _inputs(fn, **kw):
+    return C.inputs(per_write=fn.__name__ not in PER_TOKEN_GATE, **kw)
+
+
+@pytest.mark.parametrize("fn", C.POSITIVES, ids=lambda f: f.__name__)
+def test_positive_rewritten_and_equal(fn):
+    d = _inputs(fn, seed=hash(fn.__name__) % 1000)
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    assert len(report.rewritten) == 1, str(report)
+    assert report.rewritten[0].tokens == C.T
+    assert not report.rejected, str(report)
+    _close(out, fn(**d), torch.float32)
+
+
+@pytest.mark.parametrize("fn", C.NEAR_MISSES, ids=lambda f: f.__name__)
+def test_near_miss_left_alone_and_equal(fn):
+    d = C.inputs(seed=hash(fn.__name__) % 1000)
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    assert not report.rewritten, str(report)
+    assert report.rejected and all(r.reason for r in report.rejected), str(report)
+    _close(out, fn(**d), torch.float32)
+
+
+def test_corpus_sizes():
+    assert len(C.POSITIVES) + 2 >= 12   # + the Projected and DecodeStep modules below
+    assert len(C.NEAR_MISSES) >= 15
+
+
+@pytest.mark.parametrize("fn", [C.p_setitem_mulsum, C.p_gather_scatter_outer, C.p_scan],
+                         ids=lambda f: f.__name__)
+def test_bf16_bank(fn):
+    d = _inputs(fn, dtype=torch.bfloat16, seed=3)
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    assert len(report.rewritten) == 1, str(report)
+    _close(out, fn(**d), torch.bfloat16)
+
+
+def test_hoisted_inputs_topk_module_and_gradients():
+    """Per-token inputs computed in the loop from x (projections, softmax, topk slots):
+    hoisted and stacked; the slots are proven distinct by topk (no runtime check);
+    gradients of every parameter equal eager's (through the op's backward)."""
+    torch.manual_seed(0)
+    m = C.Projected()
+    x = torch.randn(C.T, 12)
+    m(x).pow(2).sum().backward()
+    ref = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    compiled, report = rewrite_compile(m)
+    out = compiled(x)
+    out.pow(2).sum().backward()
+    assert len(report.rewritten) == 1 and report.rewritten[0].distinct == "topk", str(report)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_training_gradients_of_inputs():
+    d = C.inputs(requires_grad=True, seed=5)
+    out = C.p_index_select_copy_matmul(**d)
+    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
+    ref = {k: t.grad.clone() for k, t in d.items() if t.grad is not None}
+    for t in d.values():
+        t.grad = None
+    compiled, report = rewrite_compile(C.p_index_select_copy_matmul)
+    out = compiled(**d)
+    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
+    assert len(report.rewritten) == 1
+    assert set(ref) == {"M", "k_val", "v", "beta", "g", "q_val"}
+    for k in ref:
+        torch.testing.assert_close(d[k].grad, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_decode_step_on_buffer_in_place():
+    """A chain of one token that advances a module buffer in place -> sdm.write_read_."""
+    d = C.inputs(T=1, seed=7)
+    args = [d[k][0] for k in NAMES[1:]]
+    eager, comp = C.DecodeStep(), C.DecodeStep()
+    compiled, report = rewrite_compile(comp)
+    for _ in range(2):   # the buffer advances on every call
+        r_ref, r = eager(*args), compiled(*args)
+        torch.testing.assert_close(r, r_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(comp.M, eager.M, atol=1e-5, rtol=1e-5)
+    assert len(report.rewritten) == 1 and report.rewritten[0].op == "sdm.write_read_", str(report)
+    assert report.rewritten[0].tokens == 1
+
+
+def test_repeated_write_slot_raises_naming_the_loop():
+    d = C.inputs(seed=11)
+    d["k_idx"][2, 1] = d["k_idx"][2, 0]     # token 2 writes one slot twice
+    compiled, report = rewrite_compile(C.p_setitem_mulsum)
+    with pytest.raises(RepeatedWriteSlotError, match=r"token loop at patterns_corpus\.py:\d+"):
+        compiled(**d)
+    assert report.rewritten[0].distinct == "runtime check"
+
+
+def test_assume_distinct_flag_drops_the_check():
+    d = C.inputs(seed=12)
+    with rewrites(True, assume_distinct_write_slots=True):
+        compiled, report = rewrite_compile(C.p_setitem_mulsum)
+        out = compiled(**d)
+    assert report.rewritten[0].distinct.startswith("assumed")
+    _close(out, C.p_setitem_mulsum(**d), torch.float32)
+    assert not sdm_inductor.patterns.config.assume_distinct_write_slots
+
+
+def test_explain_report_reads_well():
+    d = C.inputs(seed=13)
+
+    def two_loops(**kw):
+        a = C.p_setitem_mulsum(**kw)
+        b = C.n_no_delta(**kw)
+        return a[0] + b[0]
+
+    report = explain(two_loops, **d)
+    assert len(report.rewritten) == 1 and len(report.rejected) == 1
+    text = str(report)
+    assert "1 chain(s) rewritten" in text and "6 token(s)" in text
+    assert "no delta" in text and "patterns_corpus.py:" in text
+
+
+def test_log_artifact_prints_decisions():
+    from sdm_inductor.patterns import log as sdm_log
+    from sdm_inductor.patterns.passes import TorchLevelPass
+    assert torch._logging._internal.log_registry.is_artifact("sdm")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    sdm_log.log.addHandler(handler)
+    torch._logging.set_logs(modules={"sdm": True})
+    try:
+        def backend(gm, ex):
+            TorchLevelPass()(gm.graph)
+            return gm.forward
+        torch._dynamo.reset()
+        torch.compile(C.p_bmm, backend=backend)(**C.inputs())
+    finally:
+        torch._logging.set_logs()
+        sdm_log.log.removeHandler(handler)
+    text = "\n".join(r.getMessage() for r in records)
+    assert "rewritten: unrolled loop" in text and "6 token(s)" in text
