@@ -1,0 +1,353 @@
+"""Several processes: the sdm ops on DTensors (stream / column sharding, redistribution,
+errors) and FSDP2 training of SparseDeltaMemory layers, eager and compiled (issue 7).
+
+Every test spawns 2 CPU processes with the gloo backend (rendezvous through a file, no
+port to pick) and compares what they compute with one process on the full tensors. A
+worker that fails raises in its process; the exception and traceback come back here.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+WORLD = 2
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- process plumbing
+
+def _spawn(worker, *args, timeout: float = 240.0):
+    """Run ``worker(rank, world, store, *args)`` in WORLD fresh processes; re-raise failures."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(_entry, args=(worker, WORLD, os.path.join(tmp, "store"), args),
+                                 nprocs=WORLD, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                pytest.fail(f"{worker.__name__}: {WORLD} processes still running after {timeout} s")
+
+
+def _entry(rank, worker, world, store, args):
+    torch.set_num_threads(1)  # two processes on a 2-core machine
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    try:
+        worker(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fast_compile():
+    """One compile thread per process and scalar C++ code: the g++ time of a compile is
+    what dominates on 2 cores (about half, measured); correctness does not depend on it."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1
+    inductor_config.cpp.simdlen = 0
+
+
+# ---------------------------------------------------------------- DTensor: the ops
+
+def _close(got, want, tol, what):
+    from sdm_inductor.testing import rel_err
+
+    got = got.full_tensor() if hasattr(got, "full_tensor") else got
+    assert got.shape == want.shape, f"{what}: shape {list(got.shape)} vs {list(want.shape)}"
+    err = rel_err(got, want)
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:g}"
+
+
+def _distribute(ins, mesh, placements):
+    from torch.distributed.tensor import distribute_tensor
+
+    return [distribute_tensor(t, mesh, p) for t, p in zip(ins, placements)]
+
+
+def _fwd_bwd(args, sph, weights, **kw):
+    """readings, final bank and the six gradients of a weighted sum of both."""
+    import sdm_inductor
+    from sdm_inductor.testing import FLOAT_INPUTS
+
+    leaves = [a.detach().requires_grad_(i in FLOAT_INPUTS) for i, a in enumerate(args)]
+    y, M = sdm_inductor.write_read(*leaves, chunk_size=16, slots_per_stream=sph, **kw)
+    ((y * weights[0]).sum() + (M * weights[1]).sum()).backward()
+    return y, M, [leaves[i].grad for i in FLOAT_INPUTS]
+
+
+def _check_against_one_process(ins, dt_args, sph, tol, label, **kw):
+    from torch.distributed.tensor import distribute_tensor, Replicate
+
+    mesh = dt_args[0].device_mesh
+    wy = torch.randn(ins.v.shape, generator=torch.Generator().manual_seed(7)).to(ins.v.dtype)
+    wM = torch.randn(ins.bank.shape, generator=torch.Generator().manual_seed(8)).to(ins.bank.dtype)
+    y0, M0, g0 = _fwd_bwd(list(ins), sph, (wy, wM), **kw)
+    dw = [distribute_tensor(w, mesh, [Replicate()]) for w in (wy, wM)]
+    y, M, grads = _fwd_bwd(dt_args, sph, dw, **kw)
+    _close(y, y0, tol, f"{label}: readings")
+    _close(M, M0, tol, f"{label}: final bank")
+    for name, g, want in zip(("bank", "k_val", "v", "beta", "g", "q_val"), grads, g0):
+        _close(g, want, tol, f"{label}: grad of {name}")
+    return y, M, grads
+
+
+def _dtensor_worker(rank, world):
+    import sdm_inductor
+    import sdm_inductor.distributed  # noqa: F401  (registers the DTensor rules)
+    from sdm_inductor.reference import sdm_write_read_reference
+    from sdm_inductor.testing import make_inputs
+    from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard, distribute_tensor,
+                                          init_device_mesh)
+
+    mesh = init_device_mesh("cpu", (world,))
+    S0, S1, S2, R = [Shard(0)], [Shard(1)], [Shard(2)], [Replicate()]
+    P, T, sph, hd = 4, 20, 8, 8  # T = 20 with chunks of 16: the padded tail is hit
+
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        ins = make_inputs(P, T, W=3, R=2, hd=hd, slots_per_stream=sph, per_write_gate=True,
+                          dtype=dtype, seed=1)
+        label = f"streams {dtype}"
+        # streams: bank rows and every [P, T, *] input split by streams
+        y, M, grads = _check_against_one_process(ins, _distribute(ins, mesh, [S0] * 8), sph, tol,
+                                                 label)
+        assert y.placements == (Shard(0),) and M.placements == (Shard(0),), label
+        assert all(g.placements == (Shard(0),) for g in grads), label
+        if dtype == torch.float32:  # and the oracle agrees with all of it
+            y_ref, M_ref = sdm_write_read_reference(*ins, compute_dtype=torch.float64)
+            _close(y, y_ref, 1e-5, "streams vs oracle: readings")
+            _close(M, M_ref, 1e-5, "streams vs oracle: final bank")
+
+        # columns: bank Shard(1), v Shard(2), the rest replicated; grads of the per-token
+        # inputs are sums over columns (Partial)
+        col = [S1, R, R, S2, R, R, R, R]
+        y, M, grads = _check_against_one_process(ins, _distribute(ins, mesh, col), sph,
+                                                 max(tol, 1e-5), f"columns {dtype}")
+        assert y.placements == (Shard(2),) and M.placements == (Shard(1),)
+        assert grads[0].placements == (Shard(1),) and grads[1].placements == (Partial(),)
+
+    ins = make_inputs(P, T, W=3, R=2, hd=hd, slots_per_stream=sph, seed=2)
+    # a replicated bank is sliced, a v sharded over time moved by all-to-all: still streams
+    mixed = [R, S0, S0, [Shard(1)], S0, S0, S0, S0]
+    y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh, mixed), sph, 1e-6, "mixed")
+    assert y.placements == (Shard(0),) and M.placements == (Shard(0),)
+
+    # a shared bank cannot be split by streams: replicated, and still right
+    y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh, [S0] * 8), 0, 1e-6,
+                                         "shared bank", shared_bank=True)
+    assert y.placements == (Replicate(),) and M.placements == (Replicate(),)
+
+    # in place, no grad: the DTensor bank advances like the one-process bank
+    bank0 = ins.bank.clone()
+    y0 = torch.ops.sdm.write_read_(bank0, *ins[1:], 16, sph)
+    dts = _distribute(ins, mesh, [S0] * 8)
+    y = torch.ops.sdm.write_read_(dts[0], *dts[1:], 16, sph)
+    _close(y, y0, 1e-6, "in place: readings")
+    _close(dts[0], bank0, 1e-6, "in place: bank")
+    assert dts[0].placements == (Shard(0),)
+
+    # errors: named argument, expectation, what came
+    dts = _distribute(ins, mesh, [S0] * 8)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="argument 'bank'.*cannot be redistributed"):
+        torch.ops.sdm.write_read_(dts[0], *dts[1:], 16, 0, True)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="argument 'q_val'.*DTensor.*torch.Tensor"):
+        torch.ops.sdm.write_read(*dts[:7], ins.q_val, 16, sph)
+    bad = ins.k_idx.clone()
+    bad[0, 3, 1] = sph + 1      # stream 0 (rank 0) writes a row of stream 1
+    bad[P - 1, 5, 0] = 0        # stream 3 (rank 1) writes a row of stream 0
+    dts[1] = distribute_tensor(bad, mesh, S0)
+    with pytest.raises(sdm_inductor.SDMArgumentError,
+                       match=rf"argument 'k_idx'.*stream shard {rank} of 2.*rebased by -{rank * 16}"):
+        torch.ops.sdm.write_read(*dts, 16, sph)
+
+    # layout helpers: plain sharding rules
+    B, H, K = 4, 2, 3
+    gen = torch.Generator().manual_seed(4)  # the same tensors on every rank
+    x = torch.randn(B, T, H * K, generator=gen)
+    for placement in (S0, [Shard(1)], R):
+        xs = torch.ops.sdm.split_heads(distribute_tensor(x, mesh, placement), H)
+        assert xs.placements == tuple(placement), placement
+        _close(xs, torch.ops.sdm.split_heads(x, H), 0, f"split_heads {placement}")
+        xm = torch.ops.sdm.merge_heads(xs, H)
+        assert xm.placements == tuple(placement), placement
+        _close(xm, x, 0, f"merge_heads {placement}")
+    odd = torch.randn(3, T, H * K, generator=gen)  # 3 batches do not split over 2 ranks: replicated
+    xs = torch.ops.sdm.split_heads(distribute_tensor(odd, mesh, S0), H)
+    _close(xs, torch.ops.sdm.split_heads(odd, H), 0, "split_heads, uneven batch")
+    mem = torch.randn(sph, hd, generator=gen)
+    for placement in (R, S1):
+        e = torch.ops.sdm.expand_bank(distribute_tensor(mem, mesh, placement), 3)
+        assert e.placements == tuple(placement)
+        _close(e, torch.ops.sdm.expand_bank(mem, 3), 0, f"expand_bank {placement}")
+    assert isinstance(e, DTensor)
+
+
+def test_dtensor_stream_and_column_sharding():
+    _spawn(_dtensor_worker)
+
+
+def _dtensor_compile_worker(rank, world):
+    import sdm_inductor
+    import sdm_inductor.distributed  # noqa: F401
+    from sdm_inductor.testing import make_inputs
+    from torch.distributed.tensor import Shard, init_device_mesh
+
+    _fast_compile()
+    mesh = init_device_mesh("cpu", (world,))
+    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, seed=3)
+    sph = 8
+
+    @torch.compile(fullgraph=True)
+    def step(*args):
+        y, M = sdm_inductor.write_read(*args, chunk_size=16, slots_per_stream=sph)
+        return y.sin(), M
+
+    y0, M0 = sdm_inductor.write_read(*ins, chunk_size=16, slots_per_stream=sph)
+    y0 = y0.sin()
+    leaves = [t.requires_grad_(t.is_floating_point()) for t in _distribute(ins, mesh, [[Shard(0)]] * 8)]
+    y, M = step(*leaves)
+    assert y.placements == (Shard(0),) and M.placements == (Shard(0),)
+    _close(y, y0, 1e-6, "compiled DTensor: readings")
+    _close(M, M0, 1e-6, "compiled DTensor: final bank")
+    (y.sum() + M.sum()).backward()
+    ref = [t.clone().requires_grad_(t.is_floating_point()) for t in ins]
+    y1, M1 = sdm_inductor.write_read(*ref, chunk_size=16, slots_per_stream=sph)
+    (y1.sin().sum() + M1.sum()).backward()
+    for name, a, b in zip(("bank", "k_val", "v", "beta", "g", "q_val"),
+                          [leaves[i] for i in (0, 2, 3, 4, 5, 7)], [ref[i] for i in (0, 2, 3, 4, 5, 7)]):
+        _close(a.grad, b.grad, 1e-6, f"compiled DTensor: grad of {name}")
+
+
+@pytest.mark.compile
+def test_dtensor_stream_sharding_compiled():
+    _spawn(_dtensor_compile_worker)
+
+
+# ---------------------------------------------------------------- FSDP2: training
+
+D_IN, D, LAYERS = 8, 16, 2
+LAYER = dict(num_heads=2, head_dim=8, slots_per_head=16, top_k=4, key_dim=8, chunk_size=16,
+             key_weighted_decay=True)
+
+
+def _model(dtype):
+    from sdm_inductor.nn import SparseDeltaMemory
+
+    class Net(torch.nn.Module):
+        """Learned banks in every SparseDeltaMemory layer; residual stack; one output."""
+
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(D_IN, D)
+            self.layers = torch.nn.ModuleList(SparseDeltaMemory(D, **LAYER) for _ in range(LAYERS))
+            self.out = torch.nn.Linear(D, 1)
+
+        def forward(self, x):
+            h = self.inp(x)
+            for layer in self.layers:
+                h = h + layer(h)
+            return self.out(h)
+
+    torch.manual_seed(0)
+    net = Net().to(dtype)
+    with torch.no_grad():  # livelier banks and decays than the init, so every term matters
+        for layer in net.layers:
+            layer.memory.normal_()
+            layer.A_log.uniform_(-2, 0)
+    return net
+
+
+def _fsdp_worker(rank, world, compiled, dtype, tol):
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import init_device_mesh
+    from sdm_inductor.testing import rel_err
+
+    if compiled:
+        _fast_compile()
+    net = _model(dtype)
+    ref = copy.deepcopy(net)  # one process, whole batch, eager
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in net.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    if compiled:
+        for layer in net.layers:  # per-layer compile under FSDP2; both layers share one graph
+            layer.compile()
+    B, T = 2 * world, 24  # 24 tokens, chunks of 16: padding
+    gen = torch.Generator().manual_seed(1)
+    X, Y = torch.randn(B, T, D_IN, generator=gen).to(dtype), torch.randn(B, T, 1, generator=gen).to(dtype)
+    mine = slice(rank * B // world, (rank + 1) * B // world)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    names = [n for n, _ in ref.named_parameters()]
+    for step in range(3):
+        loss = F.mse_loss(net(X[mine]), Y[mine])
+        loss.backward()  # FSDP2 averages the gradients over ranks: the whole-batch mean
+        loss_ref = F.mse_loss(ref(X), Y)
+        loss_ref.backward()
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)
+        assert abs(total.item() / world - loss_ref.item()) <= tol * abs(loss_ref.item()), \
+            f"step {step}: loss {total.item() / world} vs one process {loss_ref.item()}"
+        for name, p, q in zip(names, net.parameters(), ref.parameters()):
+            assert q.grad is not None and q.grad.abs().sum() > 0, f"{name}: no gradient"
+            err = rel_err(p.grad.full_tensor(), q.grad)
+            assert err <= tol, f"step {step}: grad of {name}: relative error {err:.3g} > {tol:g}"
+        opt.step()
+        opt.zero_grad()
+        opt_ref.step()
+        opt_ref.zero_grad()
+    for name, p, q in zip(names, net.parameters(), ref.parameters()):
+        err = rel_err(p.full_tensor(), q)
+        assert err <= tol, f"after 3 steps: {name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)],
+                         ids=["fp32", "bf16"])
+def test_fsdp2_training_matches_one_process(dtype, tol):
+    _spawn(_fsdp_worker, False, dtype, tol)
+
+
+@pytest.mark.compile
+def test_fsdp2_training_compiled_matches_one_process():
+    _spawn(_fsdp_worker, True, torch.float32, 1e-5, timeout=400)
+
+
+# ---------------------------------------------------------------- the benchmark runs
+
+def test_bench_distributed_runs_under_torchrun(tmp_path):
+    """The several-GPU benchmark at a tiny size on 2 CPU processes (gloo)."""
+    import json
+    import socket
+
+    with socket.socket() as s:  # a free port from the OS for torchrun's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+           "--master-addr", "127.0.0.1", "--master-port", str(port),
+           str(REPO / "benchmarks" / "bench_distributed.py"), "--tiny", "--json", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == WORLD and len(result["ranks"]) == WORLD
+    assert all(r["step_ms_median"] > 0 for r in result["ranks"])
+    assert "step time" in proc.stdout
