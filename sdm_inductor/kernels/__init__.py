@@ -1,5 +1,23 @@
 """Chunked Triton kernels for the sdm ops (CUDA; also run under TRITON_INTERPRET=1).
 
-Owned by the CUDA-kernels work (issue 3). Importing this package registers the CUDA
-implementation in ``sdm_inductor.ops.IMPLS['cuda']`` when Triton is importable.
+Importing this package registers, when Triton is importable (no GPU needed to import):
+
+- ``sdm_inductor.ops.IMPLS['cuda'] = host`` (the eager ops' CUDA implementation);
+- the ``triton_op``s ``sdm::triton_write_read``, ``sdm::triton_write_read_`` and
+  ``sdm::triton_write_read_backward`` that the lowerings put into Inductor's code.
+
+Modules: ``phase1`` (dense keys, groups of equal slots, decays, Gram matrices, solve),
+``phase2`` (the forward walk over the chunks), ``decode`` (short sequences),
+``backward`` (the reverse walk and Phase 1 backwards), ``host`` (buffers, launch
+parameters, the IMPLS interface), ``triton_ops``.
 """
+try:
+    import triton  # noqa: F401
+except ImportError:  # no Triton: the CPU path only
+    AVAILABLE = False
+else:
+    AVAILABLE = True
+    from .. import ops as _ops
+    from . import host, triton_ops  # noqa: F401
+
+    _ops.IMPLS["cuda"] = host
