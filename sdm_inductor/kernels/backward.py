@@ -8,8 +8,9 @@ advanced in place, the chunk-start rows read back from the forward's snapshot
 1. ``v - r0`` from the saved write rows;  2. ``delta = X u``;
 3. ``Dw = dB[written slots]``: ``d coef``, ``Dw . M0w`` and ``d delta = coef Dw + QK^T dy``;
    the ``dQK`` tile;  4. ``du = X^T d delta``: ``dv``, the ``dL`` tile, ``d r0``, ``d ev``;
-5. the new ``dB`` of every distinct touched slot, written once by its group's first
-   member (decay of a written slot + the gathers' transposes, summed in group order).
+5. the new ``dB`` of every distinct touched slot, written once by the lane owning its
+   group in slot-sorted order (``phase1.Groups``): decay of a written slot + the
+   gathers' transposes, summed in the group's fixed order.
 
 Sums over bank columns (``d coef``, ``dQK``, ...) cross column blocks: each program
 stores its partial and torch sums the partials in a fixed order (deterministic, no
@@ -25,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import launch, pow2
-from .phase1 import plan
+from .phase1 import entry_groups, plan
 
 # snapshot modes as the kernel decodes them
 _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
@@ -67,9 +68,10 @@ def _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, e_lo, e_hi, hd, width, c
     return x, ents, em
 
 
-@triton.jit
-def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr, decay_ptr,
-                    perm_ptr, gs_ptr, nw_ptr, na_ptr, X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
+@triton.jit(do_not_specialize=["P", "T", "NC", "B"])
+def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
+                    g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
+                    X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
                     dv_ptr, pe_ptr, pc_ptr, pm_ptr, pb_ptr, pqk_ptr, pl_ptr, scratch_ptr,
                     P, T, hd, width, NC, B,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
@@ -205,22 +207,24 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr, de
                 tl.store(pe_ptr + (part + b) * C * E + toks[:, None] * E + ents[None, :],
                          tl.sum(vec * rows, axis=2), mask=em)
         tl.debug_barrier()
-        # 5: dB at the chunk start, each distinct touched slot once
+        # 5: dB at the chunk start, each distinct touched slot once (lane = group start)
+        gb = b.to(tl.int64) * C * E
         for f0 in range(0, C * E, NG):
-            own = f0 + tl.arange(0, NG)
-            fm = own < C * E
-            sl = tl.load(slot_ptr + seg + own, mask=fm, other=-1)
-            gs = tl.load(gs_ptr + seg + own, mask=fm, other=0)
-            nw = tl.load(nw_ptr + seg + own, mask=fm, other=0)
-            na = tl.load(na_ptr + seg + own, mask=fm, other=0)
-            lead = (sl >= 0) & (tl.load(perm_ptr + seg + gs, mask=sl >= 0, other=-1) == own)
+            pos = f0 + tl.arange(0, NG)
+            fm = pos < C * E
+            sl = tl.load(g_slot_ptr + gb + pos, mask=fm, other=-1)
+            ln = tl.load(g_len_ptr + gb + pos, mask=fm, other=0)
+            nw = tl.load(g_nw_ptr + gb + pos, mask=fm, other=0)
+            dec = tl.load(g_decay_ptr + gb + pos, mask=fm, other=1.0)
+            ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+            wm = (sl >= 0)[:, None] & cm[None, :]
+            old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
             acc = tl.zeros([NG, BD], tl.float32)
             m = 0
-            while m < tl.max(tl.where(lead, na, 0), axis=0):  # data-dependent trip count
-                mm = lead & (m < na)
-                f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
-                wt = tl.load(ev_ptr + seg + f, mask=mm, other=0.0)
-                tf = f // E
+            while m < tl.max(ln, axis=0):  # data-dependent trip count (largest group)
+                mm = m < ln
+                tf = tl.load(g_tok_ptr + gb + pos + m, mask=mm, other=0)
+                wt = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)
                 is_w = m < nw
                 dr = tl.load(scr_dr + tf[:, None] * BD + sc[None, :],
                              mask=(mm & is_w)[:, None], other=0.0)
@@ -230,11 +234,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr, de
                               other=0.0).to(tl.float32)
                 acc += wt[:, None] * (dr + dyf)
                 m += 1
-            dec = tl.where(nw > 0, tl.load(decay_ptr + seg + own, mask=lead, other=1.0), 1.0)
-            ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-            wm = lead[:, None] & cm[None, :]
-            old = tl.load(dB_ptr + ro, mask=wm, other=0.0).to(tl.float32)
-            tl.store(dB_ptr + ro, (dec[:, None] * old + acc).to(dB_ptr.dtype.element_ty), mask=wm)
+            new = dec[:, None] * old.to(tl.float32) + acc
+            tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
         tl.debug_barrier()
         cc += 1
 
@@ -366,10 +367,11 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     rows = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
     scales = saved_scales if saved_scales.numel() else dB
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
-    launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, pl.decay,
-           pl.perm, pl.gs, pl.nw, pl.na, pl.X, pl.QK, pl.beta, v, dy, dv, pe, pc, pm, pb, pqk, pL,
+    gr = entry_groups(pl)
+    launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, gr.slot,
+           gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK, pl.beta, v, dy, dv, pe, pc, pm, pb, pqk, pL,
            scratch, P, T, hd, saved_rows.shape[-1], NC, B, C=C, W=W, R=R, BD=BD,
-           TB=min(config["TB"], CP), EW=config["EW"], NG=config["NG"], CP=CP, QMODE=qmode,
+           TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG"], CP=CP, QMODE=qmode,
            PREC=prec, num_warps=config["WARPS_BWD"])
 
     # cross-column sums, in a fixed order

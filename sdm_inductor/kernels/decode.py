@@ -14,7 +14,7 @@ import triton.language as tl
 DECODE_MAX_T = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _decode_kernel(bank_ptr, slot_ptr, val_ptr, gate_ptr, v_ptr, beta_ptr, out_ptr, T, hd,
                    W: tl.constexpr, R: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
                    BD: tl.constexpr):

@@ -21,7 +21,8 @@ NAME = "cuda-triton-chunked"
 # Launch parameters (the benchmark may override them). BD: bank columns per program
 # (16 bf16 columns = one 32-byte sector per gathered row); TB: tokens per tile; EW:
 # entries per gather tile; NG: write entries per tile of the write pass.
-CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=32, TB=64, EW=8, NG=64, WARPS=4, WARPS_BWD=4)
+CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=32, TB=64, EW=8, EW_BWD=4, NG=512, WARPS=8,
+              WARPS_BWD=8)
 
 # The eager no-grad forward runs the sequence in windows of about this many tokens, so
 # its working memory (Phase 1 of a window) does not grow with T. Traced calls (one
@@ -65,12 +66,13 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     BD, CP = CONFIG["BD"], pow2(C)
     NCB = -(-hd // BD)
-    scratch = torch.empty(P * NCB * 2 * CP * BD, dtype=torch.float32, device=bank.device)
-    launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.coef, pl.decay, pl.perm, pl.gs,
-           pl.nw, pl.X, pl.QKX, v, pl.beta, out, scratch, bank if saved is None else saved,
-           P, T, hd, pl.NC, C, W=W, R=R, BD=BD, TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"],
-           NG=CONFIG["NG"], CP=CP, SAVE=saved is not None, PREC=_prec(bank.dtype),
-           num_warps=CONFIG["WARPS"])
+    scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
+    ru = pl.runs
+    launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
+           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch,
+           bank if saved is None else saved, P, T, hd, pl.NC, C=C, W=W, R=R, BD=BD,
+           TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
+           SAVE=saved is not None, PREC=_prec(bank.dtype), num_warps=CONFIG["WARPS"])
     return out
 
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from .launch import launch, pow2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "Tp"])
 def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr,
                  slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr,
                  T, Tp, S, C, W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
@@ -172,6 +172,7 @@ class Plan:
     QK: Tensor      # [B, C, C]
     X: Tensor       # [B, C, C] (I + tril(beta A, -1))^-1
     QKX: Tensor     # [B, C, C] QK @ X
+    runs: "Runs | None" = None  # the write pass of the forward, in sorted order
 
     @property
     def E(self) -> int:
@@ -180,6 +181,58 @@ class Plan:
     @property
     def B(self) -> int:
         return self.P * self.NC
+
+
+@dataclass
+class Runs:
+    """Per segment, the ``C*W`` write entries sorted by slot (``[B, C*W]``): one *run* per
+    distinct written slot, its members contiguous and in token order. Only a run's first
+    position carries the slot (others -1) and the run length, so a kernel lane that owns
+    a run reads its members with contiguous loads and no indirection."""
+    slot: Tensor    # int32 slot at a run start, else -1
+    length: Tensor  # int32 run length at a run start, else 0
+    decay: Tensor   # fp32 exp(gend) of the slot
+    tok: Tensor     # int32 token of the entry at this position
+    coef: Tensor    # fp32 coef of the entry at this position
+
+
+@dataclass
+class Groups:
+    """The same for all ``C*E`` entries (``[B, C*E]``, ``perm`` order): one group per
+    distinct touched slot, write members first; used by the backward's ``dB`` pass."""
+    slot: Tensor    # int32 slot at a group start, else -1
+    length: Tensor  # int32 members (na) at a group start, else 0
+    n_w: Tensor     # int32 write members of the group of the entry at this position
+    decay: Tensor   # fp32 exp(gend) if the slot is written in the chunk, else 1
+    tok: Tensor     # int32 token of the entry at this position
+    ev: Tensor      # fp32 ev of the entry at this position
+
+
+def write_runs(pl: "Plan", key: Tensor) -> Runs:
+    B, C, E, W = pl.B, pl.C, pl.E, pl.W
+    wkey = key.view(B, C, E)[:, :, :W].reshape(B, C * W)
+    skey, wperm = torch.sort(wkey, dim=-1, stable=True)
+    start = torch.ones_like(skey, dtype=torch.bool)
+    start[:, 1:] = skey[:, 1:] != skey[:, :-1]
+    pos = torch.arange(C * W, device=key.device)
+    length = torch.searchsorted(skey, skey, right=True) - pos
+    ent = (wperm // W) * E + wperm % W
+    take = lambda x: x.view(B, C * E).gather(1, ent)
+    slot = torch.where(start, take(pl.slot), -1)
+    return Runs(slot.to(torch.int32), torch.where(start & (slot >= 0), length, 0).to(torch.int32),
+                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef))
+
+
+def entry_groups(pl: "Plan") -> Groups:
+    B, C, E = pl.B, pl.C, pl.E
+    perm = pl.perm.long()
+    take = lambda x: x.reshape(B, C * E).gather(1, perm)
+    start = take(pl.gs) == torch.arange(C * E, device=perm.device)
+    slot = torch.where(start, take(pl.slot), -1)
+    n_w = take(pl.nw)
+    return Groups(slot.to(torch.int32), torch.where(slot >= 0, take(pl.na), 0).to(torch.int32),
+                  n_w, torch.where(n_w > 0, take(pl.decay), 1.0), (perm // E).to(torch.int32),
+                  take(pl.ev))
 
 
 def prep(S: int, k_idx, k_val, g, q_idx, q_val, C: int):
@@ -233,5 +286,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int) -> Plan:
     # the solver may return column-major storage; the kernels index row-major
     X = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True).contiguous()
     QKX = torch.matmul(QK, X).contiguous()
-    return Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
-                coef, decay, bp, A, QK, X, QKX)
+    pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
+              coef, decay, bp, A, QK, X, QKX)
+    pl.runs = write_runs(pl, key)
+    return pl

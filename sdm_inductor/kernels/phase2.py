@@ -4,16 +4,17 @@ Every quantity of Phase 2 is separable by bank column (SDM_SPEC section 3), so o
 program owns (stream ``p``, column block ``cb``) and walks all chunks of its stream
 inside the kernel (a runtime loop: a new ``T`` needs no new compilation). Per chunk:
 
-- pass A: gather the chunk-start rows of the write entries, ``r0``, ``u = beta (v - r0)``;
-- pass B: gather the read rows (``inter``), ``delta = X u`` and ``y = inter + QKX u``
-  (two small matmuls over the chunk's tokens; both matrices are lower triangular, so
-  only the blocks on or below the diagonal are multiplied);
-- pass C: each distinct written slot is written once, by the program's lanes of the
-  first write entry of its group: ``exp(gend) M0[s] + sum_j coef_j delta_j``, the sum
-  walked in the group's fixed order (deterministic, no atomics).
+- pass A: gather the chunk-start rows of all entries (writes and reads in one stream of
+  tiles, the next tile's slots loaded before the current rows are used, so two
+  dependent latencies overlap): ``r0``, ``inter``, ``u = beta (v - r0)``;
+- pass B: ``delta = X u`` and ``y = inter + QKX u`` (small matmuls over the chunk's
+  tokens; both matrices are lower triangular: only blocks on or below the diagonal);
+- pass C: each distinct written slot is written once, by the lane that owns its run
+  in the slot-sorted write order (``phase1.Runs``): ``exp(gend) M0[s] + sum_j coef_j
+  delta_j``, summed in the run's fixed order (deterministic, no atomics).
 
-``u`` and ``delta`` go through a per-program scratch (L1/L2 resident) because a lane
-needs other lanes' tokens; ``tl.debug_barrier`` orders the passes. A program's rows are
+``u``, ``inter`` and ``delta`` go through a per-program scratch (L1/L2 resident)
+because a lane needs other lanes' tokens; ``tl.debug_barrier`` orders the passes. A program's rows are
 touched by no other program (streams own disjoint slots), so the walk needs no
 inter-program synchronisation. With ``SAVE`` the chunk-start rows of every entry are
 stored for the backward (cast to the snapshot dtype).
@@ -25,30 +26,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _gather_rows(bank_ptr, slot_ptr, w_ptr, saved_ptr, seg, sv, toks, tm, e0, e_end, hd, cols, cm,
-                 E: tl.constexpr, EW: tl.constexpr, SAVE: tl.constexpr):
-    """rows [TB, EW, BD] of entries [e0, e0+EW) of tokens ``toks``; returns sum_e w * row."""
+def _entry_tile(slot_ptr, w_ptr, seg, toks, tm, e0, E: tl.constexpr, EW: tl.constexpr):
+    """(slots, weights) [TB, EW] of entries [e0, e0 + EW) of tokens ``toks``."""
     ents = e0 + tl.arange(0, EW)
-    em = tm[:, None] & (ents < e_end)[None, :]
+    em = tm[:, None] & (ents < E)[None, :]
     off = seg + toks[:, None] * E + ents[None, :]
-    sl = tl.load(slot_ptr + off, mask=em, other=-1)
-    wt = tl.load(w_ptr + off, mask=em, other=0.0)
-    rm = (sl >= 0)[:, :, None] & cm[None, None, :]
-    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                   mask=rm, other=0.0)
-    if SAVE:
-        so = ((sv + toks[:, None]) * E + ents[None, :])[:, :, None] * hd + cols[None, None, :]
-        tl.store(saved_ptr + so, rows.to(saved_ptr.dtype.element_ty),
-                 mask=em[:, :, None] & cm[None, None, :])
-    return tl.sum(wt[:, :, None] * rows.to(tl.float32), axis=1)
+    return tl.load(slot_ptr + off, mask=em, other=-1), tl.load(w_ptr + off, mask=em, other=0.0)
 
 
-@triton.jit
-def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, coef_ptr, decay_ptr, perm_ptr, gs_ptr, nw_ptr,
-                    X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr, scratch_ptr, saved_ptr,
-                    P, T, hd, NC, C: tl.constexpr,
-                    W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, TB: tl.constexpr,
-                    EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
+@triton.jit(do_not_specialize=["P", "T", "NC"])
+def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr,
+                    run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
+                    scratch_ptr, saved_ptr, P, T, hd, NC,
+                    C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+                    TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                     SAVE: tl.constexpr, PREC: tl.constexpr):
     p = tl.program_id(0)
     cb = tl.program_id(1)
@@ -56,37 +47,49 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, coef_ptr, decay_ptr, perm_ptr, g
     cols = cb * BD + tl.arange(0, BD)
     cm = cols < hd
     sc = tl.arange(0, BD)
-    scr_u = scratch_ptr + (p * tl.num_programs(1) + cb).to(tl.int64) * (2 * CP * BD)
-    scr_d = scr_u + CP * BD
+    scr_u = scratch_ptr + (p * tl.num_programs(1) + cb).to(tl.int64) * (3 * CP * BD)
+    scr_i = scr_u + CP * BD
+    scr_d = scr_u + 2 * CP * BD
     c = 0
     while c < NC:  # runtime trip count: one compile for every T
         b = p * NC + c
         seg = b.to(tl.int64) * C * E
         sv = (c * P + p).to(tl.int64) * C          # saved position of the chunk's token 0
-        # pass A: u = beta (v - r0)
+        # pass A: r0 and inter from the chunk-start rows; u = beta (v - r0)
         for t0 in range(0, C, TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
-            for e0 in range(0, W, EW):
-                r0 += _gather_rows(bank_ptr, slot_ptr, ev_ptr, saved_ptr, seg, sv, toks, tm,
-                                   e0, W, hd, cols, cm, E, EW, SAVE)
+            inter = tl.zeros([TB, BD], tl.float32)
+            sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
+            for e0 in range(0, E, EW):
+                ents = e0 + tl.arange(0, EW)
+                rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                               mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+                w_cur = wt
+                sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
+                if SAVE:
+                    so = ((sv + toks[:, None]) * E + ents[None, :])[:, :, None] * hd + cols[None, None, :]
+                    tl.store(saved_ptr + so, rows.to(saved_ptr.dtype.element_ty),
+                             mask=(tm[:, None] & (ents < E)[None, :])[:, :, None] & cm[None, None, :])
+                x = w_cur[:, :, None] * rows.to(tl.float32)
+                is_w = (ents < W)[None, :, None]
+                r0 += tl.sum(tl.where(is_w, x, 0.0), axis=1)
+                inter += tl.sum(tl.where(is_w, 0.0, x), axis=1)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                          mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
             bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
-            u = bt[:, None] * (vv - r0)
-            tl.store(scr_u + toks[:, None] * BD + sc[None, :], u, mask=tm[:, None])
+            tl.store(scr_u + toks[:, None] * BD + sc[None, :], bt[:, None] * (vv - r0),
+                     mask=tm[:, None])
+            tl.store(scr_i + toks[:, None] * BD + sc[None, :], inter, mask=tm[:, None])
         tl.debug_barrier()
-        # pass B: readings and deltas
+        # pass B: deltas and readings
         for t0 in range(0, C, TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
-            y = tl.zeros([TB, BD], tl.float32)
-            for e0 in range(W, E, EW):
-                y += _gather_rows(bank_ptr, slot_ptr, ev_ptr, saved_ptr, seg, sv, toks, tm,
-                                  e0, E, hd, cols, cm, E, EW, SAVE)
+            y = tl.load(scr_i + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
             d = tl.zeros([TB, BD], tl.float32)
             for k0 in range(0, t0 + TB, TB):
                 ks = k0 + tl.arange(0, TB)
@@ -102,30 +105,27 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, coef_ptr, decay_ptr, perm_ptr, g
             tl.store(out_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                      y.to(out_ptr.dtype.element_ty), mask=tv[:, None] & cm[None, :])
         tl.debug_barrier()
-        # pass C: each distinct written slot once, by its group's first write entry
+        # pass C: each distinct written slot once, by the lane owning its run
+        rb = b.to(tl.int64) * C * W
         for f0 in range(0, C * W, NG):
-            fi = f0 + tl.arange(0, NG)
-            fm = fi < C * W
-            own = (fi // W) * E + fi % W                # flat entry index in the segment
-            sl = tl.load(slot_ptr + seg + own, mask=fm, other=-1)
-            gs = tl.load(gs_ptr + seg + own, mask=fm, other=0)
-            nw = tl.load(nw_ptr + seg + own, mask=fm, other=0)
-            lead = (sl >= 0) & (tl.load(perm_ptr + seg + gs, mask=sl >= 0, other=-1) == own)
+            pos = f0 + tl.arange(0, NG)
+            fm = pos < C * W
+            sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
+            ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
+            dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
+            ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+            wm = (sl >= 0)[:, None] & cm[None, :]
+            old = tl.load(bank_ptr + ro, mask=wm, other=0.0)     # issued before the sums
             acc = tl.zeros([NG, BD], tl.float32)
             m = 0
-            while m < tl.max(tl.where(lead, nw, 0), axis=0):  # data-dependent trip count
-                mm = lead & (m < nw)
-                f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
-                cf = tl.load(coef_ptr + seg + f, mask=mm, other=0.0)
-                dd = tl.load(scr_d + (f // E)[:, None] * BD + sc[None, :], mask=mm[:, None],
-                             other=0.0)
+            while m < tl.max(ln, axis=0):  # data-dependent trip count (longest run)
+                mm = m < ln
+                tk = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
+                cf = tl.load(run_coef_ptr + rb + pos + m, mask=mm, other=0.0)
+                dd = tl.load(scr_d + tk[:, None] * BD + sc[None, :], mask=mm[:, None], other=0.0)
                 acc += cf[:, None] * dd
                 m += 1
-            dec = tl.load(decay_ptr + seg + own, mask=lead, other=0.0)
-            ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-            wm = lead[:, None] & cm[None, :]
-            old = tl.load(bank_ptr + ro, mask=wm, other=0.0).to(tl.float32)
-            tl.store(bank_ptr + ro, (dec[:, None] * old + acc).to(bank_ptr.dtype.element_ty),
-                     mask=wm)
+            new = dec[:, None] * old.to(tl.float32) + acc
+            tl.store(bank_ptr + ro, new.to(bank_ptr.dtype.element_ty), mask=wm)
         tl.debug_barrier()
         c += 1

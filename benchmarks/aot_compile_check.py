@@ -1,0 +1,95 @@
+"""Compile every kernel for sm_90 on a machine without a GPU (Triton's bundled ptxas):
+catches compile errors before device time is spent, and prints registers / spills /
+shared memory of each variant. Usage: python benchmarks/aot_compile_check.py [bf16|fp32]
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sdm_inductor.kernels import backward, decode, phase1, phase2
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def _ptxas_report(ptx: str) -> str:
+    """registers / spill bytes from ptxas -v."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        open(path, "w").write(ptx)
+        res = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", path, "-o",
+                              os.path.join(d, "k.cubin")], capture_output=True, text=True)
+    regs = re.findall(r"Used (\d+) registers", res.stderr)
+    spill = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    return f"regs={regs[-1] if regs else '?'} spill_stores={spill[-1] if spill else '?'}"
+
+
+def compile_one(kernel, types: dict, consts: dict, num_warps=4):
+    sig = {}
+    for name in kernel.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = types.get(name, "i32")
+    src = ASTSource(kernel, sig, constexprs={k: v for k, v in consts.items()})
+    ck = triton.compile(src, target=TARGET, options=dict(num_warps=num_warps))
+    shown = {k: v for k, v in consts.items() if k in ("C", "BD", "QMODE", "SAVE")}
+    print(f"{kernel.fn.__name__:20s} warps={num_warps} smem={ck.metadata.shared} {shown} "
+          f"{_ptxas_report(ck.asm['ptx'])}")
+    return ck
+
+
+def main(dtype="bf16"):
+    bank = "*bf16" if dtype == "bf16" else "*fp32"
+    f32, i32, i64 = "*fp32", "*i32", "*i64"
+    W, R, C = 64, 64, 64
+    compile_one(phase1._prep_kernel,
+                dict(kidx_ptr=i64, kval_ptr=bank, g_ptr=f32, qidx_ptr=i64, qval_ptr=bank,
+                     slot_ptr=i32, val_ptr=f32, gate_ptr=f32, key_ptr=i64, first_ptr=i32),
+                dict(W=W, R=R, G=1, WP=64, RP=64))
+    compile_one(phase1._pairs_kernel,
+                dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
+                     gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
+                     A_ptr=f32, QK_ptr=f32), dict(W=W, R=R, EB=32, CP=C))
+    for CC in (64, 128, 256):
+        compile_one(phase2._forward_kernel,
+                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
+                         v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
+                         run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
+                         run_coef_ptr=f32, scratch_ptr=f32, saved_ptr=bank),
+                    dict(C=CC, W=W, R=R, BD=16, TB=64, EW=8, NG=512, CP=CC, SAVE=True,
+                         PREC="tf32"), num_warps=8)
+    compile_one(decode._decode_kernel,
+                dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
+                     beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))
+    for q in (0, 1, 2):
+        compile_one(backward._reverse_kernel,
+                    dict(dB_ptr=bank, saved_ptr=(bank if q == 0 else "*u8"), scale_ptr=f32,
+                         slot_ptr=i32, ev_ptr=f32, coef_ptr=f32, g_slot_ptr=i32, g_len_ptr=i32,
+                         g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32,
+                         X_ptr=f32, QK_ptr=f32,
+                         beta_ptr=f32, v_ptr=bank, dy_ptr=bank, dv_ptr=f32, pe_ptr=f32,
+                         pc_ptr=f32, pm_ptr=f32, pb_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
+                         scratch_ptr=f32),
+                    dict(C=C, W=W, R=R, BD=32, TB=64, EW=4, NG=512, CP=C, QMODE=q, PREC="tf32"),
+                    num_warps=8)
+    compile_one(backward._pair_grads_kernel,
+                dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
+                     nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,
+                     dA_ptr=f32, dQK_ptr=f32, dval_ptr=f32, dgam_ptr=f32, dgend_ptr=f32),
+                dict(W=W, R=R, EB=32))
+    compile_one(backward._gate_grads_kernel,
+                dict(perm_ptr=i32, gs_ptr=i32, nw_ptr=i32, na_ptr=i32, dgam_ptr=f32,
+                     dgend_ptr=f32, dgate_ptr=f32), dict(W=W, R=R, WB=32))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bf16")

@@ -1,0 +1,203 @@
+"""CUDA benchmark of the Triton kernels (issue 3). One run on an H200 prints:
+
+- device-to-device copy bandwidth (the ceiling used for the floors);
+- configs A and B of SDM_SPEC section 5 for C in {64, 128, 256}: no-grad forward,
+  training forward (saving the snapshot), forward + backward, peak memory of
+  forward + backward; the bandwidth floor of each from the distinct written rows of
+  the actual inputs, and the fraction of it reached;
+- the eager no-grad op's working memory at several T (must not grow with T);
+- decode latency per step (P=16, T=1, hd=768, W=R=64) under a CUDA graph.
+
+Usage: python benchmarks/bench_cuda.py [--json PATH] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+import triton.testing
+
+import sdm_inductor  # noqa: F401  (ops, CUDA implementation)
+from sdm_inductor import ops
+from sdm_inductor.kernels import host
+
+GIB = 2 ** 30
+CONFIGS = {
+    "A": dict(P=2, T=8192, hd=768, sph=36864, W=64, R=64),
+    "B": dict(P=1, T=8192, hd=1536, sph=147456, W=64, R=64),
+}
+BASELINE_1X = {"A": dict(fwd=16.2, fwdbwd=43.7, peak=3.01), "B": dict(fwd=6.3, fwdbwd=19.5, peak=4.46)}
+TARGET = {"A": dict(fwd=2.5, fwdbwd=8.0), "B": dict(fwd=1.5, fwdbwd=5.0)}
+
+
+def bench(fn, rep=300):
+    return triton.testing.do_bench(fn, warmup=50, rep=rep, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(GIB // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return 2 * x.numel() * x.element_size() / (ms * 1e-3)
+
+
+def make_inputs(P, T, hd, sph, W, R, dtype=torch.bfloat16, seed=0):
+    """Random inputs of a config: W distinct write slots per token, random reads."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    base = (torch.arange(P, device=dev) * sph).view(P, 1, 1)
+    k_idx = torch.empty(P, T, W, dtype=torch.int64, device=dev)
+    for p in range(P):
+        for t0 in range(0, T, 256):
+            n = min(256, T - t0)
+            k_idx[p, t0:t0 + n] = torch.rand(n, sph, device=dev, generator=gen).topk(W, -1).indices
+    k_idx += base
+    q_idx = torch.randint(0, sph, (P, T, R), device=dev, generator=gen) + base
+    k_val = torch.randn(P, T, W, device=dev, generator=gen).softmax(-1).to(dtype)
+    q_val = (torch.randn(P, T, R, device=dev, generator=gen) / math.sqrt(R)).to(dtype)
+    v = torch.randn(P, T, hd, device=dev, generator=gen).to(dtype)
+    beta = torch.rand(P, T, device=dev, generator=gen)
+    g = -0.1 * torch.rand(P, T, 1, device=dev, generator=gen)
+    bank = (0.1 * torch.randn(P * sph, hd, device=dev, generator=gen)).to(dtype)
+    return bank, k_idx, k_val, v, beta, g, q_idx, q_val
+
+
+def floors(ins, C, bw):
+    """Bandwidth floors (ms) of the no-grad forward, the training forward and fwd+bwd."""
+    bank, k_idx, _, _, _, _, q_idx, _ = ins
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    S, hd = bank.shape
+    es = bank.element_size()
+    chunk = (torch.arange(T, device="cuda") // C).view(1, T, 1)
+    seg = torch.arange(P, device="cuda").view(P, 1, 1) * math.ceil(T / C) + chunk
+    written = torch.unique((seg * S + k_idx).reshape(-1)).numel()
+    touched = torch.unique(torch.cat([(seg * S + k_idx).reshape(-1),
+                                      (seg * S + q_idx).reshape(-1)])).numel()
+    fwd = (2 * written + P * T * R) * hd * es
+    saved = P * T * (W + R) * hd * es
+    bwd = saved + 2 * touched * hd * es
+    to_ms = lambda b: b / bw * 1e3
+    return dict(fwd=to_ms(fwd), train=to_ms(fwd + saved), fwdbwd=to_ms(fwd + saved + bwd),
+                distinct_written_rows=written)
+
+
+def run_config(name, C, bw, quick=False):
+    cfg = CONFIGS[name]
+    ins = make_inputs(**cfg)
+    bank, k_idx, k_val, v, beta, g, q_idx, q_val = ins
+    rest = (k_idx, k_val, v, beta, g, q_idx, q_val)
+    work = bank.clone()
+    fwd = bench(lambda: torch.ops.sdm.triton_write_read_(work, *rest, C))
+    train = bench(lambda: torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True))
+    dy = torch.randn_like(v)
+    dM = torch.randn_like(bank)
+
+    def fwdbwd():
+        y, M, rows, scales = torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True)
+        return torch.ops.sdm.triton_write_read_backward(dy, dM, rows, scales, *rest, C, "none",
+                                                        False)
+
+    fb = bench(fwdbwd, rep=200 if quick else 400)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fwdbwd()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    fl = floors(ins, C, bw)
+    return dict(config=name, C=C, fwd_ms=fwd, train_fwd_ms=train, fwdbwd_ms=fb,
+                peak_gib=peak / GIB, peak_over_inputs_gib=(peak - base) / GIB,
+                floor_fwd_ms=fl["fwd"], floor_train_ms=fl["train"], floor_fwdbwd_ms=fl["fwdbwd"],
+                distinct_written_rows=fl["distinct_written_rows"])
+
+
+def nograd_memory(Ts=(2048, 4096, 8192)):
+    """Working memory of the eager no-grad op (windowed) over T at config A."""
+    out = {}
+    ops.CHECK_INDICES["cuda"] = False
+    for T in Ts:
+        ins = make_inputs(**dict(CONFIGS["A"], T=T))
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y = torch.ops.sdm.write_read_(*ins, 64, CONFIGS["A"]["sph"], False)
+        torch.cuda.synchronize()
+        out[T] = (torch.cuda.max_memory_allocated() - base - y.numel() * y.element_size()) / GIB
+        del ins, y
+    ops.CHECK_INDICES["cuda"] = True
+    return out
+
+
+def decode_latency(P=16, hd=768, W=64, R=64, sph=4096, steps=2000):
+    ins = make_inputs(P, 1, hd, sph, W, R)
+    bank, rest = ins[0], ins[1:]
+    for _ in range(3):
+        torch.ops.sdm.triton_write_read_(bank, *rest, 64)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.sdm.triton_write_read_(bank, *rest, 64)
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--configs", default="A,B")
+    ap.add_argument("--chunks", default="64,128,256")
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "config", host.CONFIG)
+    bw = copy_bandwidth()
+    print(f"device-to-device copy: {bw / 1e12:.2f} TB/s")
+    rows = []
+    for name in args.configs.split(","):
+        for C in (int(c) for c in args.chunks.split(",")):
+            r = run_config(name, C, bw, args.quick)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    mem = nograd_memory()
+    dec = decode_latency()
+    print()
+    print("| config | C | no-grad fwd ms | train fwd ms | fwd+bwd ms | peak GiB | floor fwd / train / "
+          "fwd+bwd ms | fraction of floor fwd / fwd+bwd |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['config']} | {r['C']} | {r['fwd_ms']:.2f} | {r['train_fwd_ms']:.2f} | "
+              f"{r['fwdbwd_ms']:.2f} | {r['peak_gib']:.2f} | {r['floor_fwd_ms']:.2f} / "
+              f"{r['floor_train_ms']:.2f} / {r['floor_fwdbwd_ms']:.2f} | "
+              f"{r['floor_fwd_ms'] / r['fwd_ms']:.2f} / {r['floor_fwdbwd_ms'] / r['fwdbwd_ms']:.2f} |")
+    for name in sorted({r["config"] for r in rows}):
+        rs = [r for r in rows if r["config"] == name]
+        best = min(rs, key=lambda r: r["fwd_ms"])
+        c64 = [r for r in rs if r["C"] == 64]
+        ratio = c64[0]["fwd_ms"] / best["fwd_ms"] if c64 else float("nan")
+        bfb = min(r["fwdbwd_ms"] for r in rs)
+        print(f"config {name}: best no-grad fwd {best['fwd_ms']:.2f} ms (C={best['C']}; 1.x "
+              f"{BASELINE_1X[name]['fwd']}, goal <= {TARGET[name]['fwd']}), best fwd+bwd "
+              f"{bfb:.2f} ms (1.x {BASELINE_1X[name]['fwdbwd']}, goal <= {TARGET[name]['fwdbwd']}), "
+              f"C=64 / best C no-grad fwd = {ratio:.2f} (goal <= 1.3)")
+    print("eager no-grad working memory (GiB, config A, C=64) by T:",
+          {k: round(v, 3) for k, v in mem.items()})
+    print(f"decode step (P=16, T=1, hd=768, W=R=64, CUDA graph): {dec:.1f} us (goal <= 15)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(copy_bw=bw, rows=rows, nograd_mem=mem, decode_us=dec,
+                           config=host.CONFIG), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
