@@ -23,8 +23,17 @@ def _needs_grad(an: Analysis, chain) -> bool:
     return fe.requires_grad(chain.bank.root)
 
 
+def _loop_body(graph: fx.Graph, level: str) -> bool:
+    """A higher-order op's body (Dynamo gives only top-level placeholders a ``grapharg``):
+    its single token step on an input is one iteration of a loop the parent graph holds,
+    rewritten there as a whole (scan), not here one token at a time."""
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
+    return level == "torch" and bool(phs) and not any("grapharg" in n.meta for n in phs)
+
+
 def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
     report = Report(graphs=1)
+    body = _loop_body(graph, level)
     rejected: dict = {}
     for _ in range(_MAX_ROUNDS):
         an = Analysis(graph, frontend).run()
@@ -33,6 +42,8 @@ def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
             rejected[(r.where, r.tokens)] = r
         done = 0
         for chain in chains:
+            if body and chain.length == 1 and chain.bank.root.op == "placeholder":
+                continue
             try:
                 before, move = check_chain(an, chain)
             except Reject as e:

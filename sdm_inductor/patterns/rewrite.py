@@ -259,7 +259,8 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
     v = rs.stack([lambda w=st.write: _product(em, w.v, (hd,), 1.0, dtype, dev) for st in steps],
                  [_single(st.write.v) for st in steps] if all(_single(st.write.v) is not None and
                                                               st.write.coef == 1.0 for st in steps) else None)
-    beta = rs.stack([lambda w=st.write: _product(em, w.beta, (), w.coef, f32, dev) for st in steps])
+    beta = rs.stack([lambda w=st.write: _product(em, w.beta, (), w.coef, f32, dev) for st in steps],
+                    [_single(st.write.beta) if st.write.coef == 1.0 else None for st in steps])
     beta = em.reshape(beta, (1, len(steps)))
     per_write = any(st.write.per_write_gate for st in steps)
     G = W if per_write else 1
@@ -277,7 +278,8 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
         k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
                         f"the token loop at {chain.where}")
     inplace = chain.bank.inplace_root and root.op in ("placeholder", "get_attr")
-    args = (root, k_idx, k_val, v, beta, g_, q_idx, q_val, config.chunk_size, 0, False)
+    bank_in = _unclone(root, set(chain.nodes)) if not inplace else root
+    args = (bank_in, k_idx, k_val, v, beta, g_, q_idx, q_val, config.chunk_size, 0, False)
     if inplace and not needs_grad:
         readings = em.call(torch.ops.sdm.write_read_.default, *args)
         final = root
@@ -287,18 +289,58 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
         if inplace:
             em.call(aten.copy_.default if aten_level else torch.Tensor.copy_, root, final)
     # results
+    done = _stacked_readings(em, g, chain, readings)
     for ver, lst in chain.reads.items():
         ref = steps[ver - 1].read
         for producer, r in lst:
+            users = [e.consumer for e in an.escapes if e.producer is producer and e.consumer not in done]
+            if not users:
+                continue
             node = _reading(em, readings, ver - 1, r, ref, hd)
-            for e in an.escapes:
-                if e.producer is producer and e.consumer in g.nodes:
-                    e.consumer.replace_input_with(producer, node)
+            for u in users:
+                u.replace_input_with(producer, node)
     for e in chain.final_escapes:
         if e.producer is not final:
             e.consumer.replace_input_with(e.producer, final)
+    for user in done:
+        g.erase_node(user)
     _erase(g, set(chain.nodes) - {root})
     return readings
+
+
+def _unclone(root, chain_nodes):
+    """``x`` for a root ``x.clone()`` used only by the loop: the functional op copies the
+    bank itself, so the loop's own clone would be a second copy."""
+    is_clone = (root.op == "call_method" and root.target == "clone") or root.target in (
+        torch.clone, aten.clone.default)
+    if (is_clone and not root.kwargs and len(root.args) == 1 and isinstance(root.args[0], fx.Node)
+            and all(u in chain_nodes for u in root.users)):
+        return root.args[0]
+    return root
+
+
+def _stacked_readings(em, g, chain, readings) -> set:
+    """``torch.stack([reading_1, ..., reading_T])`` becomes ``readings[0]`` (one view, not
+    T selects and a copy); returns the stack nodes so replaced."""
+    if em.aten:
+        return set()
+    order = {}
+    for ver, lst in chain.reads.items():
+        for producer, r in lst:
+            if r.coef == chain.steps[ver - 1].read.coef and tuple(r.shape) == (chain.steps[0].write.hd,):
+                order[producer] = ver
+    done = set()
+    T = chain.length
+    for producer in list(order):
+        for user in list(producer.users):
+            if user in done or user.target is not torch.stack:
+                continue
+            items = user.args[0]
+            dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
+            if dim == 0 and len(items) == T and [order.get(x) for x in items] == list(range(1, T + 1)):
+                user.replace_all_uses_with(em.select0(readings, 0))
+                done.add(user)      # erased at the end: the emitter inserts in front of it
+    return done
 
 
 def _reading(em, readings, t, r, ref, hd):

@@ -1,0 +1,208 @@
+"""Pattern rewrites: compile time and step time of a token loop (issue 5 benchmark).
+
+    python benchmarks/bench_rewrite.py [--device cpu|cuda] [--T 64 256 1024]
+                                       [--plain-timeout 240] [--json out.json]
+
+For each T, one fresh process per measurement (Inductor's caches off, so every compile
+is real), no-grad forward:
+  - ``dynamo``:   Dynamo alone (``backend="eager"``, rewrites off): its tracing time is
+                  the floor of any compile of the unrolled loop.
+  - ``plain``:    ``torch.compile`` of the loop with the rewrites off (T copies of the
+                  step reach Inductor). Capped by ``--plain-timeout``; reported as such.
+  - ``rewrite``:  ``torch.compile`` of the same loop with the rewrites on.
+  - ``explicit``: ``torch.compile`` of a call of ``torch.ops.sdm.write_read``.
+  - ``scan``:     ``torch.compile`` of the loop written with ``scan`` (rewritten from
+                  the body, never unrolled).
+Compile time = first call - one steady call. Step time = median of ``--reps`` calls.
+Goals (issue 5): rewrite compile <= dynamo + 20%; rewrite step = explicit step +-5%;
+scan compile flat in T.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = {
+    "cpu": dict(S=4096, hd=64, W=16, R=16),
+    "cuda": dict(S=65536, hd=128, W=32, R=32),
+}
+MODES = ("dynamo", "plain", "rewrite", "explicit", "scan")
+
+
+# ============================================================================ worker
+
+def _loop(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    import torch
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        dec = rows * torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def _scan(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    import torch
+    from torch._higher_order_ops.scan import scan
+
+    def body(M, x):
+        ki, kv, vv, b, gg, qi, qv = x
+        dec = M[ki] * torch.exp(gg)[:, None]
+        delta = b * (vv - (kv[:, None] * dec).sum(0))
+        M = M.index_put((ki,), dec + kv[:, None] * delta[None, :])
+        return M, (qv[:, None] * M[qi]).sum(0)
+
+    M, outs = scan(body, M, (k_idx, k_val, v, beta, g, q_idx, q_val))
+    return outs, M
+
+
+def _explicit(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    import torch
+    r, final, _, _ = torch.ops.sdm.write_read(M, k_idx[None], k_val[None], v[None], beta[None],
+                                              g[None], q_idx[None], q_val[None], 64, 0, False,
+                                              "none", False, False)
+    return r[0], final
+
+
+def _inputs(T, device, S, hd, W, R):
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    k_idx = torch.argsort(torch.rand(T, S, generator=gen), dim=-1)[:, :W].contiguous()
+    return [t.to(device) for t in (
+        torch.randn(S, hd, generator=gen), k_idx, torch.randn(T, W, generator=gen) * 0.3,
+        torch.randn(T, hd, generator=gen), torch.rand(T, generator=gen),
+        -torch.rand(T, W, generator=gen) * 0.1, torch.randint(0, S, (T, R), generator=gen),
+        torch.randn(T, R, generator=gen))]
+
+
+def worker(mode: str, T: int, device: str, reps: int) -> dict:
+    import torch
+    import sdm_inductor
+    from sdm_inductor import patterns
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    args = _inputs(T, dev, **SIZES[device])
+    # Inductor's one-time start (C++/Triton toolchain checks, ~30 s on CPU) is not the
+    # compile of this program: pay it on a throwaway function first.
+    torch.compile(lambda x: x * 2 + 1)(torch.randn(8, device=dev))
+    torch._dynamo.reset()
+    if mode in ("dynamo", "plain"):
+        patterns.disable_rewrites()
+    else:
+        patterns.enable_rewrites(assume_distinct_write_slots=True)   # argsort slots: distinct
+    fn = {"scan": _scan, "explicit": _explicit}.get(mode, _loop)
+    compiled = torch.compile(fn, backend="eager" if mode == "dynamo" else "inductor", fullgraph=True)
+    with torch.no_grad():
+        sync()
+        t0 = time.perf_counter()
+        out = compiled(*args)
+        sync()
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            compiled(*args)
+            sync()
+            times.append(time.perf_counter() - t0)
+    step = statistics.median(times)
+    rep = patterns.last_report()
+    ref = _explicit(*args) if mode != "explicit" else out
+    err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref))
+    return dict(mode=mode, T=T, device=device, compile_s=first - step, step_ms=step * 1e3,
+                rewritten=[str(x) for x in rep.rewritten] if mode in ("rewrite", "scan") else [],
+                max_err_vs_op=err)
+
+
+# ============================================================================ driver
+
+def run_one(mode, T, device, reps, timeout):
+    env = dict(os.environ, TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+               TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="sdm_bench_"))
+    cmd = [sys.executable, __file__, "--worker", mode, "--T", str(T), "--device", device,
+           "--reps", str(reps)]
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(mode=mode, T=T, device=device, timeout_s=timeout)
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return dict(mode=mode, T=T, device=device, error=(p.stderr or p.stdout)[-2000:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if _has_cuda() else "cpu")
+    ap.add_argument("--T", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--modes", nargs="+", default=list(MODES))
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--plain-timeout", type=float, default=240)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json")
+    ap.add_argument("--worker")
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.T[0], a.device, a.reps)))
+        return
+    results = []
+    for T in a.T:
+        for mode in a.modes:
+            r = run_one(mode, T, a.device, a.reps, a.plain_timeout if mode == "plain" else a.timeout)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    _summary(results)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def _has_cuda():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _summary(results):
+    by = {(r["mode"], r["T"]): r for r in results}
+    Ts = sorted({r["T"] for r in results})
+    print("\n   T | mode      | compile s | step ms   | note")
+    for T in Ts:
+        for mode in MODES:
+            r = by.get((mode, T))
+            if r is None:
+                continue
+            if "timeout_s" in r:
+                print(f"{T:5d} | {mode:9s} | > {r['timeout_s']:.0f} s (stopped) |")
+                continue
+            if "error" in r:
+                print(f"{T:5d} | {mode:9s} | error: {r['error'].splitlines()[-1][:80]}")
+                continue
+            print(f"{T:5d} | {mode:9s} | {r['compile_s']:9.2f} | {r['step_ms']:9.3f} | "
+                  f"err vs op {r['max_err_vs_op']:.1e}")
+    print("\nGoals:")
+    for T in Ts:
+        d, rw, ex = by.get(("dynamo", T)), by.get(("rewrite", T)), by.get(("explicit", T))
+        if d and rw and "compile_s" in d and "compile_s" in rw:
+            print(f"  T={T}: rewrite compile {rw['compile_s']:.2f} s vs Dynamo tracing {d['compile_s']:.2f} s "
+                  f"(x{rw['compile_s'] / max(d['compile_s'], 1e-9):.2f}; goal <= x1.20)")
+        if rw and ex and "step_ms" in rw and "step_ms" in ex:
+            print(f"  T={T}: rewrite step {rw['step_ms']:.3f} ms vs explicit op {ex['step_ms']:.3f} ms "
+                  f"({100 * (rw['step_ms'] / ex['step_ms'] - 1):+.1f}%; goal within +-5%)")
+    scans = [(T, by[("scan", T)]["compile_s"]) for T in Ts if "compile_s" in by.get(("scan", T), {})]
+    if scans:
+        print("  scan compile s by T: " + ", ".join(f"T={T}: {c:.2f}" for T, c in scans) + " (goal: flat)")
+
+
+if __name__ == "__main__":
+    main()
