@@ -99,7 +99,7 @@ SIZES = {
     "default": dict(keys=64, values=32, pairs=16, d_model=64, heads=2, slots=256, top_k=8,
                     batch=32, steps=1000, lr=3e-3),
     "small": dict(keys=16, values=16, pairs=6, d_model=64, heads=2, slots=64, top_k=4,
-                  batch=32, steps=150, lr=3e-3),
+                  batch=32, steps=100, lr=6e-3),
 }
 
 
