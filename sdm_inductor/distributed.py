@@ -215,16 +215,46 @@ def _out_placement(col, mode: str) -> Placement:
 
 # ---------------------------------------------------------------- the handler
 
-def _stream_shard(mesh, modes) -> tuple[int, int]:
-    """(index of this rank's stream shard, number of stream shards).
+def _flat(nested) -> list[int]:
+    return [x for item in nested for x in _flat(item)] if isinstance(nested, list) else [nested]
 
-    Shard(0) over several mesh dims splits in mesh-dim order (DTensor's default)."""
-    coord = mesh.get_coordinate()
-    index, count = 0, 1
-    for d, mode in enumerate(modes):
-        if mode == STREAMS:
-            index, count = index * mesh.size(d) + coord[d], count * mesh.size(d)
-    return index, count
+
+def _mesh_ranks(mesh) -> list[int]:
+    """Global ranks of the mesh, row-major: the same list on every rank."""
+    # ``mesh.mesh`` is a view built by tensor ops; under a tracing mode (fake tensors
+    # while torch.compile traces) those would be traced too: read it outside any mode.
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return _flat(mesh.mesh.tolist())
+
+
+@torch.library.custom_op("sdm::stream_shard_index", mutates_args=())
+def stream_shard_index(like: torch.Tensor, mesh_ranks: list[int], mesh_shape: list[int],
+                       dims: list[int]) -> torch.Tensor:
+    """This process's shard index over the mesh dims ``dims`` (mesh-dim order, DTensor's
+    default for Shard(0) on several dims), as a 0-d int64 tensor on ``like``'s device.
+
+    Read from the process's rank when the graph runs, not when it is traced: a compiled
+    graph is cached under a key that holds no rank, so ranks may share one artifact."""
+    flat = mesh_ranks.index(dist.get_rank())
+    coord = []
+    for size in reversed(mesh_shape):
+        flat, c = divmod(flat, size)
+        coord.insert(0, c)
+    index = 0
+    for d in dims:
+        index = index * mesh_shape[d] + coord[d]
+    return torch.tensor(index, dtype=torch.int64, device=like.device)
+
+
+@stream_shard_index.register_fake
+def _(like, mesh_ranks, mesh_shape, dims):
+    return like.new_empty((), dtype=torch.int64)
+
+
+def _stream_dims(modes) -> list[int]:
+    return [d for d, mode in enumerate(modes) if mode == STREAMS]
 
 
 def _global_shape(local: torch.Tensor, placements, mesh):
@@ -255,10 +285,14 @@ def _handler(op_call, args, kwargs):
         if list(t.placements) != want:
             t = t.redistribute(mesh, want)
         local[name] = t.to_local()
-    shard, n_shards = _stream_shard(mesh, modes)
+    dims = _stream_dims(modes)
+    n_shards = math.prod(mesh.size(d) for d in dims)
     rows = local["bank" if "bank" in local else "grad_final"].shape[0]
-    offset = shard * rows
-    if offset:
+    if n_shards > 1:
+        # bank rows of this shard start at shard * rows: indices become rows of the shard
+        shard = stream_shard_index(local["k_idx"], _mesh_ranks(mesh), list(mesh.shape),
+                                   dims)
+        offset = shard.to(local["k_idx"].dtype) * rows
         local["k_idx"] = local["k_idx"] - offset
         local["q_idx"] = local["q_idx"] - offset
     try:
@@ -266,11 +300,15 @@ def _handler(op_call, args, kwargs):
     except SDMArgumentError as e:
         if n_shards == 1:
             raise
+        coord = mesh.get_coordinate()
+        shard = 0
+        for d in dims:
+            shard = shard * mesh.size(d) + coord[d]
         P = local["k_idx"].shape[0]
         raise SDMArgumentError(
             f"{e} [DTensor stream shard {shard} of {n_shards}: global streams "
-            f"[{shard * P}, {(shard + 1) * P}), bank rows [{offset}, {offset + rows}); "
-            f"positions and indices above are local, indices rebased by -{offset}]") from e
+            f"[{shard * P}, {(shard + 1) * P}), bank rows [{shard * rows}, {(shard + 1) * rows}); "
+            f"positions and indices above are local, indices rebased by -{shard * rows}]") from e
     outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
     specs = _OUTPUTS[opname]
     wrapped = tuple(_wrap(o, mesh, [_out_placement(col, m) for m in modes])
