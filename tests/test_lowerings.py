@@ -6,7 +6,9 @@ module-scoped fixtures and every test reuses them.
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import pytest
 import torch
@@ -185,12 +187,24 @@ def test_cpu_module_learned_bank_dynamic_batch_and_length():
 
 # ---------------------------------------------------------------- CUDA
 
-def _triton_kernel_names():
+def _sdm_kernel_names() -> set[str]:
+    """Names of the Triton kernels defined in ``sdm_inductor.kernels``."""
+    import triton
     names = set()
-    for op in lowering.TRITON_OPS.values():
-        for k in torch._library.triton.get_triton_kernels_for_op(f"sdm::{op}"):
-            names.add(getattr(getattr(k, "fn", k), "__name__", str(k)))
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("sdm_inductor.kernels"):
+            for v in vars(mod).values():
+                if isinstance(v, (triton.runtime.JITFunction, triton.runtime.Autotuner)):
+                    names.add(getattr(v, "fn", v).__name__)
     return names
+
+
+def _dump(name: str, code: str):
+    """Keep generated code as evidence when SDM_DUMP_CODE names a folder."""
+    folder = os.environ.get("SDM_DUMP_CODE")
+    if folder:
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(code)
 
 
 @needs_cuda
@@ -206,23 +220,29 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward():
         return loss
 
     _, (fw, bw) = run_and_get_code(step)
+    _dump("cuda_gated_forward.py", fw)
+    _dump("cuda_gated_backward.py", bw)
     assert not extern_calls(fw) and not extern_calls(bw), (extern_calls(fw), extern_calls(bw))
-    names = _triton_kernel_names()
-    in_fw = {n for n in names if n in fw}
-    in_bw = {n for n in names if n in bw}
-    assert in_fw and in_bw, (names, in_fw, in_bw)
+    names = _sdm_kernel_names()
+    in_fw = {n for n in names if re.search(rf"\b{n}\b", fw)}
+    in_bw = {n for n in names if re.search(rf"\b{n}\b", bw)}
+    print("sdm kernels in forward code:", sorted(in_fw), "backward:", sorted(in_bw))
+    assert "_forward_kernel" in in_fw or "_decode_kernel" in in_fw, (names, in_fw)
+    assert in_bw - in_fw, (names, in_bw)
     ref = float_leaves([a.cpu() for a in args])
     y, M = gated_reference(ref)
     (y.square().sum() + (M * M.detach().sin()).sum()).backward()
     for a, r in zip(args, ref):
         if a.requires_grad:
-            assert rel_err(a.grad.cpu(), r.grad) < 1e-3
+            assert rel_err(a.grad.cpu(), r.grad) < 1e-4, (list(a.shape), rel_err(a.grad.cpu(), r.grad))
 
 
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
 def test_cuda_graphs_reduce_overhead():
+    from torch._dynamo.utils import counters
+    counters.clear()
     fn = torch.compile(gated, fullgraph=True, mode="reduce-overhead")
     with torch.no_grad():
         for seed in (1, 2, 3):  # warm-up, record, replay
@@ -230,3 +250,4 @@ def test_cuda_graphs_reduce_overhead():
             y, M = fn(*args)
             y_ref, M_ref = gated_reference([a.cpu() for a in args])
             assert rel_err(y.cpu(), y_ref) < 1e-4 and rel_err(M.cpu(), M_ref) < 1e-4
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
