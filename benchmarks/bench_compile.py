@@ -176,7 +176,7 @@ def bench_model(device, reps, small):
     if small:
         d, B, T, sdm = 32, 2, 64, dict(num_heads=2, slots_per_head=64, top_k=4, key_dim=8)
     else:
-        d, B, T, sdm = 1024, 2, 4096, dict(num_heads=8, slots_per_head=16384, top_k=32,
+        d, B, T, sdm = 1024, 2, 2048, dict(num_heads=8, slots_per_head=16384, top_k=32,
                                            key_dim=32)
     sdm.update(output_gate=True, chunk_size=64)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
