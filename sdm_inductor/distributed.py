@@ -41,7 +41,10 @@ op gets ``k_idx - r0`` and ``q_idx - r0``: rows of its own shard, with its own s
 numbered from 0, which is exactly the layout the op checks. So a DTensor call and a
 one-process call with ``full_tensor()`` of every argument give the same result; an index
 outside its stream's rows is refused on the rank that holds it, and the error says which
-shard and by how much the indices were rebased.
+shard and by how much the indices were rebased. The shard's position is read from the
+process's rank when the op runs (``sdm::stream_shard_index``), never baked in while
+tracing: torch.compile caches a graph under a key without the rank, and ranks on one host
+share that cache.
 
 The rebase is data-dependent per rank, which a pure sharding rule
 (``register_sharding``: the same op on the local shards) cannot express. DTensor's own
@@ -78,7 +81,7 @@ from torch.distributed.tensor.experimental import register_sharding
 from . import ops  # noqa: F401  (defines torch.ops.sdm)
 from .validation import SDMArgumentError, _fail
 
-__all__ = ["STREAMS", "COLUMNS", "REPLICATE", "plan"]
+__all__ = ["STREAMS", "COLUMNS", "REPLICATE", "plan", "stream_shard_index"]
 
 STREAMS, COLUMNS, REPLICATE = "streams", "columns", "replicate"
 

@@ -168,7 +168,7 @@ def _check_against_one_process(ins, dt_args, sph, tol, label, **kw):
     wy = torch.randn(ins.v.shape, generator=torch.Generator().manual_seed(7)).to(ins.v.dtype)
     wM = torch.randn(ins.bank.shape, generator=torch.Generator().manual_seed(8)).to(ins.bank.dtype)
     y0, M0, g0 = _fwd_bwd(list(ins), sph, (wy, wM), **kw)
-    dw = [distribute_tensor(w, mesh, [Replicate()]) for w in (wy, wM)]
+    dw = [distribute_tensor(w, mesh, [Replicate()] * mesh.ndim) for w in (wy, wM)]
     y, M, grads = _fwd_bwd(dt_args, sph, dw, **kw)
     _close(y, y0, tol, f"{label}: readings")
     _close(M, M0, tol, f"{label}: final bank")
@@ -216,6 +216,12 @@ def _dtensor_worker(rank, world):
     mixed = [R, S0, S0, [Shard(1)], S0, S0, S0, S0]
     y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh, mixed), sph, 1e-6, "mixed")
     assert y.placements == (Shard(0),) and M.placements == (Shard(0),)
+
+    # a 2-D mesh: streams split over its second dim (the shard index comes from that dim)
+    mesh2 = init_device_mesh("cpu", (1, world))
+    y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh2, [[Replicate(), Shard(0)]] * 8),
+                                         sph, 1e-6, "2-D mesh")
+    assert y.placements == (Replicate(), Shard(0)) and M.placements == (Replicate(), Shard(0))
 
     # a shared bank cannot be split by streams: replicated, and still right
     y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh, [S0] * 8), 0, 1e-6,
