@@ -40,7 +40,8 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     scratch_ptr, saved_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    SAVE: tl.constexpr, PREC: tl.constexpr):
+                    SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7):
+    # PASSES (profiling only): bit 1 gathers, 2 matmuls, 4 row writes
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -56,11 +57,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         seg = b.to(tl.int64) * C * E
         sv = (c * P + p).to(tl.int64) * C          # saved position of the chunk's token 0
         # pass A: r0 and inter from the chunk-start rows; u = beta (v - r0)
-        for t0 in range(0, C, TB):
+        for t0 in range(0, C * (PASSES & 1), TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
-            r0 = tl.zeros([TB, BD], tl.float32)
-            inter = tl.zeros([TB, BD], tl.float32)
+            # products accumulate per entry lane; one reduction per token tile
+            r3 = tl.zeros([TB, EW, BD], tl.float32)
+            i3 = tl.zeros([TB, EW, BD], tl.float32)
             sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
             for e0 in range(0, E, EW):
                 ents = e0 + tl.arange(0, EW)
@@ -74,8 +76,10 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                              mask=(tm[:, None] & (ents < E)[None, :])[:, :, None] & cm[None, None, :])
                 x = w_cur[:, :, None] * rows.to(tl.float32)
                 is_w = (ents < W)[None, :, None]
-                r0 += tl.sum(tl.where(is_w, x, 0.0), axis=1)
-                inter += tl.sum(tl.where(is_w, 0.0, x), axis=1)
+                r3 += tl.where(is_w, x, 0.0)
+                i3 += tl.where(is_w, 0.0, x)
+            r0 = tl.sum(r3, axis=1)
+            inter = tl.sum(i3, axis=1)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -86,7 +90,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             tl.store(scr_i + toks[:, None] * BD + sc[None, :], inter, mask=tm[:, None])
         tl.debug_barrier()
         # pass B: deltas and readings
-        for t0 in range(0, C, TB):
+        for t0 in range(0, C * ((PASSES >> 1) & 1), TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             y = tl.load(scr_i + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
@@ -107,7 +111,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         tl.debug_barrier()
         # pass C: each distinct written slot once, by the lane owning its run
         rb = b.to(tl.int64) * C * W
-        for f0 in range(0, C * W, NG):
+        for f0 in range(0, C * W * ((PASSES >> 2) & 1), NG):
             pos = f0 + tl.arange(0, NG)
             fm = pos < C * W
             sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
@@ -116,8 +120,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
             wm = (sl >= 0)[:, None] & cm[None, :]
             old = tl.load(bank_ptr + ro, mask=wm, other=0.0)     # issued before the sums
-            acc = tl.zeros([NG, BD], tl.float32)
-            m = 0
+            # the run's first member sits at the run start: no extra round trip for it
+            tk = tl.load(run_tok_ptr + rb + pos, mask=fm, other=0)
+            cf = tl.load(run_coef_ptr + rb + pos, mask=fm, other=0.0)
+            acc = cf[:, None] * tl.load(scr_d + tk[:, None] * BD + sc[None, :],
+                                        mask=(sl >= 0)[:, None], other=0.0)
+            m = 1
             while m < tl.max(ln, axis=0):  # data-dependent trip count (longest run)
                 mm = m < ln
                 tk = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
