@@ -5,7 +5,7 @@
 
 The model is ``SparseDeltaMemory(naive=True)``: its recurrence is the plain PyTorch
 token loop of SDM_SPEC section 1 (``M[idx]``, ``index_put``, mul + sum per token), the
-code a user writes first. ``sdm_inductor.patterns.explain`` shows what the rewrite
+code a user writes first. ``sdm_inductor.explain`` shows what the rewrite
 recognises; ``torch.compile`` then replaces the unrolled loop by one call of
 ``torch.ops.sdm.write_read``. The compiled training step is checked against eager and
 timed against it.
@@ -60,7 +60,7 @@ def main(argv=None):
           f"{sdm['num_heads'] * T} unrolled token steps, device {dev}")
 
     t0 = time.perf_counter()
-    report = sdm_inductor.patterns.explain(layer, x)
+    report = sdm_inductor.explain(layer, x)
     print(f"\nexplain ({time.perf_counter() - t0:.1f}s):\n{report}\n")
     if not report.rewritten:
         raise SystemExit("the rewrite did not recognise the naive token loop")
