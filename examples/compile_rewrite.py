@@ -1,6 +1,6 @@
 """``torch.compile`` turns the naive token loop of a model into the fused op.
 
-    python examples/compile_rewrite.py            # 2 heads x 32 tokens
+    python examples/compile_rewrite.py            # 2 heads x 16 tokens
     python examples/compile_rewrite.py --small    # CI size
 
 The model is ``SparseDeltaMemory(naive=True)``: its recurrence is the plain PyTorch
@@ -53,7 +53,7 @@ def main(argv=None):
     if args.small:
         d, T, sdm = 32, 8, dict(num_heads=2, slots_per_head=16, top_k=4, key_dim=8, chunk_size=16)
     else:
-        d, T, sdm = 64, 32, dict(num_heads=2, slots_per_head=64, top_k=4, key_dim=16, chunk_size=16)
+        d, T, sdm = 64, 16, dict(num_heads=2, slots_per_head=64, top_k=4, key_dim=16, chunk_size=16)
     layer = SparseDeltaMemory(d, naive=True, output_gate=True, **sdm).to(dev)
     x = torch.randn(1, T, d, device=dev)
     print(f"SparseDeltaMemory(naive=True): {sdm['num_heads']} heads x {T} tokens = "

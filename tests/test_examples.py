@@ -10,15 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run_example(name: str, *args: str, timeout: int = 240) -> str:
+def run_example(name: str, *args: str, timeout: int = 240, device: str = "cpu") -> str:
     # One thread: these are many tiny ops, where OpenMP threads only add overhead (and on
     # a loaded 2-core machine make a run many times slower).
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(EXAMPLES / name), "--small", "--device", "cpu", *args],
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), "--small", "--device", device, *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return proc.stdout
@@ -44,7 +45,10 @@ def test_decode():
 
 
 def test_train_recall_learns():
-    out = run_example("train_recall.py")
+    check_learned(run_example("train_recall.py"))
+
+
+def check_learned(out: str) -> None:
     first = number(r"loss: first step ([\d.]+)", out)
     final = number(r"-> held-out ([\d.]+)", out)
     acc = number(r"recall accuracy \(held-out[^)]*\): ([\d.]+)", out)
@@ -68,3 +72,18 @@ def test_export_aoti():
     for t, t_out, err in lengths:
         assert t == t_out and float(err) < 1e-5, (t, t_out, err)
     assert "OK: the AOTInductor package reloaded" in out
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name,expect", [
+    ("quickstart.py", "OK: the op matches the token loop"),
+    ("decode.py", "OK: decoding with the cache equals the full forward"),
+    ("train_recall.py", "recall accuracy"),
+])
+def test_examples_on_cuda(name, expect):
+    out = run_example(name, device="cuda")
+    assert expect in out
+    assert "device cuda" in out
+    if name == "train_recall.py":
+        check_learned(out)
