@@ -286,7 +286,10 @@ def _handler(op_call, args, kwargs):
     for name, t in tensors.items():
         want = [_placement(name, m) for m in modes]
         if list(t.placements) != want:
-            t = t.redistribute(mesh, want)
+            # below autograd already (the op's autograd wraps this call): nothing to record.
+            # Detached, because torch 2.11 would detach_ the output in place, an op its
+            # DTensor has no rule for.
+            t = t.detach().redistribute(mesh, want)
         local[name] = t.to_local()
     dims = _stream_dims(modes)
     n_shards = math.prod(mesh.size(d) for d in dims)
