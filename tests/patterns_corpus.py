@@ -443,9 +443,97 @@ def p_scan(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return outs, M
 
 
+
+# ============================================================================ streams batched in each step
+
+B = 2
+
+
+def inputs_batched(T=T, dtype=torch.float32, seed=0, flat=False, requires_grad=False):
+    """B streams of S // B rows each: a [B, S/B, hd] bank (or a flat [S, hd] one), local
+    write/read slots [B, T, W] / [B, T, R]."""
+    gen = torch.Generator().manual_seed(seed)
+    n = S // B
+    d = dict(
+        M=torch.randn(B * n, HD, generator=gen).to(dtype) if flat else torch.randn(B, n, HD, generator=gen).to(dtype),
+        k_idx=torch.stack([torch.stack([torch.randperm(n, generator=gen)[:W] for _ in range(T)]) for _ in range(B)]),
+        k_val=torch.randn(B, T, W, generator=gen).to(dtype) * 0.5,
+        v=torch.randn(B, T, HD, generator=gen).to(dtype),
+        beta=(torch.rand(B, T, generator=gen) * 0.9).to(dtype),
+        g=(-torch.rand(B, T, W, generator=gen) * 0.5).to(dtype),
+        q_idx=torch.randint(0, n, (B, T, R), generator=gen),
+        q_val=torch.randn(B, T, R, generator=gen).to(dtype),
+    )
+    if requires_grad:
+        for k in ("M", "k_val", "v", "beta", "g", "q_val"):
+            d[k].requires_grad_(True)
+    return d
+
+
+def p_batched_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """A [B, S, hd] bank indexed per batch: M[arange(B)[:, None], idx[:, t]]."""
+    M = M.clone()
+    b = torch.arange(M.shape[0])[:, None]
+    outs = []
+    for t in range(k_idx.shape[1]):
+        rows = M[b, k_idx[:, t]]                                   # [B, W, hd]
+        dec = rows * torch.exp(g[:, t])[..., None]
+        ret = torch.einsum("bw,bwd->bd", k_val[:, t], dec)
+        delta = beta[:, t, None] * (v[:, t] - ret)
+        M[b, k_idx[:, t]] = dec + k_val[:, t, :, None] * delta[:, None, :]
+        outs.append((q_val[:, t, :, None] * M[b, q_idx[:, t]]).sum(1))
+    return torch.stack(outs, 1), M
+
+
+def p_flat_offsets(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """A flat bank with per-stream row offsets, gather/scatter along rows."""
+    off = (torch.arange(k_idx.shape[0]) * (M.shape[0] // k_idx.shape[0]))[:, None]
+    outs = []
+    for t in range(k_idx.shape[1]):
+        idx = k_idx[:, t] + off                                   # [B, W] global rows
+        rows = M[idx]
+        dec = rows * torch.exp(g[:, t]).unsqueeze(-1)
+        ret = torch.bmm(k_val[:, t].unsqueeze(1), dec).squeeze(1)
+        delta = beta[:, t].unsqueeze(-1) * (v[:, t] - ret)
+        M = M.index_put((idx,), dec + k_val[:, t].unsqueeze(-1) * delta.unsqueeze(1))
+        outs.append(torch.bmm(q_val[:, t].unsqueeze(1), M[q_idx[:, t] + off]).squeeze(1))
+    return torch.stack(outs, 1), M
+
+
+def n_streams_mixed(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """Each stream retrieves from the rows of the other stream (a roll over the batch)."""
+    M = M.clone()
+    b = torch.arange(M.shape[0])[:, None]
+    outs = []
+    for t in range(k_idx.shape[1]):
+        rows = M[b, k_idx[:, t]]
+        dec = rows * torch.exp(g[:, t])[..., None]
+        ret = torch.einsum("bw,bwd->bd", k_val[:, t], dec).roll(1, 0)
+        delta = beta[:, t, None] * (v[:, t] - ret)
+        M[b, k_idx[:, t]] = dec + k_val[:, t, :, None] * delta[:, None, :]
+        outs.append((q_val[:, t, :, None] * M[b, q_idx[:, t]]).sum(1))
+    return torch.stack(outs, 1), M
+
+
+def n_streams_summed_reading(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The reading sums over the streams (a reading of the whole batch)."""
+    M = M.clone()
+    b = torch.arange(M.shape[0])[:, None]
+    outs = []
+    for t in range(k_idx.shape[1]):
+        rows = M[b, k_idx[:, t]]
+        dec = rows * torch.exp(g[:, t])[..., None]
+        delta = beta[:, t, None] * (v[:, t] - torch.einsum("bw,bwd->bd", k_val[:, t], dec))
+        M[b, k_idx[:, t]] = dec + k_val[:, t, :, None] * delta[:, None, :]
+        outs.append(torch.einsum("br,brd->d", q_val[:, t], M[b, q_idx[:, t]]))
+    return torch.stack(outs), M
+
+
 POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
              p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
              p_two_readings_scaled, p_negated_delta, p_scan]
+BATCHED = [p_batched_bank, p_flat_offsets]
+BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading]
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
                n_beta_on_v_only, n_write_other_slots, n_sigmoid_decay, n_states_kept,

@@ -66,9 +66,38 @@ def test_near_miss_left_alone_and_equal(fn):
     _close(out, fn(**d), torch.float32)
 
 
+@pytest.mark.parametrize("fn", C.BATCHED, ids=lambda f: f.__name__)
+def test_streams_batched_in_each_step(fn):
+    """B streams per step: a [B, S, hd] bank indexed per batch, a flat bank with offsets.
+    Gradients too (the op's backward through the stream layout)."""
+    d = C.inputs_batched(seed=17, flat=fn is C.p_flat_offsets, requires_grad=True)
+    out = fn(**d)
+    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
+    ref_out = tuple(o.detach() for o in out)
+    ref = {k: t.grad.clone() for k, t in d.items() if t.grad is not None}
+    for t in d.values():
+        t.grad = None
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    assert len(report.rewritten) == 1, str(report)
+    _close(out, ref_out, torch.float32)
+    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
+    for k in ref:
+        torch.testing.assert_close(d[k].grad, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize("fn", C.BATCHED_NEAR_MISSES, ids=lambda f: f.__name__)
+def test_streams_near_miss(fn):
+    d = C.inputs_batched(seed=19)
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    assert not report.rewritten and report.rejected, str(report)
+    _close(out, fn(**d), torch.float32)
+
+
 def test_corpus_sizes():
-    assert len(C.POSITIVES) + 2 >= 12   # + the Projected and DecodeStep modules below
-    assert len(C.NEAR_MISSES) >= 15
+    assert len(C.POSITIVES) + len(C.BATCHED) + 2 >= 12   # + the Projected and DecodeStep modules
+    assert len(C.NEAR_MISSES) + len(C.BATCHED_NEAR_MISSES) >= 15
 
 
 @pytest.mark.parametrize("fn", [C.p_setitem_mulsum, C.p_gather_scatter_outer, C.p_scan],

@@ -102,11 +102,14 @@ class Sym:
 
     @staticmethod
     def rows(space: LabelSpace, bank: BankVal, idx: "Sym") -> "Sym":
-        """``bank[idx]`` for a 1-D index that is a single atom (the rows it selects)."""
-        atom, row = idx.single_atom_1d()
-        col = space.fresh(bank.shape[1])
-        factor = Factor("bank", (bank.bank_id, bank.version, atom), (row, col))
-        return Sym((idx.shape[0], bank.shape[1]), (row, col), [Term(1.0, (factor,))])
+        """``bank[idx]`` for an index that is one atom of rows: ``[W]``, or ``[B, W]`` (one
+        row set per stream: a flat bank with per-stream rows, or a ``[B, S, hd]`` bank
+        indexed per batch). Result ``idx.shape + (hd,)``; the bank factor is labelled by
+        the index's live labels and a column label."""
+        atom, live = index_atom(idx)
+        col = space.fresh(bank.shape[-1])
+        factor = Factor("bank", (bank.bank_id, bank.version, atom), tuple(live) + (col,))
+        return Sym(tuple(idx.shape) + (bank.shape[-1],), tuple(idx.axes) + (col,), [Term(1.0, (factor,))])
 
     @staticmethod
     def scalar(value: float) -> "Sym":
@@ -118,19 +121,6 @@ class Sym:
 
     def bank_refs(self) -> set:
         return {f.ref for t in self.terms for f in t.bank_factors()}
-
-    def single_atom_1d(self):
-        """(atom, label) when this is exactly a 1-D atom (possibly viewed), else raise."""
-        if len(self.shape) != 1 or len(self.terms) != 1:
-            raise NotSymbolic("index is not a single 1-D tensor")
-        t = self.terms[0]
-        if t.coef != 1.0 or t.bound or len(t.factors) != 1 or t.factors[0].kind != "atom":
-            raise NotSymbolic("index is computed, not a tensor of indices")
-        f = t.factors[0]
-        live = [lb for lb in f.labels if lb is not None]
-        if live != ([self.axes[0]] if self.axes[0] is not None else []):
-            raise NotSymbolic("index tensor is not 1-D along its only axis")
-        return f.ref, self.axes[0]
 
     # ---------------------------------------------------------------- helpers
     def fresh_copy(self, space: LabelSpace) -> "Sym":
@@ -144,6 +134,20 @@ class Sym:
     def relabel(self, sub: dict) -> "Sym":
         return Sym(self.shape, tuple(sub.get(a, a) for a in self.axes),
                    [t.relabel(sub) for t in self.terms])
+
+
+def index_atom(idx: Sym):
+    """(atom, live labels) when ``idx`` is one tensor of indices (up to size-1 dims), else raise."""
+    if len(idx.terms) != 1:
+        raise NotSymbolic("index is computed, not a tensor of indices")
+    t = idx.terms[0]
+    if t.coef != 1.0 or t.bound or len(t.factors) != 1 or t.factors[0].kind != "atom":
+        raise NotSymbolic("index is computed, not a tensor of indices")
+    f = t.factors[0]
+    live = [lb for lb in f.labels if lb is not None]
+    if live != [a for a in idx.axes if a is not None] or len(live) > 2:
+        raise NotSymbolic("index is a permuted or broadcast tensor of indices")
+    return f.ref, tuple(live)
 
 
 # ---------------------------------------------------------------- primitives

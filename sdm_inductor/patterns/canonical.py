@@ -46,6 +46,7 @@ class WriteRoles:
     v: list            # RoleFactors along 'd'
     W: int
     hd: int
+    streams: int = 0   # B for a step of B streams at once, 0 for one stream
 
     @property
     def per_write_gate(self) -> bool:
@@ -60,6 +61,7 @@ class ReadRoles:
     R: int
     version: int
     shape: tuple = field(default=())
+    streams: int = 0
 
 
 def _split(t, names: dict):
@@ -78,14 +80,19 @@ def _live(rf: RoleFactor) -> set:
 
 
 def _by_axis(factors, where: str):
+    """Factors grouped by the step axis they run along ('w', 'd', 'u', 'r' or '' for a
+    scalar); the stream axis 's' may come with any of them."""
     parts = {"w": [], "d": [], "": [], "u": [], "r": []}
     for rf in factors:
         live = _live(rf)
-        if len(live) > 1 or "?" in live:
+        if "?" in live:
+            raise Reject(f"{where}: a tensor runs along an axis foreign to the step ({rf.atom.node})")
+        axis = live - {"s"}
+        if len(axis) > 1:
             raise Reject(f"{where}: a tensor mixes two axes of the step ({rf.atom.node})")
-        if len(live) == 1 and sum(lb is not None for lb in rf.labels) > 1:
+        if len(live) != sum(lb is not None for lb in rf.labels):
             raise Reject(f"{where}: a diagonal of a tensor ({rf.atom.node})")
-        parts["".join(live)].append(rf)
+        parts["".join(axis)].append(rf)
     return parts
 
 
@@ -102,13 +109,16 @@ def _close(a: float, b: float) -> bool:
 
 
 def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
-    """Roles of a canonical write of ``vals`` into rows ``idx`` of state ``version``."""
-    if len(vals.shape) != 2:
-        raise Reject(f"written rows have shape {list(vals.shape)}, expected [W, hd]")
-    W, hd = vals.shape
-    lw, ld = vals.axes
-    if lw is None:
-        raise Reject("one write slot per token (W = 1) is not recognised")
+    """Roles of a canonical write of ``vals`` (``[W, hd]``, or ``[B, W, hd]`` for B
+    streams) into rows ``idx`` of state ``version``."""
+    live = [(n, lb) for n, lb in zip(vals.shape, vals.axes) if lb is not None]
+    if len(live) not in (2, 3):
+        raise Reject(f"written rows have shape {list(vals.shape)}, expected [W, hd] or [B, W, hd]"
+                     + (" (one write slot per token, W = 1, is not recognised)" if len(live) == 1 else ""))
+    *lead, ld = [lb for _, lb in live]
+    ls, lw = (None, lead[0]) if len(lead) == 1 else lead
+    hd = live[-1][0]
+    W = live[-2][0]
     D, B, C = [], [], []
     for t in vals.terms:
         bank = t.bank_factors()
@@ -122,15 +132,15 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
                          "(a reading fed back into a later token?)")
         if atom.key != idx.key:
             raise Reject("the written rows combine bank rows read at other slots than the ones written")
-        row, col = f.labels
+        *rlead, col = f.labels
         if col != ld:
             raise Reject("bank columns are mixed (the step is not separable by column)")
-        if row == lw and row not in t.bound:
+        if tuple(rlead) == tuple(lead) and not (set(rlead) & t.bound):
             D.append(t)
-        elif row in t.bound:
+        elif len(rlead) == len(lead) and rlead[-1] in t.bound and tuple(rlead[:-1]) == tuple(lead[:-1]):
             C.append(t)
         else:
-            raise Reject("bank rows enter the write along an unexpected axis")
+            raise Reject("bank rows enter the write along an unexpected axis (rows of another stream?)")
     if len(D) != 1:
         raise Reject("the written rows do not keep the old row once (decay term: "
                      f"{len(D)} terms): not a delta-rule update")
@@ -141,10 +151,10 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
     if len(B) != 1:
         raise Reject("the written rows hold no single value term beta * k * v")
     d, b, c = D[0], B[0], C[0]
-    u = next(iter(c.bound - {lb for lb in c.bound if lb != c.bank_factors()[0].labels[0]}))
+    u = c.bank_factors()[0].labels[-2]
     if d.bound or b.bound or c.bound != {u} or not _close(d.coef, 1.0):
         raise Reject("the old row is scaled by a number or summed in the decay term")
-    names = {lw: "w", ld: "d", u: "u"}
+    names = {lw: "w", ld: "d", u: "u"} | ({ls: "s"} if ls is not None else {})
     dparts = _by_axis(_split(d, names), "decay term")
     a_f = dparts["w"] + dparts[""]
     if dparts["d"] or len(a_f) > 1:
@@ -164,25 +174,24 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
                      "(delta = beta * (v - retrieved))")
     if _ms(cparts["w"]) != _ms(k):
         raise Reject("the delta is spread over the written rows with other weights than in the value term")
-    want_u = _relabel(k, "w", "u") + ([_relabel([gate], "w", "u")[0]] if gate is not None and "w" in gate.labels else [])
-    want_s = list(beta) + ([gate] if gate is not None and "w" not in gate.labels else [])
+    per_write = gate is not None and "w" in gate.labels
+    want_u = _relabel(k, "w", "u") + (_relabel([gate], "w", "u") if per_write else [])
+    want_s = list(beta) + ([gate] if gate is not None and not per_write else [])
     if _ms(cparts["u"]) != _ms(want_u) or _ms(cparts[""]) != _ms(want_s):
-        have = {"retrieval weights": _ms(cparts["u"]), "retrieval scalars": _ms(cparts[""])}
-        if gate is not None and _ms(cparts["u"]) == _ms(_relabel(k, "w", "u")) and "w" in gate.labels:
+        if per_write and _ms(cparts["u"]) == _ms(_relabel(k, "w", "u")):
             raise Reject("the retrieval reads the rows before their decay (spec: retrieve from decayed rows)")
-        raise Reject("the retrieval uses other weights or gates than the write "
-                     f"({sum(have['retrieval weights'].values())} weight factors, expected {len(want_u)})")
-    return WriteRoles(idx, k, gate, beta, b.coef, v, W, hd)
+        raise Reject("the retrieval uses other weights or gates than the write")
+    return WriteRoles(idx, k, gate, beta, b.coef, v, W, hd, streams=vals.shape[0] if ls is not None else 0)
 
 
 def match_read(val: Sym, bank_id: int) -> ReadRoles:
-    """Roles of a canonical reading (a weighted sum of rows of one bank state)."""
-    live = [(i, lb) for i, lb in enumerate(val.axes) if lb is not None]
-    if len(live) != 1 or len(val.terms) != 1:
+    """Roles of a canonical reading (a weighted sum of rows of one bank state), ``[hd]``
+    or ``[B, hd]`` for B streams (size-1 dims aside)."""
+    live = [lb for lb in val.axes if lb is not None]
+    if len(live) not in (1, 2) or len(val.terms) != 1:
         raise Reject(f"a bank-dependent value of shape {list(val.shape)} leaves the loop and "
                      "is not a reading (sum_r q[r] * M[q_idx[r]])")
     (t,) = val.terms
-    (_, ld), = live
     bank = t.bank_factors()
     if len(bank) != 1:
         raise Reject("a value that leaves the loop does not read the bank linearly")
@@ -190,16 +199,24 @@ def match_read(val: Sym, bank_id: int) -> ReadRoles:
     bid, ver, atom = f.ref
     if bid != bank_id:
         raise Reject("a reading mixes two banks")
-    row, col = f.labels
+    *rlead, col = f.labels
+    ld = live[-1]
+    ls = live[0] if len(live) == 2 else None
     if col != ld:
         raise Reject("a reading mixes bank columns")
-    if t.bound != ({row} if row is not None else set()):
+    row = rlead[-1] if rlead else None
+    if ls is not None and (len(rlead) != 2 or rlead[0] != ls):
+        raise Reject("a reading of several streams mixes their rows")
+    if ls is None and len(rlead) > 1:
+        raise Reject("a reading sums over streams")
+    if t.bound != ({row} if row is not None and row != ls else set()):
         raise Reject("a reading sums over other axes than the read slots")
     if ver == 0:
         raise Reject("the bank is read before the first token's write (read before write)")
-    names = {ld: "d"} | ({row: "r"} if row is not None else {})
+    names = {ld: "d"} | ({row: "r"} if row is not None else {}) | ({ls: "s"} if ls is not None else {})
     parts = _by_axis(_split(t, names), "reading")
     if parts["d"] or parts["w"] or parts["u"]:
         raise Reject("a reading is scaled along the value dim")
-    R = atom.shape[0] if atom.shape else 1
-    return ReadRoles(atom, parts["r"] + parts[""], t.coef, R, ver, tuple(val.shape))
+    R = [n for n in atom.shape if n != 1][-1] if any(n != 1 for n in atom.shape) else 1
+    return ReadRoles(atom, parts["r"] + parts[""], t.coef, R, ver, tuple(val.shape),
+                     streams=val.shape[[i for i, a in enumerate(val.axes) if a == ls][0]] if ls else 0)

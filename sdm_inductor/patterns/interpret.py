@@ -151,6 +151,12 @@ class Analysis:
             self._keys[node] = key
         return key
 
+    def virtual_atom(self, raw_key, node: fx.Node, shape) -> Sym:
+        """An atom for the value ``raw_key`` computes, of ``shape``, materialised by
+        reshaping ``node`` (same elements, other size-1 dims)."""
+        key = self._intern.setdefault(raw_key, len(self._intern))
+        return Sym.atom(self.space, Atom(key, node, tuple(shape)))
+
     def leaf(self, node: fx.Node) -> Sym | None:
         shape = self.fe.shape(node)
         if shape is None:
@@ -191,7 +197,7 @@ class Analysis:
             return
         if node in self.roots and not dep and node.op != "output":
             shape = self.fe.shape(node)
-            if shape is not None and len(shape) == 2:
+            if shape is not None and len(shape) in (2, 3):
                 bid = len(self.banks)
                 self.banks[bid] = Bank(bid, node, shape, self.fe.dtype(node))
                 self.env[node] = BankVal(bid, 0, shape)
@@ -255,6 +261,8 @@ class Analysis:
             out = Opaque(dep)
             if op.inplace:
                 self.env[op.target] = out
+                if not dep:
+                    self.volatile.add(op.target)
             self._set(node, out if not op.inplace or self.fe.returns_self(node) else None)
             return
         bank = self.banks[tv.bank_id]
@@ -262,11 +270,11 @@ class Analysis:
         try:
             if not isinstance(op.vals, Sym) or not isinstance(op.idx, Sym):
                 raise Reject(f"the written rows are not linear in the bank ({self.fe.describe(node)})")
-            atom, _ = _index_atom(op.idx)
-            W = op.idx.shape[0]
-            vals = A.expand(self.space, op.vals, (W, bank.shape[1]))
-            if op.accumulate:
-                vals = A.add(self.space, Sym.rows(self.space, tv, _idx_sym(self.space, atom)), vals)
+            atom, _ = A.index_atom(op.idx)
+            rows = Sym.rows(self.space, tv, op.idx)
+            vals = A.expand(self.space, op.vals, rows.shape)
+            # written values aligned with the rows' axes (the index decides the row axes)
+            vals = A.add(self.space, A.scale(rows, 0.0), vals) if not op.accumulate else A.add(self.space, rows, vals)
             if tv.version in bank.writes:
                 raise Reject("one bank state is written twice (the chain branches)")
             if op.inplace and op.target is bank.root:
@@ -371,27 +379,12 @@ def Counterish(factors):
     return Counter(rf.sig() for rf in factors)
 
 
-def _index_atom(idx: Sym):
-    """(atom, label) of an index tensor used for rows: 1-D, or [W, ...] broadcast along
-    the other dims (the index of ``scatter``/``gather``)."""
-    if len(idx.shape) == 1:
-        return idx.single_atom_1d()
-    if len(idx.terms) != 1:
-        raise NotSymbolic("computed row index")
-    t = idx.terms[0]
-    if t.coef != 1.0 or t.bound or len(t.factors) != 1 or t.factors[0].kind != "atom":
-        raise NotSymbolic("computed row index")
-    f = t.factors[0]
-    live = [lb for lb in f.labels if lb is not None]
-    if live != [idx.axes[0]] or idx.axes[0] is None:
+def drop_columns(idx: Sym) -> Sym:
+    """The index of ``gather``/``scatter`` along rows has the values' shape; it must not
+    vary along the last (column) dim, which is dropped here."""
+    last = idx.axes[-1] if idx.axes else None
+    if not idx.shape:
+        raise NotSymbolic("scalar index")
+    if last is not None and any(last in t.labels() for t in idx.terms):
         raise NotSymbolic("the row index varies along the columns")
-    if len([d for d in f.ref.shape if d != 1]) != 1:
-        raise NotSymbolic("the row index is not a vector of rows")
-    return f.ref, idx.axes[0]
-
-
-def _idx_sym(space, atom: Atom) -> Sym:
-    """A 1-D Sym of the index atom (its size-1 dims dropped)."""
-    s = Sym.atom(space, atom)
-    W = max(atom.shape) if atom.shape else 1
-    return A.reshape(space, s, (W,))
+    return Sym(tuple(idx.shape[:-1]), tuple(idx.axes[:-1]), idx.terms)

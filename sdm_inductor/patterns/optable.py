@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from . import algebra as A
 from .algebra import BankVal, NotSymbolic, Sym
-from .interpret import WriteOp
+from .interpret import WriteOp, drop_columns
 
 __all__ = ["TorchOps", "AtenOps"]
 
@@ -82,6 +82,8 @@ class _Base:
             return ("attr", node.target)
         if node.op not in ("call_function", "call_method") or _is_impure(node):
             return None
+        if node.target is operator.getitem:
+            return getitem_key(node.args[0], node.args[1], key)
         return (node.op, _name(node.target), _hashable(node.args, key), _hashable(node.kwargs, key))
 
     def describe(self, node: fx.Node) -> str:
@@ -101,6 +103,16 @@ class _Base:
         if s is None:
             raise NotSymbolic("output shape unknown or dynamic")
         return s
+
+
+def getitem_key(base, idx, key):
+    """Value key of ``base[idx]``: ``x[:, t, :]`` and ``x[:, t]`` are one value."""
+    if isinstance(idx, tuple):
+        idx = list(idx)
+        while idx and idx[-1] == slice(None):
+            idx.pop()
+        idx = idx[0] if len(idx) == 1 and not isinstance(idx[0], (slice, type(None))) else tuple(idx)
+    return ("call_function", "getitem", _hashable(base, key), _hashable(idx, key))
 
 
 def _dim_arg(node, pos, name, default=None):
@@ -176,8 +188,8 @@ class TorchOps(_Base):
     def _advanced(self, idx) -> bool:
         if isinstance(idx, fx.Node):
             return isinstance(idx.meta.get(self.META), torch.Tensor)
-        if isinstance(idx, tuple) and len(idx) == 1:
-            return self._advanced(idx[0])
+        if isinstance(idx, tuple) and 1 <= len(idx) <= 2:
+            return all(self._advanced(i) for i in idx)
         return False
 
     def inplace_target(self, node):
@@ -200,8 +212,10 @@ class TorchOps(_Base):
         if t is operator.setitem:
             if not self._advanced(node.args[1]):
                 return None
-            idx = node.args[1][0] if isinstance(node.args[1], tuple) else node.args[1]
-            return WriteOp(node.args[0], self.sym(an, idx), self._vals(an, node.args[2]), False, True)
+            if not isinstance(an.value(node.args[0]), BankVal):
+                return WriteOp(node.args[0], None, None, False, True)
+            return WriteOp(node.args[0], bank_index(an, an.value(node.args[0]), node.args[1]),
+                           self._vals(an, node.args[2]), False, True)
         if k is None:
             if t in (torch.exp, "exp"):
                 x = an.value(node.args[0])
@@ -221,37 +235,63 @@ class TorchOps(_Base):
     def _write(self, an, node, k, inplace):
         a = node.args
         kw = node.kwargs
+        bank = an.value(a[0])
+        if not isinstance(bank, BankVal):
+            return WriteOp(a[0], None, None, False, inplace)     # not a tracked bank: rejected there
         if k == "index_put":
-            idx = a[1]
-            if not isinstance(idx, (tuple, list)) or len(idx) != 1:
-                raise NotSymbolic("index_put with more than one index tensor")
             acc = bool(_dim_arg(node, 3, "accumulate", False))
-            return WriteOp(a[0], self.sym(an, idx[0]), self._vals(an, _dim_arg(node, 2, "values")), acc, inplace)
+            return WriteOp(a[0], bank_index(an, bank, tuple(a[1])), self._vals(an, _dim_arg(node, 2, "values")),
+                           acc, inplace)
+        nd = len(bank.shape) if isinstance(bank, BankVal) else 2
         dim = _dim_arg(node, 1, "dim")
-        if dim not in (0, -2):
+        if dim not in (nd - 2, -2):
             raise NotSymbolic(f"{k} along dim {dim}")
         src = _dim_arg(node, 3, "source" if k.startswith("index") else "src")
         if kw.get("alpha", 1) != 1 or (k == "index_add" and len(a) > 4 and a[4] != 1):
             raise NotSymbolic("index_add with alpha")
         if kw.get("reduce") is not None:
             raise NotSymbolic("scatter with reduce")
-        return WriteOp(a[0], self.sym(an, _dim_arg(node, 2, "index")), self._vals(an, src),
-                       k in ("index_add", "scatter_add"), inplace)
+        idx = self.sym(an, _dim_arg(node, 2, "index"))
+        if k.startswith("scatter"):
+            idx = drop_columns(idx)
+        elif nd != 2:
+            raise NotSymbolic(f"{k} of a batched bank")
+        return WriteOp(a[0], idx, self._vals(an, src), k in ("index_add", "scatter_add"), inplace)
 
     def _getitem(self, an, node):
         base, idx = node.args
         bv = an.value(base)
         if isinstance(bv, BankVal):
-            if isinstance(idx, tuple) and len(idx) == 1:
-                idx = idx[0]
-            if isinstance(idx, fx.Node) and isinstance(an.value(idx), Sym):
-                return Sym.rows(an.space, bv, _row_index(an, self.sym(an, idx)))
-            raise NotSymbolic("bank indexed by something else than a tensor of rows")
+            return Sym.rows(an.space, bv, bank_index(an, bv, idx))
         if isinstance(bv, Sym) and _is_view_index(idx):
             return A.reshape(an.space, bv, self.out_shape(node))
+        if isinstance(bv, Sym) and not bv.depends_on_bank():
+            return self._select_then_view(an, node, base, idx)
         if isinstance(bv, Sym) and bv.depends_on_bank():
             raise NotSymbolic("basic indexing of a bank-dependent value")
         return None
+
+    def _select_then_view(self, an, node, base, idx):
+        """``x[:, t, :, None]`` as the atom ``x[:, t]`` viewed with a new dim, so that it is the
+        same value as ``x[:, t]`` written elsewhere (value numbering sees through the view)."""
+        if not isinstance(idx, tuple) or None not in idx or any(
+                i is Ellipsis or isinstance(i, fx.Node) for i in idx):
+            return None
+        if not all(i is None or isinstance(i, int) or (isinstance(i, slice) and i == slice(None)) for i in idx):
+            return None
+        out = self.out_shape(node)
+        keep, pos = [], 0
+        for i in idx:
+            if isinstance(i, int):
+                continue
+            if i is not None:
+                keep.append(pos)
+            pos += 1
+        keep += list(range(pos, len(out)))
+        stripped = tuple(i for i in idx if i is not None)
+        key = getitem_key(base, stripped, an.atom_key)
+        atom = an.virtual_atom(key, node, tuple(out[d] for d in keep))
+        return A.reshape(an.space, atom, out)
 
     def _op(self, an, node, k):
         a = node.args
@@ -276,16 +316,15 @@ class TorchOps(_Base):
                 return x
             raise NotSymbolic("clone of an opaque value")
         if isinstance(x, BankVal):
+            nd = len(x.shape)
             if k == "index_select":
-                if _dim_arg(node, 1, "dim") not in (0, -2):
+                if _dim_arg(node, 1, "dim") not in (0, -2) or nd != 2:
                     raise NotSymbolic("index_select along the columns")
-                return Sym.rows(sp, x, _row_index(an, self.sym(an, _dim_arg(node, 2, "index"))))
+                return Sym.rows(sp, x, self.sym(an, _dim_arg(node, 2, "index")))
             if k == "gather":
-                if _dim_arg(node, 1, "dim") not in (0, -2):
+                if _dim_arg(node, 1, "dim") not in (nd - 2, -2):
                     raise NotSymbolic("gather along the columns")
-                from .interpret import _idx_sym, _index_atom
-                atom, _ = _index_atom(self.sym(an, _dim_arg(node, 2, "index")))
-                rows = Sym.rows(sp, x, _idx_sym(sp, atom))
+                rows = Sym.rows(sp, x, drop_columns(self.sym(an, _dim_arg(node, 2, "index"))))
                 return A.expand(sp, rows, self.out_shape(node))
             raise NotSymbolic(f"{k} of the whole bank")
         if k in ("index_select", "gather"):
@@ -342,12 +381,42 @@ def _einsum(sp, eq: str, syms):
     return A.contract(sp, list(zip(syms, ins)), out)
 
 
-def _row_index(an, idx: Sym) -> Sym:
-    """A row index as a 1-D Sym (a [W, 1] or [1, W] view of a vector is fine)."""
-    live = [s for s in idx.shape if s != 1]
-    if len(live) > 1:
-        raise NotSymbolic("a bank indexed by a multi-dimensional index")
-    return A.reshape(an.space, idx, (live[0] if live else 1,))
+def bank_index(an, bank, idx) -> Sym:
+    """The row index of ``bank[idx]``: one tensor for a flat ``[S, hd]`` bank (``[W]``, or
+    ``[B, W]`` for B streams), or ``(arange(B)[:, None], idx [B, W])`` for a ``[B, S, hd]``
+    bank indexed per batch. Returns the index as a Sym of the rows' leading shape."""
+    if not isinstance(bank, BankVal):
+        raise NotSymbolic("not a bank")
+    idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+    if not all(isinstance(i, fx.Node) and isinstance(an.value(i), Sym) for i in idx):
+        raise NotSymbolic("bank indexed by something else than tensors of rows")
+    syms = [an.value(i) for i in idx]
+    if len(bank.shape) == 2 and len(idx) == 1:
+        return syms[0]
+    if len(bank.shape) == 3 and len(idx) == 2:
+        batch, rows = syms
+        aligned = A.add(an.space, A.scale(batch, 0.0), rows)     # rows, on the broadcast axes
+        if len(aligned.shape) != 2 or aligned.shape[0] != bank.shape[0]:
+            raise NotSymbolic("a batched bank indexed by other than [B, W] rows")
+        if not _is_arange(an, idx[0], batch, aligned, bank.shape[0]):
+            raise NotSymbolic("the batch index of a batched bank is not arange(B)[:, None]")
+        return aligned
+    raise NotSymbolic("bank indexed along several dims")
+
+
+def _is_arange(an, node, batch: Sym, aligned: Sym, B: int) -> bool:
+    """``batch`` is arange(B) along the first axis of ``aligned``."""
+    if len(batch.terms) != 1 or len(batch.terms[0].factors) != 1 or batch.terms[0].coef != 1.0:
+        return False
+    f = batch.terms[0].factors[0]
+    n = f.ref.node
+    name = _name(n.target) if n.op in ("call_function", "call_method") else ""
+    if "arange" not in name or [a for a in n.args if isinstance(a, int)] not in ([B], [0, B]):
+        return False
+    live = [lb for lb in f.labels if lb is not None]
+    nb = len(aligned.shape)
+    pad = (None,) * (nb - len(batch.axes)) + tuple(batch.axes)
+    return len(live) == 1 and pad[0] == live[0] and all(a is None for a in pad[1:])
 
 
 # ======================================================================== aten level
@@ -406,11 +475,8 @@ class AtenOps(TorchOps):
         if t in (aten.index.Tensor, aten._unsafe_index.Tensor):
             base = an.value(node.args[0])
             idx = node.args[1]
-            if len(idx) != 1 or not isinstance(idx[0], fx.Node):
-                raise NotSymbolic("index with several index tensors") if isinstance(base, BankVal) or (
-                    isinstance(base, Sym) and base.depends_on_bank()) else NotSymbolic("leaf")
             if isinstance(base, BankVal):
-                return Sym.rows(an.space, base, _row_index(an, self.sym(an, idx[0])))
+                return Sym.rows(an.space, base, bank_index(an, base, tuple(idx)))
             if isinstance(base, Sym) and base.depends_on_bank():
                 raise NotSymbolic("indexing a bank-dependent value")
             return None
@@ -424,12 +490,12 @@ class AtenOps(TorchOps):
         inplace = _name(t).split(".")[-2].endswith("_") if "." in _name(t) else False
         inplace = isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
         if k in _WRITE_KINDS:
+            if not isinstance(an.value(node.args[0]), BankVal):
+                return WriteOp(node.args[0], None, None, False, inplace)
             if k == "index_put":
-                idx = node.args[1]
-                if len(idx) != 1:
-                    raise NotSymbolic("index_put with several index tensors")
                 acc = bool(_dim_arg(node, 3, "accumulate", False))
-                return WriteOp(node.args[0], self.sym(an, idx[0]), self._vals(an, node.args[2]), acc, inplace)
+                return WriteOp(node.args[0], bank_index(an, an.value(node.args[0]), tuple(node.args[1])),
+                               self._vals(an, node.args[2]), acc, inplace)
             return self._write(an, node, k, inplace)
         if k == "div":
             y = node.args[1]

@@ -44,10 +44,10 @@ class Emitter:
         return self._call(aten.full.default if self.aten else torch.full, list(shape), value,
                           dtype=dtype, device=device)
 
-    def stack(self, xs):
+    def stack(self, xs, dim=0):
         if self.aten:
-            return self._call(aten.cat.default, [self._call(aten.unsqueeze.default, x, 0) for x in xs], 0)
-        return self._call(torch.stack, list(xs), 0)
+            return self._call(aten.cat.default, [self._call(aten.unsqueeze.default, x, dim) for x in xs], dim)
+        return self._call(torch.stack, list(xs), dim)
 
     def unsqueeze(self, x, d):
         return self._call(aten.unsqueeze.default if self.aten else torch.unsqueeze, x, d)
@@ -70,6 +70,25 @@ class Emitter:
             return self._call(aten.slice.Tensor, x, 0, start, stop)
         return self._call(operator.getitem, x, slice(start, stop))
 
+    def permute(self, x, order):
+        return self._call(aten.permute.default if self.aten else torch.permute, x, list(order))
+
+    def add(self, x, y):
+        return self._call(aten.add.Tensor if self.aten else torch.add, x, y)
+
+    def arange(self, n, device):
+        return self._call(aten.arange.default if self.aten else torch.arange, n, device=device)
+
+    def slice(self, x, dim, start, stop):
+        if self.aten:
+            return self._call(aten.slice.Tensor, x, dim, start, stop)
+        return self._call(operator.getitem, x, (slice(None),) * dim + (slice(start, stop),))
+
+    def select1(self, x, i):
+        if self.aten:
+            return self._call(aten.select.int, x, 1, i)
+        return self._call(operator.getitem, x, (slice(None), i))
+
     def select0(self, x, i):
         if self.aten:
             return self._call(aten.select.int, x, 0, i)
@@ -82,74 +101,93 @@ class Emitter:
         return self._call(op, *args)
 
 
-def _factor(em: Emitter, rf: RoleFactor):
-    """The atom of ``rf`` as a tensor over its one live axis (or a scalar)."""
-    shape = rf.atom.shape
-    live = [s for s, lb in zip(shape, rf.labels) if lb is not None]
-    want = tuple(live)
-    if tuple(shape) == want:
-        return rf.atom.node
-    return em.reshape(rf.atom.node, want)
+def _factor_to(em: Emitter, rf: RoleFactor, letters, sizes):
+    """The atom of ``rf`` laid out along ``letters`` (size 1 where it does not vary)."""
+    live = [(d, lb) for d, lb in zip(rf.atom.shape, rf.labels) if lb is not None]
+    names = [lb for _, lb in live]
+    x = rf.atom.node
+    if _meta_shape(x) != [d for d, _ in live]:      # size-1 dims (or a virtual atom's view)
+        x = em.reshape(x, [d for d, _ in live])
+    order = sorted(range(len(names)), key=lambda i: letters.index(names[i]))
+    if order != list(range(len(names))):
+        x = em.permute(x, order)
+    target = [sizes[lt] if lt in names else 1 for lt in letters]
+    if [d for d, _ in sorted(live, key=lambda p: letters.index(p[1]))] != target:
+        x = em.reshape(x, target)
+    return x
 
 
-def _product(em: Emitter, factors, size, coef, dtype, device, fill=1.0):
-    """prod(factors) * coef broadcast to ``size`` (a shape), ones when there are none."""
+def _role(em: Emitter, factors, letters, sizes, coef, dtype, dev):
+    """prod(factors) * coef as a tensor of shape [sizes[l] for l in letters]."""
+    shape = [sizes[lt] for lt in letters]
     if not factors:
-        return em.full(size, float(coef) * fill, dtype, device)
-    x = _factor(em, factors[0])
-    for rf in factors[1:]:
-        x = em.mul(x, _factor(em, rf))
+        return em.full(shape, float(coef), dtype, dev)
+    x = None
+    for rf in factors:
+        y = _factor_to(em, rf, letters, sizes)
+        x = y if x is None else em.mul(x, y)
     if coef != 1.0:
         x = em.mul(x, float(coef))
-    live = [s for s, lb in zip(factors[0].atom.shape, factors[0].labels) if lb is not None]
-    if any(len([1 for lb in rf.labels if lb is not None]) for rf in factors) and size:
-        return x if _has_axis(factors) else em.expand(x, size)
-    return em.expand(x, size) if size else em.reshape(x, ())
+    return em.expand(x, shape)
 
 
-def _has_axis(factors) -> bool:
-    return any(lb is not None for rf in factors for lb in rf.labels)
+def _plain(factors, coef, letters, sizes, target):
+    """The node itself when one atom already has the per-token layout (for the fast path)."""
+    if len(factors) != 1 or coef != 1.0:
+        return None
+    rf = factors[0]
+    names = [lb for lb in rf.labels if lb is not None]
+    if names != sorted(names, key=letters.index):
+        return None
+    shape = list(rf.atom.shape)
+    if _meta_shape(rf.atom.node) != shape:       # a virtual atom (a view of its node)
+        return None
+    return rf.atom.node if shape in (list(target), list(target[1:])) and (
+        shape == list(target) or "s" not in names) else None
 
 
 def _consecutive_selects(nodes):
-    """``nodes[t] == base[start + t]`` for one base: the stacked tensor is a slice of it."""
-    base, start = None, None
+    """``nodes[t] == base[start + t]`` (or ``base[:, start + t]``) for one base: the
+    stacked tensor is a slice of it. Returns (base, start, axis) or None."""
+    base = start = axis = None
     for t, n in enumerate(nodes):
-        if not (isinstance(n, fx.Node) and n.op == "call_function" and n.target is operator.getitem
-                and isinstance(n.args[1], int)):
+        if not (isinstance(n, fx.Node) and n.op == "call_function" and n.target is operator.getitem):
+            return None
+        idx = n.args[1]
+        if isinstance(idx, int):
+            ax, i = 0, idx
+        elif (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None) and isinstance(idx[1], int)):
+            ax, i = 1, idx[1]
+        else:
             return None
         if base is None:
-            base, start = n.args[0], n.args[1]
-        if n.args[0] is not base or n.args[1] != start + t:
+            base, start, axis = n.args[0], i, ax
+        if n.args[0] is not base or ax != axis or i != start + t:
             return None
-    return base, start
+    return base, start, axis
 
 
-class _Roles:
-    """Stacks one role over the tokens, reusing ``x[t]`` slices where the loop had them."""
-
-    def __init__(self, em: Emitter):
-        self.em = em
-
-    def stack(self, per_token, fast_nodes=None):
-        if fast_nodes is not None:
-            hit = _consecutive_selects(fast_nodes)
-            if hit is not None:
-                base, start = hit
-                v = base.meta.get("val", base.meta.get("example_value"))
-                if v is not None and start == 0 and v.shape[0] == len(fast_nodes):
-                    return self.em.unsqueeze(base, 0)
-                return self.em.unsqueeze(self.em.slice0(base, start, start + len(fast_nodes)), 0)
-        return self.em.unsqueeze(self.em.stack([f() for f in per_token]), 0)
+def _meta_shape(n):
+    v = n.meta.get("val", n.meta.get("example_value")) if isinstance(n, fx.Node) else None
+    return list(v.shape) if isinstance(v, torch.Tensor) else None
 
 
-def _single(factors):
-    """The node when a role is one atom with all of its dims along the role axis."""
-    if len(factors) == 1:
-        rf = factors[0]
-        if sum(lb is not None for lb in rf.labels) == len(rf.atom.shape):
-            return rf.atom.node
-    return None
+def _stack(em: Emitter, per_token, plain, P: int):
+    """Per-token tensors [P, *] -> [P, T, *]; a slice of the loop's own input when the
+    tokens were ``x[t]`` (P = 1) or ``x[:, t]`` selects of it."""
+    T = len(per_token)
+    if plain is not None and all(n is not None for n in plain):
+        hit = _consecutive_selects(plain)
+        if hit is not None:
+            base, start, axis = hit
+            shape = _meta_shape(base)
+            if shape is not None and (axis == 0) == (P == 1 and _meta_shape(plain[0]) == shape[1:]):
+                if axis == 0:
+                    x = base if (start == 0 and shape[0] == T) else em.slice(base, 0, start, start + T)
+                    return em.unsqueeze(x, 0)
+                if shape[0] == P:
+                    return base if (start == 0 and shape[1] == T) else em.slice(base, 1, start, start + T)
+    return em.stack([f() for f in per_token], 1)
 
 
 def plan_insertion(an: Analysis, chain: Chain):
@@ -242,50 +280,76 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
         before.prepend(n)
     em = Emitter(g, before, aten_level)
     root = chain.bank.root
-    S, hd = chain.bank.shape
+    hd = chain.bank.shape[-1]
     dtype = chain.bank.dtype
     dev = _device(root)
     steps = chain.steps
     W = steps[0].write.W
+    P = steps[0].write.streams or 1
     reads = [st.read for st in steps]
     R = max([r.R for r in reads if r is not None] or [1])
-    rs = _Roles(em)
     f32 = torch.float32
-
-    k_idx = rs.stack([lambda w=st.write: _idx(em, w.k_idx) for st in steps],
-                     [_plain(st.write.k_idx) for st in steps])
-    k_val = rs.stack([lambda w=st.write: _product(em, w.k, (W,), 1.0, dtype, dev) for st in steps],
-                     [_single(st.write.k) for st in steps] if all(_single(st.write.k) is not None for st in steps) else None)
-    v = rs.stack([lambda w=st.write: _product(em, w.v, (hd,), 1.0, dtype, dev) for st in steps],
-                 [_single(st.write.v) for st in steps] if all(_single(st.write.v) is not None and
-                                                              st.write.coef == 1.0 for st in steps) else None)
-    beta = rs.stack([lambda w=st.write: _product(em, w.beta, (), w.coef, f32, dev) for st in steps],
-                    [_single(st.write.beta) if st.write.coef == 1.0 else None for st in steps])
-    beta = em.reshape(beta, (1, len(steps)))
     per_write = any(st.write.per_write_gate for st in steps)
     G = W if per_write else 1
-    g_ = rs.stack([lambda w=st.write: _gate(em, w, G, dev) for st in steps],
-                  [w.gate.atom.exp_of.node if w.gate is not None and _single([w.gate]) is not None else None
-                   for w in (st.write for st in steps)] if per_write and all(
-                      st.write.gate is not None and _single([st.write.gate]) is not None for st in steps) else None)
-    q_idx = rs.stack([lambda r=r: _idx(em, r.q_idx) if r is not None else
-                      em.full((R,), 0, torch.int64, dev) for r in reads],
-                     [_plain(r.q_idx) if r is not None else None for r in reads])
-    q_val = rs.stack([lambda r=r: _product(em, r.q, (R,), r.coef, dtype, dev) if r is not None else
-                      em.full((R,), 0.0, dtype, dev) for r in reads],
-                     [_single(r.q) if r is not None and r.coef == 1.0 else None for r in reads])
+    sz = {"s": P, "w": W, "d": hd, "r": R}
+    SW, SD, SR, S_ = ("s", "w"), ("s", "d"), ("s", "r"), ("s",)
+
+    def role(get, letters, dtype, coef=lambda x: 1.0, items=steps):
+        target = [sz[lt] for lt in letters]
+        per = [(lambda x=x: _role(em, get(x), letters, sz, coef(x), dtype, dev)) for x in items]
+        plain = [_plain(get(x), coef(x), letters, sz, target) for x in items]
+        return _stack(em, per, plain, P)
+
+    k_idx = _stack(em, [lambda w=st.write: em.reshape(w.k_idx.node, (P, W)) for st in steps],
+                   [st.write.k_idx.node if list(st.write.k_idx.shape) in ([W], [P, W]) else None
+                    for st in steps], P)
+    k_val = role(lambda st: st.write.k, SW, dtype)
+    v = role(lambda st: st.write.v, SD, dtype)
+    beta = role(lambda st: st.write.beta, S_, f32, coef=lambda st: st.write.coef)
+    gates = [st.write.gate for st in steps]
+    if all(gt is None for gt in gates):
+        g_ = em.full((P, len(steps), 1), 0.0, f32, dev)
+    else:
+        def gate(st):
+            gt = st.write.gate
+            if gt is None:
+                return em.full((P, G), 0.0, f32, dev)
+            x = _factor_to(em, RoleFactor(gt.atom.exp_of, gt.labels), SW, sz)
+            return em.expand(x, (P, G))
+        plain = [(RoleFactor(gt.atom.exp_of, gt.labels) if gt is not None else None) for gt in gates]
+        g_ = _stack(em, [lambda st=st: gate(st) for st in steps],
+                    [_plain([rf], 1.0, SW, sz, [P, G]) if rf is not None else None for rf in plain], P)
+    q_idx = _stack(em, [(lambda r=r: em.reshape(r.q_idx.node, (P, R)) if r is not None else
+                         em.full((P, R), 0, torch.int64, dev)) for r in reads],
+                   [r.q_idx.node if r is not None and list(r.q_idx.shape) in ([R], [P, R]) else None
+                    for r in reads], P)
+    q_val = role(lambda r: r.q if r is not None else [], SR, dtype,
+                 coef=lambda r: r.coef if r is not None else 0.0, items=reads)
+    batched_bank = len(chain.bank.shape) == 3
+    slots = 0
+    if batched_bank:
+        # [B, S, hd] bank: the op's flat bank of B private row ranges, global row indices
+        S_rows = chain.bank.shape[1]
+        base = em.reshape(em.mul(em.arange(P, dev), S_rows), (P, 1, 1))
+        k_idx, q_idx = em.add(k_idx, base), em.add(q_idx, base)
+        slots = S_rows
     if chain.distinct is None:
         k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
                         f"the token loop at {chain.where}")
     inplace = chain.bank.inplace_root and root.op in ("placeholder", "get_attr")
     bank_in = _unclone(root, set(chain.nodes)) if not inplace else root
-    args = (bank_in, k_idx, k_val, v, beta, g_, q_idx, q_val, config.chunk_size, 0, False)
+    if batched_bank:
+        bank_in = em.reshape(bank_in, (P * chain.bank.shape[1], hd))
+    shared = P > 1 and not batched_bank     # a flat bank: the op checks the streams' rows are disjoint
+    args = (bank_in, k_idx, k_val, v, beta, g_, q_idx, q_val, config.chunk_size, slots, shared)
     if inplace and not needs_grad:
         readings = em.call(torch.ops.sdm.write_read_.default, *args)
         final = root
     else:
         out = em.call(torch.ops.sdm.write_read.default, *args, "none", False, needs_grad)
         readings, final = em.getitem(out, 0), em.getitem(out, 1)
+        if batched_bank:
+            final = em.reshape(final, chain.bank.shape)
         if inplace:
             em.call(aten.copy_.default if aten_level else torch.Tensor.copy_, root, final)
     # results
@@ -296,7 +360,7 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
             users = [e.consumer for e in an.escapes if e.producer is producer and e.consumer not in done]
             if not users:
                 continue
-            node = _reading(em, readings, ver - 1, r, ref, hd)
+            node = _reading(em, readings, ver - 1, r, ref, hd, P)
             for u in users:
                 u.replace_input_with(producer, node)
     for e in chain.final_escapes:
@@ -327,7 +391,8 @@ def _stacked_readings(em, g, chain, readings) -> set:
     order = {}
     for ver, lst in chain.reads.items():
         for producer, r in lst:
-            if r.coef == chain.steps[ver - 1].read.coef and tuple(r.shape) == (chain.steps[0].write.hd,):
+            if r.coef == chain.steps[ver - 1].read.coef and tuple(r.shape) == (chain.steps[0].write.hd,) \
+                    and not chain.steps[0].write.streams:
                 order[producer] = ver
     done = set()
     T = chain.length
@@ -343,31 +408,13 @@ def _stacked_readings(em, g, chain, readings) -> set:
     return done
 
 
-def _reading(em, readings, t, r, ref, hd):
-    x = em.select(readings, 0, t)
+def _reading(em, readings, t, r, ref, hd, P):
+    x = em.select(readings, 0, t) if P == 1 else em.select1(readings, t)
     if r.coef != ref.coef:
         x = em.mul(x, r.coef / ref.coef)
-    if tuple(r.shape) != (hd,):
+    if tuple(r.shape) != ((hd,) if P == 1 else (P, hd)):
         x = em.reshape(x, r.shape)
     return x
-
-
-def _gate(em, w, G, dev):
-    if w.gate is None:
-        return em.full((G,), 0.0, torch.float32, dev)
-    x = _factor(em, RoleFactor(w.gate.atom.exp_of, w.gate.labels))
-    if not w.per_write_gate:
-        x = em.reshape(x, (1,))
-    return em.expand(x, (G,)) if G != 1 else x
-
-
-def _idx(em, atom):
-    live = tuple(s for s in atom.shape if s != 1) or (1,)
-    return atom.node if tuple(atom.shape) == live else em.reshape(atom.node, live)
-
-
-def _plain(atom):
-    return atom.node if len(atom.shape) == 1 else None
 
 
 def _device(node):
