@@ -119,6 +119,16 @@ def test_gradients_reach_every_parameter_and_match_naive():
         assert rel_err(g, ref[name]) < 1e-5, (name, rel_err(g, ref[name]))
 
 
+def test_gradients_match_naive_bf16():
+    layer = make_layer(dtype=torch.bfloat16, **FULL)
+    x = torch.randn(B, 21, D, dtype=torch.bfloat16)
+    grads = _grads(layer, x, naive=False)
+    ref = _grads(layer, x, naive=True)
+    for name, g in grads.items():
+        assert g.dtype == torch.bfloat16, name
+        assert rel_err(g, ref[name]) < 3e-2, (name, rel_err(g, ref[name]))
+
+
 @pytest.mark.parametrize("kwargs,arg", [
     (dict(d_model=0), "d_model"),
     (dict(num_heads=3, head_dim=None), "num_heads"),   # 32 % 3 and no head_dim
