@@ -96,7 +96,57 @@ def proof(n, depth: int = 0) -> str | None:
         other = n.args[1]
         if isinstance(other, int) or (isinstance(other, fx.Node) and _const_last(other)):
             return proof(base, depth + 1)
+        if name == "add":
+            return _pair_keys(n, depth)
         return None
+    if name in ("transpose", "swapaxes", "permute") and _same_last(n, base) and _keeps_last_axis(n):
+        return proof(base, depth + 1)
+    return None
+
+
+def _keeps_last_axis(n) -> bool:
+    nd = _ndim(n)
+    if nd is None:
+        return False
+    if _name(n.target) == "permute":
+        order = n.args[1:] if len(n.args) > 2 or isinstance(n.args[1], int) else n.args[1]
+        return order[-1] % nd == nd - 1
+    dims = [d % nd for d in n.args[1:3]]
+    return nd - 1 not in dims
+
+
+def _gather_last(n):
+    """(source, index) of ``source.gather(-1, index)``."""
+    if isinstance(n, fx.Node) and _name(n.target) == "gather" and len(n.args) >= 3:
+        dim = n.args[1]
+        if _last_dim(n.args[0], dim):
+            return n.args[0], n.args[2]
+    return None, None
+
+
+def _pair_keys(n, depth):
+    """``a.gather(-1, p // K) * N + b.gather(-1, p % K)``: pairs (p // K, p % K) of distinct p
+    are distinct, a and b are distinct, and 0 <= b < N, so the keys are distinct (the
+    product-key top-k of sdm_inductor.nn)."""
+    x, y = n.args[0], n.args[1]
+    for hi, lo in ((x, y), (y, x)):
+        if not (isinstance(hi, fx.Node) and isinstance(lo, fx.Node)) or _name(hi.target) != "mul":
+            continue
+        if len(hi.args) < 2 or not isinstance(hi.args[1], int):
+            continue
+        N = hi.args[1]
+        a, ia = _gather_last(hi.args[0])
+        b, ib = _gather_last(lo)
+        if a is None or b is None or not isinstance(ia, fx.Node) or not isinstance(ib, fx.Node):
+            continue
+        if _name(ia.target) not in ("floordiv", "floor_divide") or _name(ib.target) not in ("mod", "remainder"):
+            continue
+        if ia.args[0] is not ib.args[0] or ia.args[1] != ib.args[1] or not isinstance(ia.args[1], int):
+            continue
+        bb = bound(b)
+        if bb is not None and bb <= N and proof(ia.args[0], depth + 1) and proof(a, depth + 1) \
+                and proof(b, depth + 1):
+            return "product keys"
     return None
 
 
