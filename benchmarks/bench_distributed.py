@@ -163,9 +163,10 @@ def run(a):
         loss = step()
         _sync(device)
         times.append((time.perf_counter() - t) * 1e3)
+    loss = loss.detach()
+    loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # streams: a DTensor
     mine = {"rank": rank, "step_ms_median": statistics.median(times), "step_ms": times,
-            "warmup_s": warmup_s,
-            "loss": float(loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss), **_peak_memory(device)}
+            "warmup_s": warmup_s, "loss": float(loss), **_peak_memory(device)}
     ranks = [None] * n
     dist.all_gather_object(ranks, mine)
     if rank == 0:

@@ -150,26 +150,28 @@ def _distribute(ins, mesh, placements):
     return [distribute_tensor(t, mesh, p) for t, p in zip(ins, placements)]
 
 
-def _fwd_bwd(args, sph, weights, **kw):
+def _fwd_bwd(args, sph, weights, fn=None, **kw):
     """readings, final bank and the six gradients of a weighted sum of both."""
     import sdm_inductor
     from sdm_inductor.testing import FLOAT_INPUTS
 
     leaves = [a.detach().requires_grad_(i in FLOAT_INPUTS) for i, a in enumerate(args)]
-    y, M = sdm_inductor.write_read(*leaves, chunk_size=16, slots_per_stream=sph, **kw)
+    y, M = (fn or sdm_inductor.write_read)(*leaves, chunk_size=16, slots_per_stream=sph, **kw)
     ((y * weights[0]).sum() + (M * weights[1]).sum()).backward()
     return y, M, [leaves[i].grad for i in FLOAT_INPUTS]
 
 
-def _check_against_one_process(ins, dt_args, sph, tol, label, **kw):
-    from torch.distributed.tensor import distribute_tensor, Replicate
+def _check_against_one_process(ins, dt_args, sph, tol, label, fn=None, **kw):
+    """``fn`` (default sdm_inductor.write_read) on DTensors vs the op on the full tensors."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
 
     mesh = dt_args[0].device_mesh
-    wy = torch.randn(ins.v.shape, generator=torch.Generator().manual_seed(7)).to(ins.v.dtype)
-    wM = torch.randn(ins.bank.shape, generator=torch.Generator().manual_seed(8)).to(ins.bank.dtype)
+    gen = torch.Generator().manual_seed(7)  # the same weights on every rank
+    wy = torch.randn(ins.v.shape, generator=gen).to(ins.v.dtype)
+    wM = torch.randn(ins.bank.shape, generator=gen).to(ins.bank.dtype)
     y0, M0, g0 = _fwd_bwd(list(ins), sph, (wy, wM), **kw)
     dw = [distribute_tensor(w, mesh, [Replicate()] * mesh.ndim) for w in (wy, wM)]
-    y, M, grads = _fwd_bwd(dt_args, sph, dw, **kw)
+    y, M, grads = _fwd_bwd(dt_args, sph, dw, fn, **kw)
     _close(y, y0, tol, f"{label}: readings")
     _close(M, M0, tol, f"{label}: final bank")
     for name, g, want in zip(("bank", "k_val", "v", "beta", "g", "q_val"), grads, g0):
@@ -219,8 +221,8 @@ def _dtensor_worker(rank, world):
 
     # a 2-D mesh: streams split over its second dim (the shard index comes from that dim)
     mesh2 = init_device_mesh("cpu", (1, world))
-    y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh2, [[Replicate(), Shard(0)]] * 8),
-                                         sph, 1e-6, "2-D mesh")
+    on_dim1 = _distribute(ins, mesh2, [[Replicate(), Shard(0)]] * 8)
+    y, M, _ = _check_against_one_process(ins, on_dim1, sph, 1e-6, "2-D mesh")
     assert y.placements == (Replicate(), Shard(0)) and M.placements == (Replicate(), Shard(0))
 
     # a shared bank cannot be split by streams: replicated, and still right
@@ -239,16 +241,16 @@ def _dtensor_worker(rank, world):
 
     # errors: named argument, expectation, what came
     dts = _distribute(ins, mesh, [S0] * 8)
-    with pytest.raises(sdm_inductor.SDMArgumentError, match="argument 'bank'.*cannot be redistributed"):
-        torch.ops.sdm.write_read_(dts[0], *dts[1:], 16, 0, True)
-    with pytest.raises(sdm_inductor.SDMArgumentError, match="argument 'q_val'.*DTensor.*torch.Tensor"):
+    Err = sdm_inductor.SDMArgumentError
+    with pytest.raises(Err, match="argument 'bank'.*cannot be redistributed"):
+        torch.ops.sdm.write_read_(dts[0], *dts[1:], 16, 0, True)  # a shared bank, in place
+    with pytest.raises(Err, match="argument 'q_val'.*DTensor.*torch.Tensor"):
         torch.ops.sdm.write_read(*dts[:7], ins.q_val, 16, sph)
     bad = ins.k_idx.clone()
     bad[0, 3, 1] = sph + 1      # stream 0 (rank 0) writes a row of stream 1
     bad[P - 1, 5, 0] = 0        # stream 3 (rank 1) writes a row of stream 0
     dts[1] = distribute_tensor(bad, mesh, S0)
-    with pytest.raises(sdm_inductor.SDMArgumentError,
-                       match=rf"argument 'k_idx'.*stream shard {rank} of 2.*rebased by -{rank * 16}"):
+    with pytest.raises(Err, match=rf"'k_idx'.*stream shard {rank} of 2.*rebased by -{rank * 16}"):
         torch.ops.sdm.write_read(*dts, 16, sph)
 
     # layout helpers: plain sharding rules
@@ -262,15 +264,14 @@ def _dtensor_worker(rank, world):
         xm = torch.ops.sdm.merge_heads(xs, H)
         assert xm.placements == tuple(placement), placement
         _close(xm, x, 0, f"merge_heads {placement}")
-    odd = torch.randn(3, T, H * K, generator=gen)  # 3 batches do not split over 2 ranks: replicated
+    odd = torch.randn(3, T, H * K, generator=gen)  # 3 batches do not split over 2 ranks
     xs = torch.ops.sdm.split_heads(distribute_tensor(odd, mesh, S0), H)
     _close(xs, torch.ops.sdm.split_heads(odd, H), 0, "split_heads, uneven batch")
     mem = torch.randn(sph, hd, generator=gen)
-    for placement in (R, S1):
+    for placement, out in ((R, R), (S1, S1), (S0, R)):  # rows: replicated first
         e = torch.ops.sdm.expand_bank(distribute_tensor(mem, mesh, placement), 3)
-        assert e.placements == tuple(placement)
+        assert isinstance(e, DTensor) and e.placements == tuple(out), (placement, e.placements)
         _close(e, torch.ops.sdm.expand_bank(mem, 3), 0, f"expand_bank {placement}")
-    assert isinstance(e, DTensor)
 
 
 def test_dtensor_stream_and_column_sharding(ranks):
@@ -278,6 +279,8 @@ def test_dtensor_stream_and_column_sharding(ranks):
 
 
 def _dtensor_compile_worker(rank, world):
+    """The op on stream-sharded DTensors inside torch.compile (one graph, fullgraph), forward
+    and backward, against the eager op on the full tensors."""
     import sdm_inductor
     import sdm_inductor.distributed  # noqa: F401
     from sdm_inductor.testing import make_inputs
@@ -285,28 +288,12 @@ def _dtensor_compile_worker(rank, world):
 
     _fast_compile()
     mesh = init_device_mesh("cpu", (world,))
-    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, seed=3)
-    sph = 8
-
-    @torch.compile(fullgraph=True)
-    def step(*args):
-        y, M = sdm_inductor.write_read(*args, chunk_size=16, slots_per_stream=sph)
-        return y.sin(), M
-
-    y0, M0 = sdm_inductor.write_read(*ins, chunk_size=16, slots_per_stream=sph)
-    y0 = y0.sin()
-    leaves = [t.requires_grad_(t.is_floating_point()) for t in _distribute(ins, mesh, [[Shard(0)]] * 8)]
-    y, M = step(*leaves)
+    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, per_write_gate=True, seed=3)
+    compiled = torch.compile(sdm_inductor.write_read, fullgraph=True)
+    y, M, grads = _check_against_one_process(ins, _distribute(ins, mesh, [[Shard(0)]] * 8), 8,
+                                             1e-6, "compiled", fn=compiled)
     assert y.placements == (Shard(0),) and M.placements == (Shard(0),)
-    _close(y, y0, 1e-6, "compiled DTensor: readings")
-    _close(M, M0, 1e-6, "compiled DTensor: final bank")
-    (y.sum() + M.sum()).backward()
-    ref = [t.clone().requires_grad_(t.is_floating_point()) for t in ins]
-    y1, M1 = sdm_inductor.write_read(*ref, chunk_size=16, slots_per_stream=sph)
-    (y1.sin().sum() + M1.sum()).backward()
-    for name, a, b in zip(("bank", "k_val", "v", "beta", "g", "q_val"),
-                          [leaves[i] for i in (0, 2, 3, 4, 5, 7)], [ref[i] for i in (0, 2, 3, 4, 5, 7)]):
-        _close(a.grad, b.grad, 1e-6, f"compiled DTensor: grad of {name}")
+    assert all(g.placements == (Shard(0),) for g in grads)
 
 
 @pytest.mark.compile
@@ -368,6 +355,7 @@ def _fsdp_worker(rank, world, compiled, dtype, tol):
     net = _model(dtype)
     ref = copy.deepcopy(net)  # one process, whole batch, eager
     exact = copy.deepcopy(net).float() if dtype != torch.float32 else None  # bf16 yardstick
+    yardstick = ref if exact is None else exact
     mesh = init_device_mesh("cpu", (world,))
     for layer in net.layers:
         fully_shard(layer, mesh=mesh)
@@ -405,9 +393,10 @@ def _fsdp_worker(rank, world, compiled, dtype, tol):
         dist.all_reduce(total)
         err = abs(total.item() / world - want_loss.item()) / abs(want_loss.item())
         one = abs(loss_ref.item() - want_loss.item()) / abs(want_loss.item())
-        assert err <= (tol if exact is None else max(2 * one, tol)), \
-            f"step {step}: loss {total.item() / world} vs {want_loss.item()} (one process {loss_ref.item()})"
-        wants = (exact or ref).parameters()
+        assert err <= (tol if exact is None else max(2 * one, tol)), (
+            f"step {step}: loss {total.item() / world} vs {want_loss.item()} "
+            f"(one process {loss_ref.item()})")
+        wants = yardstick.parameters()
         for name, p, q, w in zip(names, net.parameters(), ref.parameters(), wants):
             assert q.grad is not None and q.grad.abs().sum() > 0, f"{name}: no gradient"
             got = p.grad.full_tensor()
@@ -416,7 +405,7 @@ def _fsdp_worker(rank, world, compiled, dtype, tol):
         for o in opts:
             o.step()
             o.zero_grad()
-    for name, p, q, w in zip(names, net.parameters(), ref.parameters(), (exact or ref).parameters()):
+    for name, p, q, w in zip(names, net.parameters(), ref.parameters(), yardstick.parameters()):
         got = p.full_tensor()
         err, lim = rel_err(got, w), bound(got, q, w)
         assert err <= lim, f"after {steps} steps: {name}: relative error {err:.3g} > {lim:.3g}"
