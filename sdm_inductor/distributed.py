@@ -51,10 +51,11 @@ The rebase is data-dependent per rank, which a pure sharding rule
 loss-parallel ``nll_loss`` (class targets rebased into a class-sharded input) does it the
 way it is done here: a handler in ``DTensor._op_dispatcher._custom_op_handlers``, which
 both torch 2.11 and 2.13 consult before sharding propagation, in eager mode and under
-``torch.compile`` (the handler runs while AOTAutograd traces the DTensor subclass). It
-uses only public DTensor calls (``redistribute``, ``to_local``, ``from_local``). The layout
-helpers ``split_heads`` / ``merge_heads`` / ``expand_bank`` need no rebase and get plain
-``register_sharding`` rules.
+``torch.compile`` (the handler runs while AOTAutograd traces the DTensor subclass). Inside
+it, the DTensor work is public calls (``redistribute``, ``to_local``, ``from_local``); the
+private pieces are the handler table itself and ``_disable_current_modes`` (to read the
+mesh's rank layout while tracing). The layout helpers ``split_heads`` / ``merge_heads`` /
+``expand_bank`` need no rebase and get plain ``register_sharding`` rules.
 
 ``saved_rows`` / ``saved_scales`` are opaque storage of the backward: in "streams" mode
 each rank's block holds its own streams in the order of its own local op (chunk-major),
