@@ -84,6 +84,23 @@ def _inputs(T, device, S, hd, W, R):
         torch.randn(T, R, generator=gen))]
 
 
+_WARM = []
+
+
+def warm_up(dev):
+    """One-time costs of a process are not the compile of this program: Inductor's start
+    (C++/Triton toolchain checks, ~30 s on CPU) and the sdm op's first trace. Paid once on
+    throwaway inputs, for every mode alike."""
+    import torch
+    if _WARM:
+        return
+    with torch.no_grad():
+        torch.compile(lambda x: x * 2 + 1)(torch.randn(8, device=dev))
+        torch.compile(_explicit)(*_inputs(4, dev, S=64, hd=8, W=4, R=4))
+    torch._dynamo.reset()
+    _WARM.append(True)
+
+
 def worker(mode: str, T: int, device: str, reps: int) -> dict:
     import torch
     import sdm_inductor
@@ -91,10 +108,7 @@ def worker(mode: str, T: int, device: str, reps: int) -> dict:
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     args = _inputs(T, dev, **SIZES[device])
-    # Inductor's one-time start (C++/Triton toolchain checks, ~30 s on CPU) is not the
-    # compile of this program: pay it on a throwaway function first.
-    torch.compile(lambda x: x * 2 + 1)(torch.randn(8, device=dev))
-    torch._dynamo.reset()
+    warm_up(dev)
     if mode in ("dynamo", "plain"):
         patterns.disable_rewrites()
     else:
@@ -147,16 +161,30 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--plain-timeout", type=float, default=240)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--plain-max-T", type=int, default=None,
+                    help="measure plain torch.compile only up to this T (it grows fastest)")
+    ap.add_argument("--inprocess", action="store_true",
+                    help="all measurements in this process (Dynamo reset between them; Inductor's "
+                         "caches off): no per-process start, no timeout for plain")
     ap.add_argument("--json")
     ap.add_argument("--worker")
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker, a.T[0], a.device, a.reps)))
         return
+    if a.inprocess:
+        os.environ.update(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     results = []
     for T in a.T:
         for mode in a.modes:
-            r = run_one(mode, T, a.device, a.reps, a.plain_timeout if mode == "plain" else a.timeout)
+            if mode == "plain" and a.plain_max_T is not None and T > a.plain_max_T:
+                r = dict(mode=mode, T=T, device=a.device, skipped=f"T > --plain-max-T {a.plain_max_T}")
+            elif a.inprocess:
+                import torch
+                torch._dynamo.reset()
+                r = worker(mode, T, a.device, a.reps)
+            else:
+                r = run_one(mode, T, a.device, a.reps, a.plain_timeout if mode == "plain" else a.timeout)
             results.append(r)
             print(json.dumps(r), flush=True)
     _summary(results)
@@ -181,6 +209,9 @@ def _summary(results):
         for mode in MODES:
             r = by.get((mode, T))
             if r is None:
+                continue
+            if "skipped" in r:
+                print(f"{T:5d} | {mode:9s} | skipped ({r['skipped']})")
                 continue
             if "timeout_s" in r:
                 print(f"{T:5d} | {mode:9s} | > {r['timeout_s']:.0f} s (stopped) |")
