@@ -73,14 +73,37 @@ def test_aoti_cpu_dynamic_length(tmp_path):
     check_lengths(layer, torch._inductor.aoti_load_package(path), "cpu", 1e-5)
 
 
+LOAD_AND_RUN = """
+import sys, torch, sdm_inductor
+loaded = torch._inductor.aoti_load_package(sys.argv[1])
+for T in (24, 37, 70):
+    x = torch.load(sys.argv[2] + f"/x{T}.pt")
+    torch.save(loaded(x).cpu(), sys.argv[2] + f"/y{T}.pt")
+"""
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and the sdm Triton kernels")
 @pytest.mark.cuda
 @pytest.mark.compile
 def test_aoti_cuda_dynamic_length_carries_kernels(tmp_path):
+    """Loaded in a fresh process (as a deployment would, after ``import sdm_inductor``)."""
+    import subprocess
+    import sys
     layer = make_layer("cuda")
     _, path = package(layer, "cuda", tmp_path / "sdm_cuda.pt2")
     assert not [t for t in extern_targets(path) if t.startswith("sdm::")]
     with zipfile.ZipFile(path) as z:
         cubins = [n for n in z.namelist() if n.endswith((".cubin", ".hsaco", ".spv"))]
     assert cubins, "no compiled kernels in the package"
-    check_lengths(layer, torch._inductor.aoti_load_package(path), "cuda", 1e-4)
+    xs = {T: torch.randn(2, T, 32, device="cuda") for T in (24, 37, 70)}
+    for T, x in xs.items():
+        torch.save(x, tmp_path / f"x{T}.pt")
+    res = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(path), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"rc {res.returncode}\n{res.stdout}\n{res.stderr[-3000:]}"
+    for T, x in xs.items():
+        with torch.no_grad():
+            want = layer(x).cpu()
+        got = torch.load(tmp_path / f"y{T}.pt")
+        assert got.shape == want.shape == (2, T, 32)
+        assert rel_err(got, want) < 1e-4, (T, rel_err(got, want))

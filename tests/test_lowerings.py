@@ -252,11 +252,11 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward():
     args = float_leaves(gated_inputs(2, 40, seed=7, device="cuda"))
 
     def step():
-        loss = loss_of(args, fn)
-        loss.backward()
-        return loss
+        y, M = fn(*args)
+        (y.square().sum() + (M * M.detach().sin()).sum()).backward()
+        return y.detach(), M.detach()
 
-    _, (fw, bw) = run_and_get_code(step)
+    (y, M), (fw, bw) = run_and_get_code(step)
     _dump("cuda_gated_forward.py", fw)
     _dump("cuda_gated_backward.py", bw)
     assert not extern_calls(fw) and not extern_calls(bw), (extern_calls(fw), extern_calls(bw))
@@ -266,12 +266,17 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward():
     print("sdm kernels in forward code:", sorted(in_fw), "backward:", sorted(in_bw))
     assert "_forward_kernel" in in_fw or "_decode_kernel" in in_fw, (names, in_fw)
     assert in_bw - in_fw, (names, in_bw)
-    ref = float_leaves([a.cpu() for a in args])
-    y, M = gated_reference(ref)
-    (y.square().sum() + (M * M.detach().sin()).sum()).backward()
-    for a, r in zip(args, ref):
+    # the lowering against the eager op (the same kernels): only fusion-order rounding
+    eager = float_leaves(args)
+    loss_of(eager, gated).backward()
+    for a, b in zip(args, eager):
         if a.requires_grad:
-            assert rel_err(a.grad.cpu(), r.grad) < 1e-4, (list(a.shape), rel_err(a.grad.cpu(), r.grad))
+            err = rel_err(a.grad, b.grad)
+            print(f"grad {list(a.shape)}: compiled vs eager rel err {err:.1e}")
+            assert err < 1e-5, (list(a.shape), err)
+    # and the values against the oracle
+    y_ref, M_ref = gated_reference([a.detach().cpu() for a in args])
+    assert rel_err(y.cpu(), y_ref) < 1e-4 and rel_err(M.cpu(), M_ref) < 1e-4
 
 
 @needs_cuda
