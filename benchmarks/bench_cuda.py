@@ -84,20 +84,20 @@ def floors(ins, C, bw):
                 distinct_written_rows=written)
 
 
-def run_config(name, C, bw, quick=False):
+def run_config(name, C, bw, quick=False, mode="none"):
     cfg = CONFIGS[name]
     ins = make_inputs(**cfg)
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = ins
     rest = (k_idx, k_val, v, beta, g, q_idx, q_val)
     work = bank.clone()
     fwd = bench(lambda: torch.ops.sdm.triton_write_read_(work, *rest, C))
-    train = bench(lambda: torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True))
+    train = bench(lambda: torch.ops.sdm.triton_write_read(bank, *rest, C, mode, True))
     dy = torch.randn_like(v)
     dM = torch.randn_like(bank)
 
     def fwdbwd():
-        y, M, rows, scales = torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True)
-        return torch.ops.sdm.triton_write_read_backward(dy, dM, rows, scales, *rest, C, "none",
+        y, M, rows, scales = torch.ops.sdm.triton_write_read(bank, *rest, C, mode, True)
+        return torch.ops.sdm.triton_write_read_backward(dy, dM, rows, scales, *rest, C, mode,
                                                         False)
 
     fb = bench(fwdbwd, rep=200 if quick else 400)
@@ -109,7 +109,7 @@ def run_config(name, C, bw, quick=False):
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
     fl = floors(ins, C, bw)
-    return dict(config=name, C=C, fwd_ms=fwd, train_fwd_ms=train, fwdbwd_ms=fb,
+    return dict(config=name + ("" if mode == "none" else f" {mode}"), C=C, fwd_ms=fwd, train_fwd_ms=train, fwdbwd_ms=fb,
                 peak_gib=peak / GIB, peak_over_inputs_gib=(peak - base) / GIB,
                 floor_fwd_ms=fl["fwd"], floor_train_ms=fl["train"], floor_fwdbwd_ms=fl["fwdbwd"],
                 distinct_written_rows=fl["distinct_written_rows"])
@@ -176,6 +176,19 @@ def main():
             r = run_config(name, C, bw, args.quick)
             rows.append(r)
             print(json.dumps(r), flush=True)
+    if "A" in args.configs:
+        # the snapshot's share of the peak; and fewer, wider backward column blocks
+        # (fewer partial sums, less parallelism)
+        r = run_config("A", 64, bw, args.quick, mode="fp8")
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        old = host.CONFIG["BD_BWD"]
+        host.CONFIG["BD_BWD"] = 32
+        r = run_config("A", 64, bw, args.quick)
+        r["config"] = "A BD_BWD=32"
+        host.CONFIG["BD_BWD"] = old
+        rows.append(r)
+        print(json.dumps(r), flush=True)
     mem = nograd_memory()
     dec = decode_latency()
     print()
@@ -187,7 +200,7 @@ def main():
               f"{r['fwdbwd_ms']:.2f} | {r['peak_gib']:.2f} | {r['floor_fwd_ms']:.2f} / "
               f"{r['floor_train_ms']:.2f} / {r['floor_fwdbwd_ms']:.2f} | "
               f"{r['floor_fwd_ms'] / r['fwd_ms']:.2f} / {r['floor_fwdbwd_ms'] / r['fwdbwd_ms']:.2f} |")
-    for name in sorted({r["config"] for r in rows}):
+    for name in sorted({r["config"] for r in rows if r["config"] in CONFIGS}):
         rs = [r for r in rows if r["config"] == name]
         best = min(rs, key=lambda r: r["fwd_ms"])
         c64 = [r for r in rs if r["C"] == 64]

@@ -221,7 +221,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
             old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
             acc = tl.zeros([NG, BD], tl.float32)
             m = 0
-            while m < tl.max(ln, axis=0):  # data-dependent trip count (largest group)
+            n_max = tl.max(ln, axis=0)  # largest group
+            while m < n_max:  # data-dependent trip count
                 mm = m < ln
                 tf = tl.load(g_tok_ptr + gb + pos + m, mask=mm, other=0)
                 wt = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)

@@ -21,7 +21,7 @@ NAME = "cuda-triton-chunked"
 # Launch parameters (the benchmark may override them). BD: bank columns per program
 # (16 bf16 columns = one 32-byte sector per gathered row); TB: tokens per tile; EW:
 # entries per gather tile; NG: write entries per tile of the write pass.
-CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=32, TB=64, EW=8, EW_BWD=4, NG=512, WARPS=8,
+CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=512, WARPS=8,
               WARPS_BWD=8)
 
 # The eager no-grad forward runs the sequence in windows of about this many tokens, so

@@ -18,8 +18,8 @@ Kernels:
 - ``_pairs_kernel`` (one program per token): per-slot cumulative log-decays by walking
   each entry's group (a fixed order: deterministic, and no long cumsum), the rows of
   the Gram matrices A and QK, and the per-entry weights Phase 2 uses.
-- torch: the unit-lower-triangular inverse ``X = (I + tril(beta A, -1))^-1`` and
-  ``QKX = QK @ X`` (batched, fp32).
+- ``solve.inverse``: the unit-lower-triangular inverse ``X = (I + tril(beta A, -1))^-1``
+  and ``QKX = QK @ X`` of every chunk (fp32).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import launch, pow2
+from .solve import inverse
 
 
 @triton.jit(do_not_specialize=["T", "Tp"])
@@ -281,11 +282,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int) -> Plan:
            C, W=W, R=R, EB=min(32, pow2(E)), CP=pow2(C), num_warps=4)
 
     bp = torch.nn.functional.pad(beta, (0, NC * C - T)).view(B, C)
-    L = torch.tril(bp[:, :, None] * A, -1) + torch.eye(C, device=dev)
-    eye = torch.eye(C, device=dev).expand(B, C, C)
-    # the solver may return column-major storage; the kernels index row-major
-    X = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True).contiguous()
-    QKX = torch.matmul(QK, X).contiguous()
+    X, QKX = inverse(A, QK, bp)
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)
     pl.runs = write_runs(pl, key)

@@ -60,9 +60,8 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         for t0 in range(0, C * (PASSES & 1), TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
-            # products accumulate per entry lane; one reduction per token tile
-            r3 = tl.zeros([TB, EW, BD], tl.float32)
-            i3 = tl.zeros([TB, EW, BD], tl.float32)
+            r0 = tl.zeros([TB, BD], tl.float32)
+            inter = tl.zeros([TB, BD], tl.float32)
             sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
             for e0 in range(0, E, EW):
                 ents = e0 + tl.arange(0, EW)
@@ -76,10 +75,8 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                              mask=(tm[:, None] & (ents < E)[None, :])[:, :, None] & cm[None, None, :])
                 x = w_cur[:, :, None] * rows.to(tl.float32)
                 is_w = (ents < W)[None, :, None]
-                r3 += tl.where(is_w, x, 0.0)
-                i3 += tl.where(is_w, 0.0, x)
-            r0 = tl.sum(r3, axis=1)
-            inter = tl.sum(i3, axis=1)
+                r0 += tl.sum(tl.where(is_w, x, 0.0), axis=1)
+                inter += tl.sum(tl.where(is_w, 0.0, x), axis=1)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -126,7 +123,8 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             acc = cf[:, None] * tl.load(scr_d + tk[:, None] * BD + sc[None, :],
                                         mask=(sl >= 0)[:, None], other=0.0)
             m = 1
-            while m < tl.max(ln, axis=0):  # data-dependent trip count (longest run)
+            n_max = tl.max(ln, axis=0)  # longest run
+            while m < n_max:  # data-dependent trip count
                 mm = m < ln
                 tk = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
                 cf = tl.load(run_coef_ptr + rb + pos + m, mask=mm, other=0.0)
