@@ -293,3 +293,26 @@ def test_cuda_graphs_reduce_overhead():
             y_ref, M_ref = gated_reference([a.cpu() for a in args])
             assert rel_err(y.cpu(), y_ref) < 1e-4 and rel_err(M.cpu(), M_ref) < 1e-4
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.compile
+def test_cuda_in_place_api_routes_to_in_place_kernels():
+    """``sdm_write_read`` (2.0.0 API) without grad: ``sdm::write_read_`` on the caller's
+    bank becomes ``sdm::triton_write_read_``; the bank is advanced in place."""
+    ins = make_inputs(2, 40, W=4, R=3, hd=HD, slots_per_stream=SPH, seed=31, device="cuda")
+
+    def step(memory, *rest):
+        return sdm_inductor.sdm_write_read(memory, *rest, chunk_size=C, num_memory_slots=SPH,
+                                           num_parallel=2)
+
+    fn = torch.compile(step, fullgraph=True)
+    m_compiled, m_eager = ins.bank.clone(), ins.bank.clone()
+    with torch.no_grad():
+        y, (code,) = run_and_get_code(fn, m_compiled, *ins[1:])
+        y_eager = step(m_eager, *ins[1:])
+    assert not extern_calls(code), extern_calls(code)
+    assert "_forward_kernel" in code or "_decode_kernel" in code
+    assert rel_err(y, y_eager) < 1e-5 and rel_err(m_compiled, m_eager) < 1e-5
+    assert not torch.equal(m_compiled, ins.bank)
