@@ -24,7 +24,8 @@ import torch.distributed as dist
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
 
-WORLD = 2
+# 2 processes in CI (2 cores); SDM_DIST_WORLD=4 adds the 2 x 2 mesh checks
+WORLD = int(os.environ.get("SDM_DIST_WORLD", "2"))
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -224,6 +225,16 @@ def _dtensor_worker(rank, world):
     on_dim1 = _distribute(ins, mesh2, [[Replicate(), Shard(0)]] * 8)
     y, M, _ = _check_against_one_process(ins, on_dim1, sph, 1e-6, "2-D mesh")
     assert y.placements == (Replicate(), Shard(0)) and M.placements == (Replicate(), Shard(0))
+    if world >= 4 and world % 2 == 0:  # 2 x (world/2): streams on both dims; streams x columns
+        mesh22 = init_device_mesh("cpu", (2, world // 2))
+        both = _distribute(ins, mesh22, [[Shard(0), Shard(0)]] * 8)
+        y, M, _ = _check_against_one_process(ins, both, sph, 1e-6, "streams on 2 mesh dims")
+        assert y.placements == (Shard(0), Shard(0))
+        sr = [Shard(0), Replicate()]
+        cross = _distribute(ins, mesh22, [[Shard(0), Shard(1)], sr, sr, [Shard(0), Shard(2)]]
+                            + [sr] * 4)
+        y, M, _ = _check_against_one_process(ins, cross, sph, 1e-5, "streams x columns")
+        assert y.placements == (Shard(0), Shard(2)) and M.placements == (Shard(0), Shard(1))
 
     # a shared bank cannot be split by streams: replicated, and still right
     y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh, [S0] * 8), 0, 1e-6,
@@ -247,10 +258,10 @@ def _dtensor_worker(rank, world):
     with pytest.raises(Err, match="argument 'q_val'.*DTensor.*torch.Tensor"):
         torch.ops.sdm.write_read(*dts[:7], ins.q_val, 16, sph)
     bad = ins.k_idx.clone()
-    bad[0, 3, 1] = sph + 1      # stream 0 (rank 0) writes a row of stream 1
-    bad[P - 1, 5, 0] = 0        # stream 3 (rank 1) writes a row of stream 0
+    bad[:, 3, 1] = ((torch.arange(P) + 1) % P) * sph  # every stream writes a row of the next
     dts[1] = distribute_tensor(bad, mesh, S0)
-    with pytest.raises(Err, match=rf"'k_idx'.*stream shard {rank} of 2.*rebased by -{rank * 16}"):
+    rows = P // world * sph
+    with pytest.raises(Err, match=rf"'k_idx'.*stream shard {rank} of {world}.*by -{rank * rows}"):
         torch.ops.sdm.write_read(*dts, 16, sph)
 
     # layout helpers: plain sharding rules
