@@ -103,7 +103,7 @@ def warm_up(dev):
 
 def worker(mode: str, T: int, device: str, reps: int) -> dict:
     import torch
-    import sdm_inductor
+    import sdm_inductor  # noqa: F401  (registers the ops and installs the rewrites)
     from sdm_inductor import patterns
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -11,6 +11,7 @@ aten-level) supply only the op table (``FrontEnd``).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch.fx as fx
@@ -299,16 +300,10 @@ class Analysis:
 
     # ---------------------------------------------------------------- chains
     def chains(self):
-        """(chains that may be rewritten, rejected candidates with reasons)."""
+        """(chains that may be rewritten, rejected candidates with reasons). A bank whose
+        state passes through a foreign op between tokens was rejected at the write that
+        met it (``_write``)."""
         ok, rejected = [], []
-        # a bank whose root depends on another bank's state: the loop is broken by foreign ops
-        for b in self.banks.values():
-            root_dep = self._root_deps(b)
-            for other in root_dep:
-                why = (f"the bank passes through a foreign op between tokens "
-                       f"(its state at {location(b.root)} comes from another loop's bank)")
-                self._reject_bank(other, why)
-                self._reject_bank(b.id, why)
         for b in self.banks.values():
             if not b.writes and b.reject is None:
                 continue
@@ -321,13 +316,6 @@ class Analysis:
             except Reject as e:
                 rejected.append(Rejected(where, len(b.writes), str(e)))
         return ok, rejected
-
-    def _root_deps(self, b: Bank) -> frozenset:
-        # the root was created from bank-independent inputs unless a foreign op fed it
-        deps = frozenset()
-        for n in b.root.all_input_nodes:
-            deps |= _deps(self.env.get(n))
-        return deps
 
     def _chain(self, b: Bank, where: str) -> Chain:
         V = len(b.writes)
@@ -366,7 +354,7 @@ class Analysis:
         for ver, lst in reads.items():
             first = lst[0][1]
             for _, r in lst[1:]:
-                if r.q_idx.key != first.q_idx.key or Counterish(r.q) != Counterish(first.q):
+                if r.q_idx.key != first.q_idx.key or _multiset(r.q) != _multiset(first.q):
                     raise Reject(f"two different readings after token {ver}")
             steps[ver - 1].read = first
         nodes = [n for n, ids in self.node_banks.items() if b.id in ids]
@@ -374,8 +362,7 @@ class Analysis:
         return chain
 
 
-def Counterish(factors):
-    from collections import Counter
+def _multiset(factors) -> Counter:
     return Counter(rf.sig() for rf in factors)
 
 

@@ -15,7 +15,7 @@ import torch.fx as fx
 from . import config
 from .canonical import Reject, RoleFactor
 from .distinct import proof
-from .interpret import Analysis, Chain, location
+from .interpret import Analysis, Chain
 
 __all__ = ["rewrite_chain", "Emitter"]
 
