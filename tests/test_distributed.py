@@ -61,14 +61,20 @@ class _Ranks:
         deadline, errors, done = time.monotonic() + timeout, {}, 0
         while done < WORLD:
             # once a rank failed, the others may wait in a collective: give them a little
-            wait = deadline - time.monotonic() if not errors else 15.0
+            if errors:
+                deadline = min(deadline, time.monotonic() + 15.0)
             try:
-                rank, err = self.outbox.get(timeout=max(0.1, wait))
+                rank, err = self.outbox.get(timeout=min(5.0, max(0.1, deadline - time.monotonic())))
             except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(self.procs) if not p.is_alive()]
+                if time.monotonic() < deadline and not dead:
+                    continue
                 self.close()
                 if errors:
                     break
-                pytest.fail(f"{worker.__name__}: ranks still running after {timeout} s")
+                pytest.fail(f"{worker.__name__}: " + (
+                    f"ranks exited (rank, exit code): {dead}" if dead else
+                    f"ranks still running after {timeout} s"))
             done += 1
             if err:
                 errors[rank] = err
