@@ -7,7 +7,7 @@ Run one size per launch, under torchrun (NCCL on GPUs, gloo on CPU):
     done
     python benchmarks/bench_distributed.py --table bench_dist_*.json
 
-Two workloads (``--mode``):
+Two workloads (``--mode``, both by default):
 
 - ``fsdp`` (default): a stack of ``sdm_inductor.nn.SparseDeltaMemory`` layers with learned
   banks, ``fully_shard`` (FSDP2) per layer and on the root, AdamW, optionally
@@ -140,14 +140,9 @@ def _peak_memory(device) -> dict:
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
-def run(a):
-    from torch.distributed.tensor import init_device_mesh
-
-    device, backend = _device()
-    dist.init_process_group(backend)
-    rank, n = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(device.type, (n,))
-    step = (_fsdp_step if a.mode == "fsdp" else _streams_step)(a, device, mesh)
+def _measure(a, mode, device, mesh) -> dict:
+    """One workload on this rank: warm-up, then ``a.steps`` timed steps."""
+    step = (_fsdp_step if mode == "fsdp" else _streams_step)(a, device, mesh)
     t0 = time.perf_counter()
     for _ in range(a.warmup):  # the first step holds any compile
         step()
@@ -165,14 +160,29 @@ def run(a):
         times.append((time.perf_counter() - t) * 1e3)
     loss = loss.detach()
     loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # streams: a DTensor
-    mine = {"rank": rank, "step_ms_median": statistics.median(times), "step_ms": times,
-            "warmup_s": warmup_s, "loss": float(loss), **_peak_memory(device)}
-    ranks = [None] * n
-    dist.all_gather_object(ranks, mine)
+    return {"rank": dist.get_rank(), "step_ms_median": statistics.median(times),
+            "step_ms": times, "warmup_s": warmup_s, "loss": float(loss), **_peak_memory(device)}
+
+
+def run(a):
+    from torch.distributed.tensor import init_device_mesh
+
+    device, backend = _device()
+    dist.init_process_group(backend)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(device.type, (n,))
+    runs = []
+    for mode in (("fsdp", "streams") if a.mode == "all" else (a.mode,)):
+        mine = _measure(a, mode, device, mesh)
+        if device.type == "cuda":  # the next workload starts from an empty cache
+            torch.cuda.empty_cache()
+        ranks = [None] * n
+        dist.all_gather_object(ranks, mine)
+        runs.append({"mode": mode, "ranks": ranks})
     if rank == 0:
         result = {"world_size": n, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "backend": backend,
-                  "torch": torch.__version__, "config": vars(a), "ranks": ranks}
+                  "torch": torch.__version__, "config": vars(a), "runs": runs}
         _print([result])
         if a.json:
             with open(a.json, "w") as f:
@@ -181,25 +191,29 @@ def run(a):
 
 
 def _print(results):
-    mem_key = next(k for k in results[0]["ranks"][0] if k.startswith("peak_"))
-    c = results[0]["config"]
-    size = (f"batch/GPU={c['batch_per_gpu']} d={c['d_model']} H={c['num_heads']} "
-            f"layers={c['layers']} compile={c['compile']}" if c["mode"] == "fsdp"
-            else f"streams/GPU={c['streams_per_gpu']}")
-    print(f"mode={c['mode']} {size} T={c['T']} hd={c['head_dim']} slots/head={c['slots_per_head']} "
-          f"top_k={c['top_k']} dtype={c['dtype']} device={results[0]['device']} "
-          f"torch={results[0]['torch']}")
-    print(f"{'GPUs':>5} {'step time ms (max over ranks)':>30} {'spread ms':>10} "
-          f"{mem_key + ' (max)':>24}")
-    for r in sorted(results, key=lambda r: r["world_size"]):
-        t = [x["step_ms_median"] for x in r["ranks"]]
-        m = max(x[mem_key] for x in r["ranks"])
-        print(f"{r['world_size']:>5} {max(t):>30.2f} {max(t) - min(t):>10.2f} {m:>24.3f}")
+    """One table per workload, one row per world size."""
+    c, first = results[0]["config"], results[0]
+    for mode in dict.fromkeys(run["mode"] for r in results for run in r["runs"]):
+        rows = sorted(((r["world_size"], run["ranks"]) for r in results for run in r["runs"]
+                       if run["mode"] == mode), key=lambda x: x[0])
+        mem_key = next(k for k in rows[0][1][0] if k.startswith("peak_"))
+        size = (f"batch/GPU={c['batch_per_gpu']} d={c['d_model']} H={c['num_heads']} "
+                f"layers={c['layers']} compile={c['compile']}" if mode == "fsdp"
+                else f"streams/GPU={c['streams_per_gpu']}")
+        print(f"\n{mode}: {size} T={c['T']} hd={c['head_dim']} "
+              f"slots/head={c['slots_per_head']} top_k={c['top_k']} dtype={c['dtype']} "
+              f"device={first['device']} torch={first['torch']}")
+        print(f"{'GPUs':>5} {'step time ms (max over ranks)':>30} {'spread ms':>10} "
+              f"{mem_key + ' (max)':>24}")
+        for n, ranks in rows:
+            t = [x["step_ms_median"] for x in ranks]
+            m = max(x[mem_key] for x in ranks)
+            print(f"{n:>5} {max(t):>30.2f} {max(t) - min(t):>10.2f} {m:>24.3f}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", choices=("fsdp", "streams"), default="fsdp")
+    ap.add_argument("--mode", choices=("all", "fsdp", "streams"), default="all")
     ap.add_argument("--batch-per-gpu", type=int, default=4)
     ap.add_argument("--streams-per-gpu", type=int, default=16)
     ap.add_argument("--T", type=int, default=2048)
@@ -220,12 +234,7 @@ def main(argv=None):
                     help="print one table from the JSON files of several runs (no torchrun)")
     a = ap.parse_args(argv)
     if a.table:
-        results = [json.load(open(p)) for p in a.table]
-        by_mode = {}
-        for r in results:
-            by_mode.setdefault(r["config"]["mode"], []).append(r)
-        for group in by_mode.values():
-            _print(group)
+        _print([json.load(open(p)) for p in a.table])
         return
     if "RANK" not in os.environ:
         sys.exit("run under torchrun: torchrun --nproc-per-node N benchmarks/bench_distributed.py")

@@ -442,7 +442,7 @@ def test_fsdp2_training_compiled_matches_one_process(ranks):
 # ---------------------------------------------------------------- the benchmark runs
 
 def test_bench_distributed_runs_under_torchrun(tmp_path):
-    """The several-GPU benchmark at a tiny size on 2 CPU processes (gloo)."""
+    """The several-GPU benchmark (both workloads) at a tiny size on CPU processes (gloo)."""
     import json
     import socket
 
@@ -457,6 +457,9 @@ def test_bench_distributed_runs_under_torchrun(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["world_size"] == WORLD and len(result["ranks"]) == WORLD
-    assert all(r["step_ms_median"] > 0 for r in result["ranks"])
-    assert "step time" in proc.stdout
+    assert result["world_size"] == WORLD
+    assert [run["mode"] for run in result["runs"]] == ["fsdp", "streams"]
+    for run in result["runs"]:
+        assert len(run["ranks"]) == WORLD
+        assert all(r["step_ms_median"] > 0 and r["loss"] == r["loss"] for r in run["ranks"])
+    assert proc.stdout.count("step time") == 2
