@@ -8,6 +8,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [ -z "$SKIP_TESTS" ]; then
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log" | tail -25
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/test_cuda.log" | tail -25
 fi
 timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_cuda.py --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"

@@ -109,8 +109,28 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     else:
         out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw)
     if rows is None:
-        rows, scales = quant.quantize(raw, snapshot_quant, bank.dtype)
+        rows, scales = _quantize_sliced(raw, snapshot_quant, bank.dtype)
     return out, rows, scales
+
+
+# quant.quantize works in fp32 temporaries of its input's size: done in this many slices
+# (a number independent of T, so traced code has no length-dependent loop)
+QUANT_SLICES = 16
+
+
+def _quantize_sliced(raw: Tensor, mode: str, bank_dtype: torch.dtype):
+    """``quant.quantize`` of the raw snapshot, slice by slice, into the final tensors."""
+    n, E, hd = raw.shape
+    dtype, width, _ = quant.storage(mode, bank_dtype, hd)
+    rows = raw.new_empty(n, E, width, dtype=dtype)
+    scales = raw.new_empty(n, E, dtype=torch.float32)
+    step = -(-n // QUANT_SLICES)
+    for i in range(QUANT_SLICES):
+        sl = slice(i * step, min(n, (i + 1) * step))
+        q, sc = quant.quantize(raw[sl], mode, bank_dtype)
+        rows[sl] = q
+        scales[sl] = sc
+    return rows, scales
 
 
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
