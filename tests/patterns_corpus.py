@@ -528,13 +528,45 @@ def n_streams_summed_reading(M, k_idx, k_val, v, beta, g, q_idx, q_val):
         outs.append(torch.einsum("br,brd->d", q_val[:, t], M[b, q_idx[:, t]]))
     return torch.stack(outs), M
 
-
-POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
-             p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
-             p_two_readings_scaled, p_negated_delta, p_scan]
-BATCHED = [p_batched_bank, p_flat_offsets]
-BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading]
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
                n_beta_on_v_only, n_write_other_slots, n_sigmoid_decay, n_states_kept,
                n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank]
+
+
+def p_inplace_after_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The bank changed in place after the loop (a foreign op on the final state)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    M.mul_(0.5)
+    return torch.stack(outs), M
+
+
+def p_two_layers(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """Two banks, the second loop's values computed from the first loop's readings
+    (through a projection): both loops rewritten (the second in a later round)."""
+    wo = torch.linspace(-1, 1, HD * HD).view(HD, HD)
+    M1, M2 = M.clone(), M.clone() * 0.5
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M1[k_idx[t]] * torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M1[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        r1 = (q_val[t][:, None] * M1[q_idx[t]]).sum(0)
+        v2 = r1 @ wo
+        dec2 = M2[q_idx[t]] * torch.exp(g[t, :R])[:, None]
+        delta2 = beta[t] * (v2 - (q_val[t][:, None] * dec2).sum(0))
+        M2[q_idx[t]] = dec2 + q_val[t][:, None] * delta2[None, :]
+        outs.append((k_val[t][:, None] * M2[k_idx[t]]).sum(0))
+    return torch.stack(outs), M1, M2
+
+POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
+             p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
+             p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop]
+BATCHED = [p_batched_bank, p_flat_offsets]
+BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading]

@@ -233,3 +233,24 @@ def test_nn_layer_naive_loop_is_rewritten():
     out.pow(2).sum().backward()
     for n, g in grads.items():
         torch.testing.assert_close(dict(m.named_parameters())[n].grad, g, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_two_banks_second_fed_by_first_readings():
+    """Two loops in one graph, the second one's values projected from the first one's
+    readings: the first is rewritten, then (next round) the second; gradients equal."""
+    d = C.inputs(seed=23, requires_grad=True)
+    d["q_idx"] = torch.stack([torch.randperm(C.S, generator=torch.Generator().manual_seed(t))[:C.R]
+                              for t in range(C.T)])        # the second bank writes at q_idx
+    out = C.p_two_layers(**d)
+    sum(o.pow(2).sum() for o in out).backward()
+    ref_out = tuple(o.detach() for o in out)
+    ref = {k: t.grad.clone() for k, t in d.items() if t.grad is not None}
+    for t in d.values():
+        t.grad = None
+    compiled, report = rewrite_compile(C.p_two_layers)
+    out = compiled(**d)
+    assert len(report.rewritten) == 2 and not report.rejected, str(report)
+    _close(out, ref_out, torch.float32)
+    sum(o.pow(2).sum() for o in out).backward()
+    for k in ref:
+        torch.testing.assert_close(d[k].grad, ref[k], atol=1e-5, rtol=1e-4, msg=k)

@@ -13,6 +13,7 @@ from torch._guards import detect_fake_mode
 
 from .driver import rewrite_graph
 from .optable import AtenOps
+from .rewrite import remove_dead_code
 from .report import Report
 from .scan import rewrite_scans
 
@@ -61,7 +62,7 @@ def rewrite_exported(ep: "torch.export.ExportedProgram", report: Report | None =
         report.extend(rep)
     if not rep.rewritten:
         return ep
-    gm.graph.eliminate_dead_code()
+    remove_dead_code(gm.graph)
     gm.recompile()
     return ep._update(gm, _signature_for(gm, ep.graph_signature))
 

@@ -6,7 +6,7 @@ import torch.fx as fx
 from .canonical import Reject
 from .interpret import Analysis
 from .report import RejectedChain, Report, RewrittenChain
-from .rewrite import check_chain, rewrite_chain
+from .rewrite import remove_dead_code, check_chain, rewrite_chain
 
 __all__ = ["rewrite_graph"]
 
@@ -39,7 +39,7 @@ def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
         an = Analysis(graph, frontend).run()
         chains, rej = an.chains()
         for r in rej:
-            rejected[(r.where, r.tokens)] = r
+            rejected[r.root] = r
         done = 0
         for chain in chains:
             if body and chain.length == 1 and chain.bank.root.op == "placeholder":
@@ -47,11 +47,11 @@ def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
             try:
                 before, move = check_chain(an, chain)
             except Reject as e:
-                rejected[(chain.where, chain.length)] = RejectedChain(chain.where, chain.length, str(e))
+                rejected[chain.bank.root] = RejectedChain(chain.where, chain.length, str(e))
                 continue
             grad = _needs_grad(an, chain)
             rewrite_chain(an, chain, before, move, aten_level=(level == "aten"), needs_grad=grad)
-            rejected.pop((chain.where, chain.length), None)
+            rejected.pop(chain.bank.root, None)
             form = "decode step" if chain.length == 1 else "unrolled loop"
             op = "sdm.write_read_" if (chain.bank.inplace_root and chain.bank.root.op in
                                        ("placeholder", "get_attr") and not grad) else "sdm.write_read"
@@ -60,7 +60,7 @@ def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
             done += 1
         if not done:
             break
-        graph.eliminate_dead_code()
+        remove_dead_code(graph)
     report.rejected = [RejectedChain(r.where, r.tokens, r.reason) for r in rejected.values()]
     if report.rewritten and graph.owning_module is not None:
         graph.lint()

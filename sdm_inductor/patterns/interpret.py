@@ -97,6 +97,7 @@ class Rejected:
     where: str
     tokens: int
     reason: str
+    root: object = None      # the bank's root node (identifies the candidate across rounds)
 
 
 def _deps(v) -> frozenset:
@@ -139,6 +140,7 @@ class Analysis:
         self.escapes: list[Escape] = []
         self.node_banks: dict = {}         # node -> bank ids its value depends on
         self.volatile: set = set()         # leaf nodes mutated by foreign in-place ops
+        self.kept: set = set()             # bank-dependent nodes recomputed from readings (kept)
         self.roots = frontend.write_targets(graph)
         self._keys: dict = {}
         self._intern: dict = {}
@@ -216,6 +218,13 @@ class Analysis:
         if isinstance(out, WriteOp):
             self._write(node, out, dep)
             return
+        if len(dep) > 1:
+            # values of two banks meet: each leaves its own loop here (a later round may
+            # rewrite the second loop once the first one's readings are the op's outputs)
+            self._escape(node, ins)
+            self._foreign_inplace(node, dep)
+            self._set(node, Opaque(dep, f"values of two banks meet in {self.fe.describe(node)}"))
+            return
         if out is None and node.op in ("call_function", "call_method"):
             if dep:
                 self._escape(node, ins)
@@ -288,10 +297,10 @@ class Analysis:
             self.env[op.target] = new
         self._set(node, new if (not op.inplace or self.fe.returns_self(node)) else None)
         self.node_banks.setdefault(node, set()).add(bank.id)
-        # other inputs that depend on *other* banks leak into this one
-        for bid in dep - {bank.id}:
-            self._reject_bank(bid, "a value of this bank is written into another bank")
-            self._reject_bank(bank.id, "the written rows depend on another bank")
+        # values of other banks written into this one leave their own loops here
+        if dep - {bank.id}:
+            self._escape(node, [n for n in self._inputs(node) if _deps(self.env.get(n)) - {bank.id}])
+            self._reject_bank(bank.id, "the written rows depend on another bank's state")
 
     def _reject_bank(self, bid, why):
         b = self.banks[bid]
@@ -309,13 +318,42 @@ class Analysis:
                 continue
             where = location(b.writes[min(b.writes)].node) if b.writes else location(b.root)
             if b.reject is not None:
-                rejected.append(Rejected(where, max(b.attempts, len(b.writes)), b.reject))
+                rejected.append(Rejected(where, max(b.attempts, len(b.writes)), b.reject, b.root))
                 continue
             try:
                 ok.append(self._chain(b, where))
             except Reject as e:
-                rejected.append(Rejected(where, len(b.writes), str(e)))
+                rejected.append(Rejected(where, len(b.writes), str(e), b.root))
         return ok, rejected
+
+    def _readings_behind(self, e: Escape, bank_id: int):
+        """The readings an escaping value is computed from. A reading itself, or e.g.
+        ``W_o @ reading`` / ``reading_1 + reading_2``: walking back from the escape, every
+        path to the bank must pass a reading; the nodes after the readings stay in the
+        graph (recomputed from the op's readings), the rest of the loop goes."""
+        try:
+            return [(e.producer, match_read(e.value, bank_id))]
+        except Reject as first:
+            why = first
+        found, kept, stack = [], set(), [e.producer]
+        while stack:
+            n = stack.pop()
+            if n in kept:
+                continue
+            v = self.env.get(n)
+            if n is not e.producer and isinstance(v, Sym):
+                try:
+                    found.append((n, match_read(v, bank_id)))
+                    continue
+                except Reject:
+                    pass
+            inputs = [m for m in n.all_input_nodes if bank_id in _deps(self.env.get(m))]
+            if not isinstance(v, Sym) or not inputs or any(isinstance(self.env.get(m), BankVal) for m in inputs):
+                raise why
+            kept.add(n)
+            stack.extend(inputs)
+        self.kept |= kept
+        return found
 
     def _chain(self, b: Bank, where: str) -> Chain:
         V = len(b.writes)
@@ -349,15 +387,15 @@ class Analysis:
                 raise Reject(f"a bank-dependent value reaches {self.fe.describe(e.consumer)}")
             if _deps(v) != {b.id}:
                 raise Reject("a value read from two banks leaves the loop")
-            r = match_read(v, b.id)
-            reads.setdefault(r.version, []).append((e.producer, r))
+            for producer, r in self._readings_behind(e, b.id):
+                reads.setdefault(r.version, []).append((producer, r))
         for ver, lst in reads.items():
             first = lst[0][1]
             for _, r in lst[1:]:
                 if r.q_idx.key != first.q_idx.key or _multiset(r.q) != _multiset(first.q):
                     raise Reject(f"two different readings after token {ver}")
             steps[ver - 1].read = first
-        nodes = [n for n, ids in self.node_banks.items() if b.id in ids]
+        nodes = [n for n, ids in self.node_banks.items() if b.id in ids and n not in self.kept]
         chain = Chain(b, steps, reads, finals, nodes, where=where)
         return chain
 

@@ -194,8 +194,10 @@ def plan_insertion(an: Analysis, chain: Chain):
     """The node before which the op goes, and nodes that must move in front of it."""
     order = {n: i for i, n in enumerate(an.graph.nodes)}
     erase = set(chain.nodes) - {chain.bank.root}
-    firsts = [e.consumer for e in an.escapes if e.consumer not in erase and chain.bank.id in
-              _deps_of(e.value) and not (getattr(e.value, "version", None) == 0)]
+    # the op goes before the first surviving use of any value of the loop
+    firsts = [u for n in erase for u in n.users if u not in erase]
+    firsts += [e.consumer for e in an.escapes if e.consumer not in erase and chain.bank.id in
+               _deps_of(e.value) and getattr(e.value, "version", None) != 0]
     out = next(n for n in an.graph.nodes if n.op == "output")
     before = min(firsts, key=order.get) if firsts else out
     # the op must come after every write node (in place on a graph input)
@@ -352,12 +354,13 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
             final = em.reshape(final, chain.bank.shape)
         if inplace:
             em.call(aten.copy_.default if aten_level else torch.Tensor.copy_, root, final)
-    # results
+    # results: every use that survives the loop's removal reads the op's outputs
+    erase = set(chain.nodes) - {root}
     done = _stacked_readings(em, g, chain, readings)
     for ver, lst in chain.reads.items():
         ref = steps[ver - 1].read
         for producer, r in lst:
-            users = [e.consumer for e in an.escapes if e.producer is producer and e.consumer not in done]
+            users = [u for u in producer.users if u not in erase and u not in done]
             if not users:
                 continue
             node = _reading(em, readings, ver - 1, r, ref, hd, P)
@@ -366,10 +369,43 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
     for e in chain.final_escapes:
         if e.producer is not final:
             e.consumer.replace_input_with(e.producer, final)
+    if not inplace:
+        _later_uses_read_final(g, chain, erase, final)
     for user in done:
         g.erase_node(user)
-    _erase(g, set(chain.nodes) - {root})
+    _erase(g, erase)
     return readings
+
+
+def remove_dead_code(g: fx.Graph) -> None:
+    """Erase unused pure nodes. Not ``Graph.eliminate_dead_code``: Dynamo's graph holds
+    in-place methods (``M.mul_(0.5)``) whose results nobody uses but whose effect counts."""
+    from .optable import _is_impure
+    for n in reversed(list(g.nodes)):
+        if n.users or n.op not in ("call_function", "call_method") or _is_impure(n) or n.is_impure():
+            continue
+        if n.kwargs.get("out") is not None or (n.op == "call_function" and n.target is operator.setitem):
+            continue
+        g.erase_node(n)
+
+
+def _later_uses_read_final(g, chain, erase, final):
+    """A bank written in place (``M[idx] = ...`` on a clone) is one node for all its
+    states: its uses after the loop (a foreign in-place op, the output) must see the
+    final state, which now lives in the op's output."""
+    targets = {rec.target for rec in chain.bank.writes.values() if rec.inplace}
+    if not targets:
+        return
+    after, seen = set(), False
+    for n in g.nodes:
+        if n is final:
+            seen = True
+        elif seen:
+            after.add(n)
+    for x in targets:
+        for u in list(x.users):
+            if u in after and u not in erase:
+                u.replace_input_with(x, final)
 
 
 def _unclone(root, chain_nodes):

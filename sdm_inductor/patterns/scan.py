@@ -19,7 +19,7 @@ from .canonical import Reject
 from .distinct import proof
 from .interpret import Analysis, location
 from .report import RejectedChain, Report, RewrittenChain
-from .rewrite import Emitter
+from .rewrite import remove_dead_code, Emitter
 
 __all__ = ["rewrite_scans"]
 
@@ -39,7 +39,7 @@ def rewrite_scans(graph: fx.Graph, frontend, level: str) -> Report:
         except Reject as e:
             report.rejected.append(RejectedChain(where, 0, f"scan: {e}"))
     if report.rewritten and graph.owning_module is not None:
-        graph.eliminate_dead_code()
+        remove_dead_code(graph)
         graph.lint()
         graph.owning_module.recompile()
     return report
