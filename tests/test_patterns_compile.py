@@ -164,3 +164,18 @@ def test_post_grad_pass_rewrites_inference_graph():
     assert report.rewritten and "aten" in report.rewritten[0].form, str(report)
     for a, b in zip(out, C.p_gather_scatter_outer(**d)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.compile
+def test_backend_entry_point_rewrites_when_switched_off_globally():
+    """``torch.compile(backend="sdm")`` (entry point ``torch_dynamo_backends``) rewrites
+    even with the global switch off, then compiles with Inductor."""
+    d = C.inputs(T=4, seed=61)
+    torch._dynamo.reset()
+    with rewrites(False):
+        out = torch.compile(C.p_bmm, backend="sdm")(**d)
+        assert not passes.installed()
+    report = sdm_inductor.patterns.last_report()
+    assert len(report.rewritten) == 1 and report.rewritten[0].tokens == 4, str(report)
+    for a, b in zip(out, C.p_bmm(**d)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
