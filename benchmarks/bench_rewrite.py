@@ -35,6 +35,7 @@ SIZES = {
     "cuda": dict(S=65536, hd=128, W=32, R=32),
 }
 MODES = ("dynamo", "plain", "rewrite", "explicit", "scan")
+_OPAQUE = "--opaque-triton" in sys.argv
 
 
 # ============================================================================ worker
@@ -155,7 +156,7 @@ def run_one(mode, T, device, reps, timeout):
     env = dict(os.environ, TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
                TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="sdm_bench_"))
     cmd = [sys.executable, __file__, "--worker", mode, "--T", str(T), "--device", device,
-           "--reps", str(reps)]
+           "--reps", str(reps)] + (["--opaque-triton"] if _OPAQUE else [])
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -179,9 +180,15 @@ def main():
     ap.add_argument("--inprocess", action="store_true",
                     help="all measurements in this process (Dynamo reset between them; Inductor's "
                          "caches off): no per-process start, no timeout for plain")
+    ap.add_argument("--opaque-triton", action="store_true",
+                    help="keep Triton-backed custom ops opaque in compiled graphs (torch._functorch."
+                         "config.decompose_custom_triton_ops=False) instead of inlining their kernels")
     ap.add_argument("--json")
     ap.add_argument("--worker")
     a = ap.parse_args()
+    if a.opaque_triton:
+        import torch._functorch.config as fconfig
+        fconfig.decompose_custom_triton_ops = False
     if a.worker:
         print(json.dumps(worker(a.worker, a.T[0], a.device, a.reps)))
         return
