@@ -56,9 +56,10 @@ def count_repeated_write_slots(k_idx: Tensor) -> Tensor:
     """Number of write entries that repeat a slot already written by the same token."""
     if k_idx.numel() == 0:
         return torch.zeros((), dtype=torch.long, device=k_idx.device)
-    W = k_idx.shape[-1]
-    first = (k_idx[..., :, None] == k_idx[..., None, :]).int().argmax(-1)
-    return (first != torch.arange(W, device=k_idx.device)).sum()
+    # after a sort along W, each repeat sits right after an equal slot: O(W log W) per
+    # token and no W x W comparison (working memory linear in T * W)
+    s = k_idx.sort(dim=-1).values
+    return (s[..., 1:] == s[..., :-1]).sum()
 
 
 def repeated_write_slots(k_idx: Tensor | None = None) -> int:
