@@ -269,6 +269,10 @@ def check_chain(an: Analysis, chain: Chain):
     Rs = {st.read.R for st in chain.steps if st.read is not None}
     if len(Rs) > 1:
         raise Reject("tokens read different numbers of slots")
+    root_val = chain.bank.root.meta.get("val", chain.bank.root.meta.get("example_value"))
+    if (any(rec.inplace for rec in chain.bank.writes.values()) and chain.bank.root.op != "placeholder"
+            and isinstance(root_val, torch.Tensor) and root_val._is_view()):
+        raise Reject("the bank written in place is a view of another tensor (its base changes too)")
     proofs = {proof(st.write.k_idx.node) for st in chain.steps}
     chain.distinct = None if None in proofs else sorted(proofs)[0]
     if chain.distinct is None and config.assume_distinct_write_slots:
