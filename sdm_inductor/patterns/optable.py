@@ -62,10 +62,11 @@ class _Base:
         v = node.meta.get(self.META)
         if not isinstance(v, torch.Tensor):
             return None
-        try:
-            return tuple(int(s) for s in v.shape)
-        except (TypeError, ValueError):      # symbolic sizes: left alone
+        # symbolic sizes are left alone: int() of a SymInt would not raise but guard
+        # (specialize the compiled graph to the traced length)
+        if not all(isinstance(s, int) for s in v.shape):
             return None
+        return tuple(v.shape)
 
     def dtype(self, node: fx.Node):
         v = node.meta.get(self.META)

@@ -343,7 +343,9 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
         k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
                         f"the token loop at {chain.where}")
     inplace = chain.bank.inplace_root and root.op in ("placeholder", "get_attr")
-    bank_in = _unclone(root, set(chain.nodes)) if not inplace else root
+    # uses of an in-place root after the loop are redirected to the final bank below
+    redirected = {e.consumer for e in chain.final_escapes} if chain.bank.inplace_root else set()
+    bank_in = _unclone(root, set(chain.nodes), redirected) if not inplace else root
     if batched_bank:
         bank_in = em.reshape(bank_in, (P * chain.bank.shape[1], hd))
     shared = P > 1 and not batched_bank     # a flat bank: the op checks the streams' rows are disjoint
@@ -412,13 +414,14 @@ def _later_uses_read_final(g, chain, erase, final):
                 u.replace_input_with(x, final)
 
 
-def _unclone(root, chain_nodes):
-    """``x`` for a root ``x.clone()`` used only by the loop: the functional op copies the
-    bank itself, so the loop's own clone would be a second copy."""
+def _unclone(root, chain_nodes, redirected):
+    """``x`` for a root ``x.clone()`` used only by the loop (and by uses after it, which
+    read the op's final bank): the functional op copies the bank itself, so the loop's
+    own clone would be a second copy."""
     is_clone = (root.op == "call_method" and root.target == "clone") or root.target in (
         torch.clone, aten.clone.default)
     if (is_clone and not root.kwargs and len(root.args) == 1 and isinstance(root.args[0], fx.Node)
-            and all(u in chain_nodes for u in root.users)):
+            and all(u in chain_nodes or u in redirected for u in root.users)):
         return root.args[0]
     return root
 
