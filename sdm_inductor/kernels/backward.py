@@ -366,7 +366,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
     qmode = _QMODE[snapshot_quant]
     rows = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
-    scales = saved_scales if saved_scales.numel() else dB
+    # a separate placeholder, never dB itself: Inductor treats both pointers as written
+    # and clones aliased arguments separately (the untouched copy would win)
+    scales = saved_scales if saved_scales.numel() else torch.empty(1, **f32)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
     gr = entry_groups(pl)
     launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, gr.slot,
