@@ -1,6 +1,8 @@
 """Run the recognizer on one graph and rewrite what it accepts (both front-ends)."""
 from __future__ import annotations
 
+import logging
+
 import torch.fx as fx
 
 from .canonical import Reject
@@ -9,6 +11,8 @@ from .report import RejectedChain, Report, RewrittenChain
 from .rewrite import remove_dead_code, check_chain, rewrite_chain
 
 __all__ = ["rewrite_graph"]
+
+log = logging.getLogger(__name__)
 
 # Rewriting one bank can make another recognisable (a layer whose inputs are an earlier
 # layer's readings): re-analyse a few times while something changes.
@@ -36,8 +40,13 @@ def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
     body = _loop_body(graph, level)
     rejected: dict = {}
     for _ in range(_MAX_ROUNDS):
-        an = Analysis(graph, frontend).run()
-        chains, rej = an.chains()
+        try:
+            an = Analysis(graph, frontend).run()
+            chains, rej = an.chains()
+        except Exception as e:      # noqa: BLE001 - the graph is untouched: compile it as written
+            report.rejected.append(RejectedChain("graph", 0, f"recognizer error, graph left as written: {e!r}"))
+            log.warning("sdm rewrites: recognizer error, graph left as written: %r", e)
+            break
         for r in rej:
             rejected[r.root] = r
         done = 0
@@ -61,7 +70,7 @@ def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
         if not done:
             break
         remove_dead_code(graph)
-    report.rejected = [RejectedChain(r.where, r.tokens, r.reason) for r in rejected.values()]
+    report.rejected += [RejectedChain(r.where, r.tokens, r.reason) for r in rejected.values()]
     if report.rewritten and graph.owning_module is not None:
         graph.lint()
         graph.owning_module.recompile()

@@ -13,7 +13,9 @@ def explain(fn, *args, **kwargs) -> Report:
     """Trace ``fn(*args, **kwargs)`` with Dynamo, run the torch-level recognizer on every
     graph, execute the rewritten graphs eagerly, and return the ``Report``:
     ``.rewritten`` (each chain: tokens, form, where), ``.rejected`` (each candidate left
-    alone, with the reason), ``str(report)`` for reading."""
+    alone, with the reason), ``str(report)`` for reading. Like ``torch._dynamo.explain``
+    it resets Dynamo's caches before and after (functions compiled earlier recompile on
+    their next call)."""
     report = Report()
 
     def backend(gm, example_inputs):

@@ -34,10 +34,15 @@ def rewrite_scans(graph: fx.Graph, frontend, level: str) -> Report:
         if not _is_scan(node):
             continue
         where = location(node)
+        state = {"mutating": False}
         try:
-            _rewrite_scan(graph, node, frontend, level, report)
+            _rewrite_scan(graph, node, frontend, level, report, state)
         except Reject as e:
             report.rejected.append(RejectedChain(where, 0, f"scan: {e}"))
+        except Exception as e:      # noqa: BLE001
+            if state["mutating"]:
+                raise
+            report.rejected.append(RejectedChain(where, 0, f"scan: recognizer error, left as written: {e!r}"))
     if report.rewritten and graph.owning_module is not None:
         remove_dead_code(graph)
         graph.lint()
@@ -50,7 +55,7 @@ def _meta(n):
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _rewrite_scan(graph, node, fe, level, report):
+def _rewrite_scan(graph, node, fe, level, report, state):
     body_ref, init, xs, extra = node.args[:4]
     if node.kwargs or len(node.args) > 4:
         raise Reject("scan with extra arguments")
@@ -109,6 +114,7 @@ def _rewrite_scan(graph, node, fe, level, report):
     if distinct is None and config.assume_distinct_write_slots:
         distinct = "assumed (assume_distinct_write_slots)"
 
+    state["mutating"] = True
     em = Emitter(graph, node, level == "aten")
     root = init[0]
     hd = chain.bank.shape[1]
