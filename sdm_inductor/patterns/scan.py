@@ -114,6 +114,8 @@ def _rewrite_scan(graph, node, fe, level, report, state):
     if distinct is None and config.assume_distinct_write_slots:
         distinct = "assumed (assume_distinct_write_slots)"
 
+    if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
+        raise Reject("scan result used whole")
     state["mutating"] = True
     em = Emitter(graph, node, level == "aten")
     root = init[0]
@@ -161,9 +163,6 @@ def _rewrite_scan(graph, node, fe, level, report, state):
     out = em.call(torch.ops.sdm.write_read.default, root, k_idx, k_val, v, beta, g, q_idx, q_val,
                   config.chunk_size, 0, False, "none", False, grad)
     readings, final = em.getitem(out, 0), em.getitem(out, 1)
-    for user in list(node.users):
-        if not (user.op == "call_function" and user.target is operator.getitem):
-            raise Reject("scan result used whole")
     for user in list(node.users):
         i = user.args[1]
         if i == 0:
