@@ -37,6 +37,8 @@ def _loop_body(graph: fx.Graph, level: str) -> bool:
 
 def rewrite_graph(graph: fx.Graph, frontend, level: str) -> Report:
     report = Report(graphs=1)
+    if not frontend.write_targets(graph):
+        return report       # no row writes: no bank, nothing to analyse (most graphs)
     body = _loop_body(graph, level)
     rejected: dict = {}
     for _ in range(_MAX_ROUNDS):
