@@ -214,11 +214,13 @@ def test_log_artifact_prints_decisions():
     assert "rewritten: unrolled loop" in text and "6 token(s)" in text
 
 
-def test_nn_layer_naive_loop_is_rewritten():
+@pytest.mark.parametrize("split", [False, True], ids=["one_stream", "split_streams"])
+def test_nn_layer_naive_loop_is_rewritten(split, monkeypatch):
     """sdm_inductor.nn's naive token loop (streams one after the other, product-key slots)
-    becomes the op; outputs and gradients equal eager's; the product keys prove distinct
-    write slots (no runtime check)."""
+    becomes the op -- one stream of P*T tokens, or (``split_sequential_streams``) P streams;
+    outputs and gradients equal eager's; the product keys prove distinct write slots."""
     from sdm_inductor.nn import SparseDeltaMemory
+    monkeypatch.setattr(sdm_inductor.patterns.config, "split_sequential_streams", split)
     torch.manual_seed(0)
     m = SparseDeltaMemory(32, num_heads=2, slots_per_head=64, top_k=4, naive=True)
     x = torch.randn(2, 5, 32)
@@ -229,6 +231,7 @@ def test_nn_layer_naive_loop_is_rewritten():
     compiled, report = rewrite_compile(m)
     out = compiled(x)
     assert len(report.rewritten) == 1 and report.rewritten[0].distinct == "product keys", str(report)
+    assert sdm_inductor.last_dispatch()["P"] == (4 if split else 1)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     out.pow(2).sum().backward()
     for n, g in grads.items():

@@ -331,6 +331,15 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
                     for r in reads], P)
     q_val = role(lambda r: r.q if r is not None else [], SR, dtype,
                  coef=lambda r: r.coef if r is not None else 0.0, items=reads)
+    groups = stream_split(chain, dev)
+    if groups > 1:
+        # p-major tokens of streams run one after the other -> [groups, T, *] streams
+        Tg = len(steps) // groups
+        k_idx, k_val, v, g_, q_idx, q_val = (
+            em.reshape(x, (groups, Tg, n)) for x, n in
+            ((k_idx, W), (k_val, W), (v, hd), (g_, G if any(gt is not None for gt in gates) else 1),
+             (q_idx, R), (q_val, R)))
+        beta = em.reshape(beta, (groups, Tg))
     batched_bank = len(chain.bank.shape) == 3
     slots = 0
     if batched_bank:
@@ -348,7 +357,8 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
     bank_in = _unclone(root, set(chain.nodes), redirected) if not inplace else root
     if batched_bank:
         bank_in = em.reshape(bank_in, (P * chain.bank.shape[1], hd))
-    shared = P > 1 and not batched_bank     # a flat bank: the op checks the streams' rows are disjoint
+    # several streams on a flat bank: the op checks that their rows are disjoint
+    shared = (P > 1 or groups > 1) and not batched_bank
     args = (bank_in, k_idx, k_val, v, beta, g_, q_idx, q_val, config.chunk_size, slots, shared)
     if inplace and not needs_grad:
         readings = em.call(torch.ops.sdm.write_read_.default, *args)
@@ -362,14 +372,14 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
             em.call(aten.copy_.default if aten_level else torch.Tensor.copy_, root, final)
     # results: every use that survives the loop's removal reads the op's outputs
     erase = set(chain.nodes) - {root}
-    done = _stacked_readings(em, g, chain, readings)
+    done = _stacked_readings(em, g, chain, readings, groups)
     for ver, lst in chain.reads.items():
         ref = steps[ver - 1].read
         for producer, r in lst:
             users = [u for u in producer.users if u not in erase and u not in done]
             if not users:
                 continue
-            node = _reading(em, readings, ver - 1, r, ref, hd, P)
+            node = _reading(em, readings, ver - 1, r, ref, hd, P, len(steps) // groups if groups > 1 else 0)
             for u in users:
                 u.replace_input_with(producer, node)
     for e in chain.final_escapes:
@@ -426,7 +436,39 @@ def _unclone(root, chain_nodes, redirected):
     return root
 
 
-def _stacked_readings(em, g, chain, readings) -> set:
+def stream_split(chain: Chain, device) -> int:
+    """Streams run one after the other (``for p: for t:`` over ``x[p, t]``, like
+    ``sdm_inductor.nn``'s naive loop): P groups of T tokens, p-major. Run as P streams of
+    the op (``shared_bank=True``), which gives the loop's result exactly when no row
+    written by one stream is touched by another -- checked by the op at run time (it
+    refuses otherwise), so it is done only on request (``config.split_sequential_streams``)
+    and while that check is on (``sdm_inductor.ops.CHECK_INDICES``). Returns P (1: keep
+    one stream)."""
+    from .. import ops
+    if (not config.split_sequential_streams or chain.steps[0].write.streams or len(chain.bank.shape) != 2
+            or not ops.CHECK_INDICES.get(device.type, True)):
+        return 1
+    nodes = [st.write.k_idx.node for st in chain.steps]
+    base, pairs = None, []
+    for n in nodes:
+        if not (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[1], tuple)
+                and len(n.args[1]) == 2 and all(isinstance(i, int) for i in n.args[1])):
+            return 1
+        if base is None:
+            base = n.args[0]
+        if n.args[0] is not base:
+            return 1
+        pairs.append(n.args[1])
+    shape = _meta_shape(base)
+    if shape is None or len(shape) != 3:
+        return 1
+    P, T = shape[0], shape[1]
+    if P < 2 or len(nodes) != P * T or pairs != [(p, t) for p in range(P) for t in range(T)]:
+        return 1
+    return P
+
+
+def _stacked_readings(em, g, chain, readings, groups: int = 1) -> set:
     """``torch.stack([reading_1, ..., reading_T])`` becomes ``readings[0]`` (one view, not
     T selects and a copy); returns the stack nodes so replaced."""
     if em.aten:
@@ -438,21 +480,27 @@ def _stacked_readings(em, g, chain, readings) -> set:
                     and not chain.steps[0].write.streams:
                 order[producer] = ver
     done = set()
-    T = chain.length
+    T = chain.length // groups
     for producer in list(order):
         for user in list(producer.users):
             if user in done or user.target is not torch.stack:
                 continue
             items = user.args[0]
             dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
-            if dim == 0 and len(items) == T and [order.get(x) for x in items] == list(range(1, T + 1)):
-                user.replace_all_uses_with(em.select0(readings, 0))
+            first = order.get(items[0]) if items else None
+            if (dim == 0 and len(items) == T and first is not None and (first - 1) % T == 0
+                    and [order.get(x) for x in items] == list(range(first, first + T))):
+                user.replace_all_uses_with(em.select0(readings, (first - 1) // T))
                 done.add(user)      # erased at the end: the emitter inserts in front of it
     return done
 
 
-def _reading(em, readings, t, r, ref, hd, P):
-    x = em.select(readings, 0, t) if P == 1 else em.select1(readings, t)
+def _reading(em, readings, t, r, ref, hd, P, per_group=0):
+    if per_group:
+        p, t = divmod(t, per_group)
+        x = em.select(readings, p, t)
+    else:
+        x = em.select(readings, 0, t) if P == 1 else em.select1(readings, t)
     if r.coef != ref.coef:
         x = em.mul(x, r.coef / ref.coef)
     if tuple(r.shape) != ((hd,) if P == 1 else (P, hd)):
