@@ -281,107 +281,33 @@ def check_chain(an: Analysis, chain: Chain):
 
 
 def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, needs_grad: bool):
+    """Stack the roles in front of ``before``, call the op, point every surviving use of
+    the loop's values at its outputs, erase the loop."""
     g = an.graph
     for n in move:
         before.prepend(n)
     em = Emitter(g, before, aten_level)
-    root = chain.bank.root
-    hd = chain.bank.shape[-1]
-    dtype = chain.bank.dtype
-    dev = _device(root)
-    steps = chain.steps
-    W = steps[0].write.W
-    P = steps[0].write.streams or 1
-    reads = [st.read for st in steps]
-    R = max([r.R for r in reads if r is not None] or [1])
-    f32 = torch.float32
-    per_write = any(st.write.per_write_gate for st in steps)
-    G = W if per_write else 1
-    sz = {"s": P, "w": W, "d": hd, "r": R}
-    SW, SD, SR, S_ = ("s", "w"), ("s", "d"), ("s", "r"), ("s",)
-
-    def role(get, letters, dtype, coef=lambda x: 1.0, items=steps):
-        target = [sz[lt] for lt in letters]
-        per = [(lambda x=x: _role(em, get(x), letters, sz, coef(x), dtype, dev)) for x in items]
-        plain = [_plain(get(x), coef(x), letters, sz, target) for x in items]
-        return _stack(em, per, plain, P)
-
-    k_idx = _stack(em, [lambda w=st.write: em.reshape(w.k_idx.node, (P, W)) for st in steps],
-                   [st.write.k_idx.node if list(st.write.k_idx.shape) in ([W], [P, W]) else None
-                    for st in steps], P)
-    k_val = role(lambda st: st.write.k, SW, dtype)
-    v = role(lambda st: st.write.v, SD, dtype)
-    beta = role(lambda st: st.write.beta, S_, f32, coef=lambda st: st.write.coef)
-    gates = [st.write.gate for st in steps]
-    if all(gt is None for gt in gates):
-        g_ = em.full((P, len(steps), 1), 0.0, f32, dev)
-    else:
-        def gate(st):
-            gt = st.write.gate
-            if gt is None:
-                return em.full((P, G), 0.0, f32, dev)
-            x = _factor_to(em, RoleFactor(gt.atom.exp_of, gt.labels), SW, sz)
-            return em.expand(x, (P, G))
-        plain = [(RoleFactor(gt.atom.exp_of, gt.labels) if gt is not None else None) for gt in gates]
-        g_ = _stack(em, [lambda st=st: gate(st) for st in steps],
-                    [_plain([rf], 1.0, SW, sz, [P, G]) if rf is not None else None for rf in plain], P)
-    q_idx = _stack(em, [(lambda r=r: em.reshape(r.q_idx.node, (P, R)) if r is not None else
-                         em.full((P, R), 0, torch.int64, dev)) for r in reads],
-                   [r.q_idx.node if r is not None and list(r.q_idx.shape) in ([R], [P, R]) else None
-                    for r in reads], P)
-    q_val = role(lambda r: r.q if r is not None else [], SR, dtype,
-                 coef=lambda r: r.coef if r is not None else 0.0, items=reads)
-    groups = stream_split(chain, dev)
+    roles, dims = _stacked_roles(em, chain)
+    groups = stream_split(chain, dims["dev"])
     if groups > 1:
         # p-major tokens of streams run one after the other -> [groups, T, *] streams
-        Tg = len(steps) // groups
-        k_idx, k_val, v, g_, q_idx, q_val = (
-            em.reshape(x, (groups, Tg, n)) for x, n in
-            ((k_idx, W), (k_val, W), (v, hd), (g_, G if any(gt is not None for gt in gates) else 1),
-             (q_idx, R), (q_val, R)))
-        beta = em.reshape(beta, (groups, Tg))
-    batched_bank = len(chain.bank.shape) == 3
-    slots = 0
-    if batched_bank:
-        # [B, S, hd] bank: the op's flat bank of B private row ranges, global row indices
-        S_rows = chain.bank.shape[1]
-        base = em.reshape(em.mul(em.arange(P, dev), S_rows), (P, 1, 1))
-        k_idx, q_idx = em.add(k_idx, base), em.add(q_idx, base)
-        slots = S_rows
-    if chain.distinct is None:
-        k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
-                        f"the token loop at {chain.where}")
-    inplace = chain.bank.inplace_root and root.op in ("placeholder", "get_attr")
-    # uses of an in-place root after the loop are redirected to the final bank below
-    redirected = {e.consumer for e in chain.final_escapes} if chain.bank.inplace_root else set()
-    bank_in = _unclone(root, set(chain.nodes), redirected) if not inplace else root
-    if batched_bank:
-        bank_in = em.reshape(bank_in, (P * chain.bank.shape[1], hd))
-    # several streams on a flat bank: the op checks that their rows are disjoint
-    shared = (P > 1 or groups > 1) and not batched_bank
-    args = (bank_in, k_idx, k_val, v, beta, g_, q_idx, q_val, config.chunk_size, slots, shared)
-    if inplace and not needs_grad:
-        readings = em.call(torch.ops.sdm.write_read_.default, *args)
-        final = root
-    else:
-        out = em.call(torch.ops.sdm.write_read.default, *args, "none", False, needs_grad)
-        readings, final = em.getitem(out, 0), em.getitem(out, 1)
-        if batched_bank:
-            final = em.reshape(final, chain.bank.shape)
-        if inplace:
-            em.call(aten.copy_.default if aten_level else torch.Tensor.copy_, root, final)
-    # results: every use that survives the loop's removal reads the op's outputs
-    erase = set(chain.nodes) - {root}
+        Tg = chain.length // groups
+        last = dict(k_idx=dims["W"], k_val=dims["W"], v=dims["hd"], g=dims["G"], q_idx=dims["R"], q_val=dims["R"])
+        for name, n in last.items():
+            roles[name] = em.reshape(roles[name], (groups, Tg, n))
+        roles["beta"] = em.reshape(roles["beta"], (groups, Tg))
+    readings, final, inplace = _call_op(em, chain, roles, dims, groups, needs_grad)
+    erase = set(chain.nodes) - {chain.bank.root}
     done = _stacked_readings(em, g, chain, readings, groups)
+    per_group = chain.length // groups if groups > 1 else 0
     for ver, lst in chain.reads.items():
-        ref = steps[ver - 1].read
+        ref = chain.steps[ver - 1].read
         for producer, r in lst:
             users = [u for u in producer.users if u not in erase and u not in done]
-            if not users:
-                continue
-            node = _reading(em, readings, ver - 1, r, ref, hd, P, len(steps) // groups if groups > 1 else 0)
-            for u in users:
-                u.replace_input_with(producer, node)
+            if users:
+                node = _reading(em, readings, ver - 1, r, ref, dims["hd"], dims["P"], per_group)
+                for u in users:
+                    u.replace_input_with(producer, node)
     for e in chain.final_escapes:
         if e.producer is not final:
             e.consumer.replace_input_with(e.producer, final)
@@ -391,6 +317,89 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
         g.erase_node(user)
     _erase(g, erase)
     return readings
+
+
+def _stacked_roles(em: Emitter, chain: Chain):
+    """Each role of every token, stacked into the op's ``[P, T, *]`` layout."""
+    root = chain.bank.root
+    hd, dtype, dev = chain.bank.shape[-1], chain.bank.dtype, _device(root)
+    steps = chain.steps
+    W, P = steps[0].write.W, steps[0].write.streams or 1
+    reads = [st.read for st in steps]
+    R = max([r.R for r in reads if r is not None] or [1])
+    gates = [st.write.gate for st in steps]
+    G = W if any(st.write.per_write_gate for st in steps) else 1
+    sz = {"s": P, "w": W, "d": hd, "r": R}
+    SW, SD, SR, S_ = ("s", "w"), ("s", "d"), ("s", "r"), ("s",)
+
+    def role(get, letters, dt, coef=lambda x: 1.0, items=steps):
+        target = [sz[lt] for lt in letters]
+        per = [(lambda x=x: _role(em, get(x), letters, sz, coef(x), dt, dev)) for x in items]
+        plain = [_plain(get(x), coef(x), letters, sz, target) for x in items]
+        return _stack(em, per, plain, P)
+
+    def index(atoms, n):
+        per = [(lambda a=a: em.reshape(a.node, (P, n)) if a is not None else
+                em.full((P, n), 0, torch.int64, dev)) for a in atoms]
+        plain = [a.node if a is not None and list(a.shape) in ([n], [P, n]) else None for a in atoms]
+        return _stack(em, per, plain, P)
+
+    def gate(gt):
+        if gt is None:
+            return em.full((P, G), 0.0, torch.float32, dev)
+        return em.expand(_factor_to(em, RoleFactor(gt.atom.exp_of, gt.labels), SW, sz), (P, G))
+
+    roles = dict(
+        k_idx=index([st.write.k_idx for st in steps], W),
+        k_val=role(lambda st: st.write.k, SW, dtype),
+        v=role(lambda st: st.write.v, SD, dtype),
+        beta=role(lambda st: st.write.beta, S_, torch.float32, coef=lambda st: st.write.coef),
+        q_idx=index([r.q_idx if r is not None else None for r in reads], R),
+        q_val=role(lambda r: r.q if r is not None else [], SR, dtype,
+                   coef=lambda r: r.coef if r is not None else 0.0, items=reads))
+    if all(gt is None for gt in gates):
+        G = 1
+        roles["g"] = em.full((P, len(steps), 1), 0.0, torch.float32, dev)
+    else:
+        plain = [_plain([RoleFactor(gt.atom.exp_of, gt.labels)], 1.0, SW, sz, [P, G]) if gt is not None
+                 else None for gt in gates]
+        roles["g"] = _stack(em, [lambda gt=gt: gate(gt) for gt in gates], plain, P)
+    return roles, dict(P=P, W=W, R=R, G=G, hd=hd, dev=dev)
+
+
+def _call_op(em: Emitter, chain: Chain, roles, dims, groups: int, needs_grad: bool):
+    """The op call: (readings, final bank node, whether the root is advanced in place)."""
+    root, P, hd, dev = chain.bank.root, dims["P"], dims["hd"], dims["dev"]
+    k_idx, q_idx = roles["k_idx"], roles["q_idx"]
+    batched_bank = len(chain.bank.shape) == 3
+    slots = 0
+    if batched_bank:
+        # [B, S, hd] bank: the op's flat bank of B private row ranges, global row indices
+        base = em.reshape(em.mul(em.arange(P, dev), chain.bank.shape[1]), (P, 1, 1))
+        k_idx, q_idx = em.add(k_idx, base), em.add(q_idx, base)
+        slots = chain.bank.shape[1]
+    if chain.distinct is None:
+        k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
+                        f"the token loop at {chain.where}")
+    inplace = chain.bank.inplace_root and root.op in ("placeholder", "get_attr")
+    # uses of an in-place root after the loop are redirected to the final bank
+    redirected = {e.consumer for e in chain.final_escapes} if chain.bank.inplace_root else set()
+    bank_in = _unclone(root, set(chain.nodes), redirected) if not inplace else root
+    if batched_bank:
+        bank_in = em.reshape(bank_in, (P * chain.bank.shape[1], hd))
+    # several streams on a flat bank: the op checks that their rows are disjoint
+    shared = (P > 1 or groups > 1) and not batched_bank
+    args = (bank_in, k_idx, roles["k_val"], roles["v"], roles["beta"], roles["g"], q_idx, roles["q_val"],
+            config.chunk_size, slots, shared)
+    if inplace and not needs_grad:
+        return em.call(torch.ops.sdm.write_read_.default, *args), root, True
+    out = em.call(torch.ops.sdm.write_read.default, *args, "none", False, needs_grad)
+    readings, final = em.getitem(out, 0), em.getitem(out, 1)
+    if batched_bank:
+        final = em.reshape(final, chain.bank.shape)
+    if inplace:
+        em.call(aten.copy_.default if em.aten else torch.Tensor.copy_, root, final)
+    return readings, final, inplace
 
 
 def remove_dead_code(g: fx.Graph) -> None:
