@@ -72,6 +72,7 @@ class _Block:
     rw: _Pairs       # read-write pairs (same key)
     gid: Tensor      # [B*C*W] group of each write entry, local to its chunk (padding: n)
     rep: Tensor      # [n_groups] first entry of each group, local to its chunk
+    rep_row: Tensor  # [n_groups] the same entry's row in the chunk's gathered rows
     slot: Tensor     # [n_groups] bank row of each group
     decay: Tensor    # [n_groups] exp(gend) of each group
     chunk_groups: list  # group range of chunk c: [chunk_groups[c], chunk_groups[c + 1])
@@ -153,6 +154,7 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
         B, kidx, qidx, torch.cat([kidx, qidx], -1), k, q, beta, v, first, active,
         gam3, gend3, gamq3, k * torch.exp(gam3), q * torch.exp(gamq3),
         k * torch.exp(gend3 - gam3), A, QK, X, ww, rw, gid, rep_local,
+        torch.div(rep_local, W, rounding_mode="floor") * (W + R) + rep_local % W,
         kidx.reshape(-1).index_select(0, rep), torch.exp(gend.index_select(0, rep)), bounds)
 
 
@@ -209,7 +211,8 @@ def _groups(blk: _Block, c: int, P: int):
     C, W = blk.k.shape[1:]
     n = P * C * W
     g0, g1 = blk.chunk_groups[c], blk.chunk_groups[c + 1]
-    return (blk.gid[c * n:(c + 1) * n], blk.rep[g0:g1], blk.slot[g0:g1], blk.decay[g0:g1], g1 - g0)
+    return (blk.gid[c * n:(c + 1) * n], blk.rep[g0:g1], blk.rep_row[g0:g1], blk.slot[g0:g1],
+            blk.decay[g0:g1], g1 - g0)
 
 
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
@@ -236,10 +239,10 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
             n = min(C, T - t0)
             readings[:, t0:t0 + n] = y[:, :n]
             # M_end of each distinct written row, written exactly once
-            gid, rep, slot, decay, n_groups = _groups(blk, c, P)
+            gid, _, rep_row, slot, decay, n_groups = _groups(blk, c, P)
             contrib = (blk.coef[s][..., None] * delta[:, :, None, :]).reshape(-1, hd)
             acc = torch.zeros(n_groups + 1, hd, device=bank.device).index_add_(0, gid, contrib)
-            new = decay[:, None] * M0w.reshape(-1, hd).index_select(0, rep) + acc[:n_groups]
+            new = decay[:, None] * rows.view(-1, hd).index_select(0, rep_row) + acc[:n_groups]
             bank.index_copy_(0, slot, new.to(bank.dtype))
     return readings, *store.tensors()
 
@@ -316,15 +319,15 @@ def _chunk_backward(blk: _Block, c: int, P: int, rows, dy, dB: Tensor, gr: _Bloc
     s = slice(c * P, (c + 1) * P)
     hd = rows.shape[-1]
     M0w, M0q, r0, u, delta = _forward_chunk(blk, s, rows)
-    gid, rep, slot, decay, _ = _groups(blk, c, P)
+    gid, rep, rep_row, slot, decay, _ = _groups(blk, c, P)
 
     Dw = dB.index_select(0, blk.kidx[s].reshape(-1)).float().view(M0w.shape)  # dL/dM_end per entry
     gr.dcoef[s] = (Dw * delta[:, :, None, :]).sum(-1)
     ddelta = (blk.coef[s][..., None] * Dw).sum(2) + blk.QK[s].transpose(-1, -2) @ dy
     gr.dQK[s] = torch.tril(dy @ delta.transpose(-1, -2))
     D_rep = Dw.reshape(-1, hd).index_select(0, rep)
-    gr.dgend[c * P * M0w.shape[1] * M0w.shape[2] + rep] = (D_rep * decay[:, None]
-                                                            * M0w.reshape(-1, hd).index_select(0, rep)).sum(-1)
+    gr.dgend[c * P * M0w.shape[1] * M0w.shape[2] + rep] = (
+        D_rep * decay[:, None] * rows.reshape(-1, hd).index_select(0, rep_row)).sum(-1)
     gr.deq[s] = (dy[:, :, None, :] * M0q).sum(-1)
     dM0q = blk.eq[s][..., None] * dy[:, :, None, :]
 
