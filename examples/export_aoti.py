@@ -76,7 +76,8 @@ def main(argv=None):
     model = SDMModel(d, layers, **sdm).to(dev).eval()
     example = torch.randn(2, lengths[0], d, device=dev)
 
-    T = torch.export.Dim("T", min=1, max=1 << 16)
+    # Dim.DYNAMIC: torch 2.11 cannot prove min(a*T, b*T) guards for a named Dim
+    T = torch.export.Dim.DYNAMIC
     t0 = time.perf_counter()
     with torch.no_grad():
         ep = torch.export.export(model, (example,), dynamic_shapes={"x": {1: T}})

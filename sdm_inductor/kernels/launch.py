@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import triton
 from torch.library import wrap_triton
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
 
 
 def pow2(n: int) -> int:
@@ -13,4 +15,9 @@ def pow2(n: int) -> int:
 
 def launch(kernel, grid, *args, **meta):
     """``kernel[grid](*args, **meta)``, traceable inside a ``triton_op``."""
-    wrap_triton(kernel)[grid](*args, **meta)
+    if isinstance(kernel, (JITFunction, Autotuner)):
+        wrap_triton(kernel)[grid](*args, **meta)
+    else:
+        # TRITON_INTERPRET=1 makes kernels InterpretedFunctions, which torch 2.11's
+        # wrap_triton refuses; the interpreter only runs eagerly, so launch directly
+        kernel[grid](*args, **meta)
