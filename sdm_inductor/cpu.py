@@ -65,6 +65,7 @@ class _Block:
     ek: Tensor       # [B, C, W] k * exp(gam): weight of a starting row in r0
     eq: Tensor       # [B, C, R] q * exp(gamq): weight of a starting row in the reading
     coef: Tensor     # [B, C, W] k * exp(gend - gam): weight of delta in the final row
+    mix: Tensor      # [B, C, 2, W + R] rows -> (beta * r0, inter) in one batched matmul
     A: Tensor        # [B, C, C]
     QK: Tensor       # [B, C, C]
     X: Tensor        # [B, C, C] (I + tril(beta A, -1))^-1
@@ -153,9 +154,19 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     return _Block(
         B, kidx, qidx, torch.cat([kidx, qidx], -1), k, q, beta, v, first, active,
         gam3, gend3, gamq3, k * torch.exp(gam3), q * torch.exp(gamq3),
-        k * torch.exp(gend3 - gam3), A, QK, X, ww, rw, gid, rep_local,
+        k * torch.exp(gend3 - gam3), _mix(beta, k * torch.exp(gam3), q * torch.exp(gamq3)),
+        A, QK, X, ww, rw, gid, rep_local,
         torch.div(rep_local, W, rounding_mode="floor") * (W + R) + rep_local % W,
         kidx.reshape(-1).index_select(0, rep), torch.exp(gend.index_select(0, rep)), bounds)
+
+
+def _mix(beta: Tensor, ek: Tensor, eq: Tensor) -> Tensor:
+    """Weights that turn a chunk's gathered rows [W + R, hd] into (beta * r0, inter)."""
+    B, C, W = ek.shape
+    mix = ek.new_zeros(B, C, 2, W + eq.shape[-1])
+    mix[:, :, 0, :W] = beta[..., None] * ek
+    mix[:, :, 1, W:] = eq
+    return mix
 
 
 def _segments(x: Tensor, C: int, n_chunks: int, fill=0):
@@ -232,9 +243,12 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
             s = slice(c * P, (c + 1) * P)
             rows = bank.index_select(0, blk.rows_idx[s].reshape(-1))
             store.put((c0 + c) * P * C, rows.view(P * C, W + R, hd))
-            rows = rows.view(P, C, W + R, hd).float()
-            M0w, M0q, _, _, delta = _forward_chunk(blk, s, rows)
-            y = (blk.eq[s][..., None] * M0q).sum(2) + blk.QK[s] @ delta
+            rows = rows.view(P * C, W + R, hd).float()
+            # one batched matmul gives beta * r0 and the readings' inter-chunk part
+            r0b, inter = torch.bmm(blk.mix[s].reshape(P * C, 2, W + R), rows).view(
+                P, C, 2, hd).unbind(2)
+            delta = blk.X[s] @ (blk.beta[s][..., None] * blk.v[s] - r0b)
+            y = torch.baddbmm(inter, blk.QK[s], delta)
             t0 = (c0 + c) * C
             n = min(C, T - t0)
             readings[:, t0:t0 + n] = y[:, :n]
