@@ -93,9 +93,8 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
 
     # keys: segment-major so that each chunk's groups are contiguous; padded write
     # entries get private keys after every real one (they touch nothing)
-    span = S
-    seg = torch.arange(B, device=dev)[:, None, None] * span
-    pad_key = B * span + torch.arange(B * C * W, device=dev).view(B, C, W)
+    seg = torch.arange(B, device=dev)[:, None, None] * S
+    pad_key = B * S + torch.arange(B * C * W, device=dev).view(B, C, W)
     flat_kw = torch.where(valid[..., None], kidx + seg, pad_key).reshape(-1)
     sorted_kw, order = torch.sort(flat_kw, stable=True)
     # groups of equal written keys, in key order; chunk c owns a contiguous range
@@ -139,22 +138,22 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     X = torch.linalg.solve_triangular(eye + torch.tril(beta[..., None] * A, -1), eye.expand(B, C, C),
                                       upper=False, unitriangular=True)
 
-    bounds = torch.searchsorted(group_keys, torch.arange(0, B + 1, P, device=dev) * span).tolist()
+    bounds = torch.searchsorted(group_keys, torch.arange(0, B + 1, P, device=dev) * S).tolist()
     n_chunks = B // P
     chunk_of_entry = torch.arange(B * C * W, device=dev) // (P * C * W)
+    counts = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev)
     g0 = torch.tensor(bounds[:-1], device=dev).index_select(0, chunk_of_entry)
-    n_of = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev).index_select(0, chunk_of_entry)
+    n_of = counts.index_select(0, chunk_of_entry)
     gid = torch.where(valid[..., None].expand(B, C, W).reshape(-1), gid - g0, n_of)
     n_real = bounds[-1]
     rep = order.index_select(0, group_start[:n_real])  # stable sort: first entry of each group
-    counts = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev)
     group_chunk = torch.repeat_interleave(torch.arange(n_chunks, device=dev), counts)
     rep_local = rep - group_chunk * (P * C * W)
     gam3, gend3, gamq3 = gam.view(B, C, W), gend.view(B, C, W), gamq.view(B, C, R)
+    ek, eq = k * torch.exp(gam3), q * torch.exp(gamq3)
     return _Block(
         B, kidx, qidx, torch.cat([kidx, qidx], -1), k, q, beta, v, first, active,
-        gam3, gend3, gamq3, k * torch.exp(gam3), q * torch.exp(gamq3),
-        k * torch.exp(gend3 - gam3), _mix(beta, k * torch.exp(gam3), q * torch.exp(gamq3)),
+        gam3, gend3, gamq3, ek, eq, k * torch.exp(gend3 - gam3), _mix(beta, ek, eq),
         A, QK, X, ww, rw, gid, rep_local,
         torch.div(rep_local, W, rounding_mode="floor") * (W + R) + rep_local % W,
         kidx.reshape(-1).index_select(0, rep), torch.exp(gend.index_select(0, rep)), bounds)
@@ -333,7 +332,7 @@ def _chunk_backward(blk: _Block, c: int, P: int, rows, dy, dB: Tensor, gr: _Bloc
     s = slice(c * P, (c + 1) * P)
     hd = rows.shape[-1]
     M0w, M0q, r0, u, delta = _forward_chunk(blk, s, rows)
-    gid, rep, rep_row, slot, decay, _ = _groups(blk, c, P)
+    _, rep, rep_row, slot, decay, _ = _groups(blk, c, P)
 
     Dw = dB.index_select(0, blk.kidx[s].reshape(-1)).float().view(M0w.shape)  # dL/dM_end per entry
     gr.dcoef[s] = (Dw * delta[:, :, None, :]).sum(-1)

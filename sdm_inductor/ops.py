@@ -17,8 +17,6 @@ Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), 
 from __future__ import annotations
 
 import math
-from typing import Callable
-
 import torch
 from torch import Tensor
 

@@ -27,8 +27,8 @@ def check_against_oracle(ins, opts, fwd_tol, grad_tol):
     y, M, grads = run_op(ins, dy, dM, **opts)
     assert rel_err(y, y0) <= fwd_tol, ("readings", rel_err(y, y0))
     assert rel_err(M, M0) <= fwd_tol, ("final bank", rel_err(M, M0))
-    for name, a, b in zip(GRAD_NAMES, grads, g0):
-        assert a.dtype == ins[GRAD_NAMES.index(name) and FLOAT_INPUTS[GRAD_NAMES.index(name)]].dtype
+    for name, i, a, b in zip(GRAD_NAMES, FLOAT_INPUTS, grads, g0):
+        assert a.dtype == ins[i].dtype, name
         assert rel_err(a, b) <= grad_tol, (name, rel_err(a, b))
 
 
