@@ -28,7 +28,8 @@ def _run(case: str):
 
 
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
-                                  "decode_and_masking", "windows_and_tiles"])
+                                  "decode_and_masking", "windows_and_tiles", "grid_tiles",
+                                  "column_walk"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -166,6 +167,26 @@ def case_windows_and_tiles():
     assert ops.last_dispatch().get("windows") == 4, ops.last_dispatch()
     _check("windowed readings", y, y_ref, 1e-5)
     _check("windowed bank", bank, M_ref, 1e-5)
+
+
+def case_grid_tiles():
+    """The grid walk with small tiles: several column blocks (the last partial), several
+    entry tiles per token, several write tiles per chunk, runs longer than one."""
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import make_inputs
+    host.CONFIG.update(WALK="grid", BD_WALK=16, EW_WALK=4, NG_WALK=16)
+    _train(make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=12, per_write_gate=True,
+                       repeats=True, seed=17), 16)
+    _train(make_inputs(P=1, T=52, W=2, R=2, hd=16, slots_per_stream=40, seed=16), 48)
+
+
+def case_column_walk():
+    """The column walk of ``phase2.py`` (one program per stream and 16-column block)."""
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import make_inputs
+    host.CONFIG["WALK"] = "column"
+    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
+                       repeats=True, seed=11), 16)
     host.CONFIG["TB"] = 16   # C=48: three token tiles per chunk, padded last chunk
     _train(make_inputs(P=1, T=52, W=2, R=2, hd=16, slots_per_stream=40, seed=16), 48)
 

@@ -6,6 +6,8 @@ and the ``triton_op`` bodies that Inductor traces (``triton_ops.py``).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -15,6 +17,7 @@ from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import launch, pow2
 from .phase1 import plan, prep
 from .phase2 import _forward_kernel
+from .walk import _walk_kernel
 
 
 def _dummy(like: torch.Tensor) -> torch.Tensor:
@@ -27,7 +30,9 @@ NAME = "cuda-triton-chunked"
 # (16 bf16 columns = one 32-byte sector per gathered row); TB: tokens per tile; EW:
 # entries per gather tile; NG: write entries per tile of the write pass.
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=512, WARPS=8,
-              WARPS_BWD=8)
+              WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "grid"), BD_WALK=128, EW_WALK=128, NG_WALK=128, WARPS_WALK=8)
+# WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
+# (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
 # The eager no-grad forward runs the sequence in windows of about this many tokens, so
 # its working memory (Phase 1 of a window) does not grow with T. Traced calls (one
@@ -69,19 +74,51 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     S, hd = bank.shape
     pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
+    # never alias the bank: Inductor treats every pointer argument as possibly written
+    # and would clone the two separately (the last copy-back wins)
+    saved_arg = _dummy(bank) if saved is None else saved
+    if CONFIG["WALK"] == "grid":
+        _grid_walk(bank, pl, v, out, saved_arg, saved is not None)
+        return out
     BD, CP = CONFIG["BD"], pow2(C)
     NCB = -(-hd // BD)
     scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
     ru = pl.runs
     launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
-           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch,
-           # never alias the bank: Inductor treats every pointer argument as possibly
-           # written and would clone the two separately (the last copy-back wins)
-           _dummy(bank) if saved is None else saved, P, T, hd, pl.NC, C=C, W=W, R=R, BD=BD,
+           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved_arg, P, T, hd, pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
            SAVE=saved is not None, PREC=_prec(bank.dtype), PASSES=7,
            num_warps=CONFIG["WARPS"])
     return out
+
+
+def grid_size(device: torch.device) -> int:
+    """Programs of the grid walk: one per SM, so all are resident (the grid barrier needs
+    that); one under the interpreter, which runs programs one after another."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _grid_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool):
+    P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
+    hd = bank.shape[1]
+    CP = pow2(C)
+    BD = min(CONFIG["BD_WALK"], max(16, pow2(hd)))
+    NCB = -(-hd // BD)
+    NG = CONFIG["NG_WALK"]
+    NRT = -(-C * W // NG)
+    u = torch.empty(P, CP, hd, dtype=torch.float32, device=bank.device)
+    inter = torch.empty(P, CP, hd, dtype=torch.float32, device=bank.device)
+    counter = torch.zeros(1, dtype=torch.int32, device=bank.device)
+    ru = pl.runs
+    nprog = grid_size(bank.device)
+    launch(_walk_kernel, (nprog,), bank, pl.slot, pl.ev, pl.X, pl.QKX, v,
+           pl.beta, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter, counter,
+           saved, P, pl.T, hd, NC, NCB, NRT, C=C, W=W, R=R, BD=BD,
+           EW=min(CONFIG["EW_WALK"], pow2(W + R)), NG=NG, CP=CP, SAVE=save,
+           PREC=_prec(bank.dtype), PREC_G=_prec(bank.dtype), ONE_PROGRAM=nprog == 1,
+           num_warps=CONFIG["WARPS_WALK"])
 
 
 def saved_buffers(bank: Tensor, P: int, T: int, W: int, R: int, C: int, mode: str, save: bool):
