@@ -46,4 +46,37 @@ def main():
     print("fresh process rc", r.returncode)
     print(r.stdout[-3000:]); print(r.stderr[-6000:])
 
-main()
+CONTROL_LOAD = r"""
+import faulthandler, sys, torch
+faulthandler.enable()
+if sys.argv[2] == "import": import sdm_inductor
+print("loading", sys.argv[1], sys.argv[2], flush=True)
+loaded = torch._inductor.aoti_load_package(sys.argv[1])
+print("loaded", flush=True)
+"""
+
+
+def control(sdm_package=None):
+    """Is the load-time crash ours? A package of a plain Linear model through the same
+    toolchain, loaded in a fresh process; and the sdm package loaded without the import."""
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda().eval()
+    x = torch.randn(4, 32, device="cuda")
+    with torch.no_grad():
+        ep = torch.export.export(m, (x,))
+        path = os.path.join(OUT, "plain.pt2")
+        with torch._inductor.config.patch(force_disable_caches=True):
+            torch._inductor.aoti_compile_and_package(ep, package_path=path)
+    runs = [(path, "noimport"), (path, "import")]
+    if sdm_package:
+        runs += [(sdm_package, "noimport")]
+    for pkg, imp in runs:
+        r = subprocess.run([sys.executable, "-c", CONTROL_LOAD, pkg, imp], capture_output=True,
+                           text=True, timeout=120)
+        print(f"{os.path.basename(pkg)} {imp}: rc {r.returncode}", r.stdout.strip().splitlines()[-1:],
+              r.stderr.strip().splitlines()[-3:])
+
+
+if len(sys.argv) > 1 and sys.argv[1] == "control":
+    control(sys.argv[2] if len(sys.argv) > 2 else None)
+else:
+    main()

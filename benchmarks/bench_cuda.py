@@ -166,16 +166,29 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--configs", default="A,B")
     ap.add_argument("--chunks", default="64,128,256")
+    ap.add_argument("--walks", default=host.CONFIG["WALK"],
+                    help="forward walks to compare, e.g. grid,column (kernels/walk.py, phase2.py)")
+    ap.add_argument("--no-extras", action="store_true",
+                    help="skip the fp8 / BD_BWD rows, the no-grad memory and the decode step")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "config", host.CONFIG)
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s")
     rows = []
+    walks = args.walks.split(",")
     for name in args.configs.split(","):
         for C in (int(c) for c in args.chunks.split(",")):
-            r = run_config(name, C, bw, args.quick)
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+            for walk in walks:
+                host.CONFIG["WALK"] = walk
+                r = run_config(name, C, bw, args.quick)
+                r["phase1_ms"] = phase1_ms(name, C)
+                if len(walks) > 1:
+                    r["config"] += " " + walk
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    host.CONFIG["WALK"] = walks[0]
+    if args.no_extras:
+        return table(rows, args, bw, None, float("nan"))
     if "A" in args.configs:
         # the snapshot's share of the peak; and fewer, wider backward column blocks
         # (fewer partial sums, less parallelism)
@@ -191,6 +204,17 @@ def main():
         print(json.dumps(r), flush=True)
     mem = nograd_memory()
     dec = decode_latency()
+    table(rows, args, bw, mem, dec)
+
+
+def phase1_ms(name, C):
+    """Phase 1 alone (``phase1.plan``) at a config: the part of the forward before the walk."""
+    from sdm_inductor.kernels.phase1 import plan
+    bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
+    return bench(lambda: plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C), rep=100)
+
+
+def table(rows, args, bw, mem, dec):
     print()
     print("| config | C | no-grad fwd ms | train fwd ms | fwd+bwd ms | peak GiB | floor fwd / train / "
           "fwd+bwd ms | fraction of floor fwd / fwd+bwd |")
@@ -199,20 +223,24 @@ def main():
         print(f"| {r['config']} | {r['C']} | {r['fwd_ms']:.2f} | {r['train_fwd_ms']:.2f} | "
               f"{r['fwdbwd_ms']:.2f} | {r['peak_gib']:.2f} | {r['floor_fwd_ms']:.2f} / "
               f"{r['floor_train_ms']:.2f} / {r['floor_fwdbwd_ms']:.2f} | "
-              f"{r['floor_fwd_ms'] / r['fwd_ms']:.2f} / {r['floor_fwdbwd_ms'] / r['fwdbwd_ms']:.2f} |")
-    for name in sorted({r["config"] for r in rows if r["config"] in CONFIGS}):
+              f"{r['floor_fwd_ms'] / r['fwd_ms']:.2f} / {r['floor_fwdbwd_ms'] / r['fwdbwd_ms']:.2f} |"
+              + (f" phase 1 {r['phase1_ms']:.2f} ms" if "phase1_ms" in r else ""))
+    for name in sorted({r["config"] for r in rows if r["config"].split()[0] in CONFIGS
+                        and "BD_BWD" not in r["config"] and "fp8" not in r["config"]}):
         rs = [r for r in rows if r["config"] == name]
         best = min(rs, key=lambda r: r["fwd_ms"])
         c64 = [r for r in rs if r["C"] == 64]
         ratio = c64[0]["fwd_ms"] / best["fwd_ms"] if c64 else float("nan")
         bfb = min(r["fwdbwd_ms"] for r in rs)
+        key = name.split()[0]
         print(f"config {name}: best no-grad fwd {best['fwd_ms']:.2f} ms (C={best['C']}; 1.x "
-              f"{BASELINE_1X[name]['fwd']}, goal <= {TARGET[name]['fwd']}), best fwd+bwd "
-              f"{bfb:.2f} ms (1.x {BASELINE_1X[name]['fwdbwd']}, goal <= {TARGET[name]['fwdbwd']}), "
+              f"{BASELINE_1X[key]['fwd']}, goal <= {TARGET[key]['fwd']}), best fwd+bwd "
+              f"{bfb:.2f} ms (1.x {BASELINE_1X[key]['fwdbwd']}, goal <= {TARGET[key]['fwdbwd']}), "
               f"C=64 / best C no-grad fwd = {ratio:.2f} (goal <= 1.3)")
-    print("no-grad working memory (GiB over inputs + readings, config A, C=64):",
-          {k: round(v, 3) for k, v in mem.items()})
-    print(f"decode step (P=16, T=1, hd=768, W=R=64, CUDA graph): {dec:.1f} us (goal <= 15)")
+    if mem is not None:
+        print("no-grad working memory (GiB over inputs + readings, config A, C=64):",
+              {k: round(v, 3) for k, v in mem.items()})
+        print(f"decode step (P=16, T=1, hd=768, W=R=64, CUDA graph): {dec:.1f} us (goal <= 15)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bw=bw, rows=rows, nograd_mem=mem, decode_us=dec,
