@@ -30,7 +30,8 @@ NAME = "cuda-triton-chunked"
 # (16 bf16 columns = one 32-byte sector per gathered row); TB: tokens per tile; EW:
 # entries per gather tile; NG: write entries per tile of the write pass.
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=512, WARPS=8,
-              WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "grid"), BD_WALK=128, EW_WALK=128, NG_WALK=128, WARPS_WALK=8)
+              WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "grid"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
+              WARPS_WALK=8)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
@@ -77,7 +78,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    if CONFIG["WALK"] == "grid":
+    if walk_kind(C) == "grid":
         _grid_walk(bank, pl, v, out, saved_arg, saved is not None)
         return out
     BD, CP = CONFIG["BD"], pow2(C)
@@ -90,6 +91,15 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
            SAVE=saved is not None, PREC=_prec(bank.dtype), PASSES=7,
            num_warps=CONFIG["WARPS"])
     return out
+
+
+# the grid walk keeps a C x C matrix and C x BD tiles per item in shared memory: up to
+# C = 128 on an H200 (196 KB at BD=128); longer chunks take the column walk
+GRID_WALK_MAX_C = 128
+
+
+def walk_kind(C: int) -> str:
+    return "grid" if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C else "column"
 
 
 def grid_size(device: torch.device) -> int:
@@ -201,8 +211,10 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
 
 def _record(path: str, windows: int, bank: Tensor, C: int):
     from .. import ops
-    ops.record_dispatch(kernel_path=path, windows=windows, block_cols=CONFIG["BD"],
-                        decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // CONFIG["BD"]))
+    walk = walk_kind(C) if path == "chunked" else None
+    bd = min(CONFIG["BD_WALK"], max(16, pow2(bank.shape[1]))) if walk == "grid" else CONFIG["BD"]
+    ops.record_dispatch(kernel_path=path, windows=windows, walk=walk, block_cols=bd,
+                        decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))
 
 
 def backward(grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g,

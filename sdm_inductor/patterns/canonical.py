@@ -108,13 +108,17 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
-def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
+def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0) -> WriteRoles:
     """Roles of a canonical write of ``vals`` (``[W, hd]``, or ``[B, W, hd]`` for B
-    streams) into rows ``idx`` of state ``version``."""
+    streams) into rows ``idx`` of state ``version``. ``batch`` is B for a ``[B, S, hd]``
+    bank indexed per batch (its rows always run along the batch), 0 for a flat bank.
+    One write slot per token (W = 1: ``[1, hd]`` / ``[hd]`` rows, ``[B, hd]`` for a
+    batched bank) is matched by ``_match_one_slot``."""
     live = [(n, lb) for n, lb in zip(vals.shape, vals.axes) if lb is not None]
+    if len(live) == 1 or (batch > 1 and len(live) == 2):
+        return _match_one_slot(vals, bank_id, version, idx, live)
     if len(live) not in (2, 3):
-        raise Reject(f"written rows have shape {list(vals.shape)}, expected [W, hd] or [B, W, hd]"
-                     + (" (one write slot per token, W = 1, is not recognised)" if len(live) == 1 else ""))
+        raise Reject(f"written rows have shape {list(vals.shape)}, expected [W, hd] or [B, W, hd]")
     *lead, ld = [lb for _, lb in live]
     ls, lw = (None, lead[0]) if len(lead) == 1 else lead
     hd = live[-1][0]
@@ -141,6 +145,10 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
             C.append(t)
         else:
             raise Reject("bank rows enter the write along an unexpected axis (rows of another stream?)")
+    if len(D) == 2 and not C:
+        raise Reject("each written row retrieves from itself only, not from all the token's write "
+                     "slots (or one write slot per stream on a flat bank: not recognised, "
+                     "a [B, S, hd] bank indexed per batch is)")
     if len(D) != 1:
         raise Reject("the written rows do not keep the old row once (decay term: "
                      f"{len(D)} terms): not a delta-rule update")
@@ -184,6 +192,116 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom) -> WriteRoles:
     return WriteRoles(idx, k, gate, beta, b.coef, v, W, hd, streams=vals.shape[0] if ls is not None else 0)
 
 
+def _bank_term(t, bank_id: int, version: int, idx: Atom, ld):
+    """The bank factor of a term of the written rows, checked: this bank's state
+    ``version``, rows read at the written slots, columns not mixed."""
+    (f,) = t.bank_factors()
+    bid, ver, atom = f.ref
+    if bid != bank_id or ver != version:
+        raise Reject("the written rows use another bank state than the one written "
+                     "(a reading fed back into a later token?)")
+    if atom.key != idx.key:
+        raise Reject("the written rows combine bank rows read at other slots than the ones written")
+    if f.labels[-1] != ld:
+        raise Reject("bank columns are mixed (the step is not separable by column)")
+    return f
+
+
+def _match_one_slot(vals: Sym, bank_id: int, version: int, idx: Atom, live) -> WriteRoles:
+    """W = 1: the written row (``[hd]``, or ``[B, hd]`` for B streams, size-1 dims aside) is
+
+        a * M[idx] + c * X * v - c * X * k * a * M[idx]
+
+    with X = beta * k. Along the step every role but v is a scalar, so k and beta are told
+    apart only by k appearing twice in the retrieval term: k is what the retrieval term
+    has beyond X and the gate, and must be a part of X (beta = X / k is then a product of
+    atoms, never a division). The two bank terms (decay, retrieval) are told apart by
+    their structure; exactly one assignment may pass."""
+    hd, ld = live[-1]
+    ls = live[0][1] if len(live) == 2 else None
+    lead = (ls,) if ls is not None else ()
+    bank_terms, B = [], []
+    for t in vals.terms:
+        if not t.bank_factors():
+            B.append(t)
+            continue
+        f = _bank_term(t, bank_id, version, idx, ld)
+        if tuple(f.labels[:-1]) != lead or t.bound:
+            raise Reject("bank rows enter the write along an unexpected axis (rows of another "
+                         "stream, or a sum over rows)")
+        bank_terms.append(t)
+    if len(B) != 1:
+        raise Reject("the written rows hold no single value term beta * k * v")
+    if not bank_terms:
+        raise Reject("the written rows do not keep the old row (decay term: 0 terms): "
+                     "not a delta-rule update")
+    if len(bank_terms) == 1:
+        raise Reject("no retrieval from the decayed rows subtracted from the value "
+                     "(plain outer-product write, no delta)" if _close(bank_terms[0].coef, 1.0) else
+                     "the old row is scaled by a number (no separate retrieval term)")
+    if len(bank_terms) > 2:
+        raise Reject("more than one retrieval term in the written rows")
+    names = {ld: "d"} | ({ls: "s"} if ls is not None else {})
+    b = B[0]
+    if b.bound:
+        raise Reject("the value term is summed over an axis of the step")
+    bparts = _by_axis(_split(b, names), "value term")
+    v, X = bparts["d"], bparts[""]
+    if not v:
+        raise Reject("the value term has no value vector v[d]")
+    # the decay term is the one with fewer factors first: its reason is the one reported
+    bank_terms.sort(key=lambda t: len(t.factors))
+    found, errors = [], []
+    for d, c in (bank_terms, bank_terms[::-1]):
+        try:
+            found.append(_one_slot_roles(d, c, b, X, names))
+        except Reject as e:
+            errors.append(e)
+    if not found:
+        raise errors[0]
+    if len(found) > 1:
+        raise Reject("the decay and retrieval terms of a one-slot write cannot be told apart")
+    k, gate, beta = found[0]
+    streams = next(n for n, lb in live if lb == ls) if ls is not None else 0
+    return WriteRoles(idx, k, gate, beta, b.coef, v, 1, hd, streams=streams)
+
+
+def _one_slot_roles(d, c, b, X, names):
+    """(k, gate, beta) when ``d`` is the decay term and ``c`` the retrieval term."""
+    if d.bound or c.bound or not _close(d.coef, 1.0):
+        raise Reject("the old row is scaled by a number or summed in the decay term")
+    dparts = _by_axis(_split(d, names), "decay term")
+    a_f = dparts[""]
+    if dparts["d"] or len(a_f) > 1:
+        raise Reject("the decay of the written rows is not a single exp(g) per slot or per token")
+    gate = a_f[0] if a_f else None
+    if gate is not None and gate.atom.exp_of is None:
+        raise Reject(f"the written rows are scaled by {gate.atom.node}, not by exp(g)")
+    cparts = _by_axis(_split(c, names), "retrieval term")
+    if cparts["d"]:
+        raise Reject("the retrieval is scaled along the value dim")
+    if not _close(c.coef, -b.coef):
+        raise Reject("the retrieval is not subtracted from the value with the same strength "
+                     "(delta = beta * (v - retrieved))")
+    have = _ms(cparts[""])
+    gates = _ms([gate] if gate is not None else [])
+    if not (_ms(X) + gates <= have):
+        if gate is not None and _ms(X) <= have and not gates <= have:
+            raise Reject("the retrieval reads the rows before their decay (spec: retrieve from decayed rows)")
+        raise Reject("the retrieval uses other weights or gates than the write")
+    extra = have - _ms(X) - gates
+    if not extra <= _ms(X):
+        raise Reject("the delta is spread over the written row with other weights than in the value term")
+    k, beta, left = [], [], Counter(extra)
+    for rf in X:
+        if left[rf.sig()] > 0:
+            left[rf.sig()] -= 1
+            k.append(rf)
+        else:
+            beta.append(rf)
+    return k, gate, beta
+
+
 def match_read(val: Sym, bank_id: int) -> ReadRoles:
     """Roles of a canonical reading (a weighted sum of rows of one bank state), ``[hd]``
     or ``[B, hd]`` for B streams (size-1 dims aside)."""
@@ -205,8 +323,11 @@ def match_read(val: Sym, bank_id: int) -> ReadRoles:
     if col != ld:
         raise Reject("a reading mixes bank columns")
     row = rlead[-1] if rlead else None
-    if ls is not None and (len(rlead) != 2 or rlead[0] != ls):
-        raise Reject("a reading of several streams mixes their rows")
+    if ls is not None:
+        if rlead == [ls]:
+            row = None          # one read slot per stream (R = 1)
+        elif len(rlead) != 2 or rlead[0] != ls:
+            raise Reject("a reading of several streams mixes their rows")
     if ls is None and len(rlead) > 1:
         raise Reject("a reading sums over streams")
     if t.bound != ({row} if row is not None and row != ls else set()):
@@ -217,6 +338,6 @@ def match_read(val: Sym, bank_id: int) -> ReadRoles:
     parts = _by_axis(_split(t, names), "reading")
     if parts["d"] or parts["w"] or parts["u"]:
         raise Reject("a reading is scaled along the value dim")
-    R = [n for n in atom.shape if n != 1][-1] if any(n != 1 for n in atom.shape) else 1
+    R = 1 if row is None else [n for n in atom.shape if n != 1][-1]
     return ReadRoles(atom, parts["r"] + parts[""], t.coef, R, ver, tuple(val.shape),
                      streams=val.shape[[i for i, a in enumerate(val.axes) if a == ls][0]] if ls else 0)

@@ -11,6 +11,7 @@ aten-level) supply only the op table (``FrontEnd``).
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -144,6 +145,9 @@ class Analysis:
         self.roots = frontend.write_targets(graph)
         self._keys: dict = {}
         self._intern: dict = {}
+        self._storages: dict = {}
+        self._by_storage: dict = {}
+        self._indexed = 0
 
     # ---------------------------------------------------------------- values
     def atom_key(self, node: fx.Node):
@@ -257,8 +261,43 @@ class Analysis:
         tv = self.env.get(target)
         if _deps(tv) or dep:
             self.env[target] = Opaque(_deps(tv) | dep, f"changed in place by {self.fe.describe(node)}")
-        else:
-            self.volatile.add(target)
+            return
+        # a tensor that does not depend on the bank changes (and every view of its memory):
+        # later uses see a value of its own, and none of them is hoisted or stacked (volatile)
+        why = f"changed in place by {self.fe.describe(node)}"
+        self.volatile.add(node)
+        for n in self._aliases(target):
+            self.volatile.add(n)
+            v = self.env.get(n)
+            if _deps(v):
+                self.env[n] = Opaque(_deps(v), why)
+            elif isinstance(v, Sym):
+                shape = self.fe.shape(n)
+                self.env[n] = (self.virtual_atom(("changed in place", n.name, node.name), n, shape)
+                               if shape is not None else None)
+
+    def _storage(self, node):
+        if node not in self._storages:
+            v = node.meta.get(self.fe.META) if isinstance(node, fx.Node) else None
+            try:
+                from torch.multiprocessing.reductions import StorageWeakRef
+                self._storages[node] = StorageWeakRef(v.untyped_storage()) if v is not None else None
+            except Exception:       # noqa: BLE001 - no storage to compare: the node alone
+                self._storages[node] = None
+        return self._storages[node]
+
+    def _aliases(self, target) -> list:
+        """``target`` and the nodes seen so far whose values share its memory (views of
+        it, or the tensor it is a view of), by the storages of their example values."""
+        st = self._storage(target)
+        if st is None:
+            return [target]
+        for n in itertools.islice(self.env, self._indexed, None):     # index the nodes seen since
+            other = self._storage(n) if isinstance(n, fx.Node) else None   # the last query
+            if other is not None:
+                self._by_storage.setdefault(other.cdata, []).append(n)
+        self._indexed = len(self.env)
+        return [target] + [n for n in self._by_storage.get(st.cdata, []) if n is not target]
 
     def _write(self, node, op: WriteOp, dep):
         tv = self.env.get(op.target)
@@ -362,7 +401,8 @@ class Analysis:
         steps = []
         for ver in range(V):
             rec = b.writes[ver]
-            steps.append(Step(match_write(rec.vals, b.id, ver, rec.idx), None, rec.node))
+            steps.append(Step(match_write(rec.vals, b.id, ver, rec.idx,
+                                          batch=b.shape[0] if len(b.shape) == 3 else 0), None, rec.node))
         reads: dict = {}
         finals = []
         for e in self.escapes:
@@ -391,6 +431,9 @@ class Analysis:
                 reads.setdefault(r.version, []).append((producer, r))
         for ver, lst in reads.items():
             first = lst[0][1]
+            if any(r.streams != steps[ver - 1].write.streams for _, r in lst):
+                raise Reject(f"a reading after token {ver} runs over other streams than the writes "
+                             "(a value that leaves the loop is not one reading per stream)")
             for _, r in lst[1:]:
                 if r.q_idx.key != first.q_idx.key or _multiset(r.q) != _multiset(first.q):
                     raise Reject(f"two different readings after token {ver}")

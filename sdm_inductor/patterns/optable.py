@@ -116,6 +116,24 @@ def getitem_key(base, idx, key):
     return ("call_function", "getitem", _hashable(base, key), _hashable(idx, key))
 
 
+def _selects_size1(idx, shape) -> bool:
+    """``x[0]`` / ``x[:, 0]`` / ``x[0, None]``: integers only select dims of size 1 (the
+    result holds the same elements, like a squeeze)."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    dim = 0
+    for i in idx:
+        if i is None:
+            continue
+        if isinstance(i, bool) or not (isinstance(i, int) or i == slice(None)):
+            return False
+        if dim >= len(shape):
+            return False
+        if isinstance(i, int) and (shape[dim] != 1 or i not in (0, -1)):
+            return False
+        dim += 1
+    return any(isinstance(i, int) and not isinstance(i, bool) for i in idx)
+
+
 def _dim_arg(node, pos, name, default=None):
     if len(node.args) > pos:
         return node.args[pos]
@@ -269,6 +287,8 @@ class TorchOps(_Base):
         if isinstance(bv, Sym) and not bv.depends_on_bank():
             return self._select_then_view(an, node, base, idx)
         if isinstance(bv, Sym) and bv.depends_on_bank():
+            if _selects_size1(idx, bv.shape):
+                return A.reshape(an.space, bv, self.out_shape(node))   # ``rows[0]`` of [1, hd] rows
             raise NotSymbolic("basic indexing of a bank-dependent value")
         return None
 
@@ -397,8 +417,9 @@ def bank_index(an, bank, idx) -> Sym:
     if len(bank.shape) == 3 and len(idx) == 2:
         batch, rows = syms
         aligned = A.add(an.space, A.scale(batch, 0.0), rows)     # rows, on the broadcast axes
-        if len(aligned.shape) != 2 or aligned.shape[0] != bank.shape[0]:
-            raise NotSymbolic("a batched bank indexed by other than [B, W] rows")
+        # [B, W] rows, or [B] (one row per stream: ``M[arange(B), idx[:, t]]``)
+        if len(aligned.shape) not in (1, 2) or aligned.shape[0] != bank.shape[0]:
+            raise NotSymbolic("a batched bank indexed by other than [B, W] or [B] rows")
         if not _is_arange(an, idx[0], batch, aligned, bank.shape[0]):
             raise NotSymbolic("the batch index of a batched bank is not arange(B)[:, None]")
         return aligned
@@ -480,6 +501,14 @@ class AtenOps(TorchOps):
                 return Sym.rows(an.space, base, bank_index(an, base, tuple(idx)))
             if isinstance(base, Sym) and base.depends_on_bank():
                 raise NotSymbolic("indexing a bank-dependent value")
+            return None
+        if t is aten.select.int:
+            x = an.value(node.args[0])
+            if isinstance(x, Sym) and x.depends_on_bank():
+                dim = node.args[1] % max(len(x.shape), 1)
+                if len(x.shape) and x.shape[dim] == 1 and node.args[2] in (0, -1):
+                    return A.reshape(an.space, x, self.out_shape(node))   # a size-1 dim dropped
+                raise NotSymbolic("select of a bank-dependent value")
             return None
         if t is aten.exp.default:
             x = an.value(node.args[0])

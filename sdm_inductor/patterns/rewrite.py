@@ -273,7 +273,8 @@ def check_chain(an: Analysis, chain: Chain):
     if (any(rec.inplace for rec in chain.bank.writes.values()) and chain.bank.root.op != "placeholder"
             and isinstance(root_val, torch.Tensor) and root_val._is_view()):
         raise Reject("the bank written in place is a view of another tensor (its base changes too)")
-    proofs = {proof(st.write.k_idx.node) for st in chain.steps}
+    proofs = {"one write slot per token" if st.write.W == 1 else proof(st.write.k_idx.node)
+              for st in chain.steps}
     chain.distinct = None if None in proofs else sorted(proofs)[0]
     if chain.distinct is None and config.assume_distinct_write_slots:
         chain.distinct = "assumed (assume_distinct_write_slots)"

@@ -4,8 +4,16 @@ The body is analysed once, like one token of an unrolled loop: its bank carry is
 chain's root, its ``xs`` slices are the per-token inputs. When the body is one
 canonical token step, the scan becomes one op call whose per-token inputs are the
 ``xs`` themselves (sliced per token by the scan, whole here), so compile time does not
-depend on T. Per-token inputs computed inside the body are not hoisted (left alone,
-with the reason).
+depend on T.
+
+Per-token inputs computed inside the body from values that do not depend on the bank
+(``sigmoid(b_t)``, ``-exp(A_log) * softplus(a_t + dt_bias)``, ``softmax(logits_t)``,
+``x_t @ Wv``, ``topk`` slots) are hoisted: their part of the body is applied to the
+whole ``xs`` once, as ``torch.vmap`` of that part over the scanned dim (exact by vmap's
+contract, ``f(xs)[t] == f(xs[t])``), traced to aten ops in front of the op call. Values
+computed only from the scan's constant inputs are computed once. Left alone (with the
+reason) when that part draws random numbers, changes something in place, has an op
+without a vmap batching rule (hoisting would unroll it) or symbolic shapes.
 """
 from __future__ import annotations
 
@@ -95,28 +103,39 @@ def _rewrite_scan(graph, node, fe, level, report, state):
     def src(atom):
         n = atom.node
         if n not in outer:
-            raise Reject(f"per-token input {n.name} is computed inside the scan body "
-                         "(compute it before the scan to have it hoisted)")
+            raise Reject(f"per-token input {n.name} is computed inside the scan body and was not hoisted")
         return outer[n], n in per_token
 
-    # check every role comes from the scan's inputs before touching the graph
+    # check every role comes from the scan's inputs (or can be hoisted) before touching the graph
     atoms = [w.k_idx, *[f.atom for f in w.k + w.v + w.beta]]
     if w.gate is not None:
         atoms.append(w.gate.atom.exp_of)
     if r is not None:
         atoms += [r.q_idx, *[f.atom for f in r.q]]
-    for a in atoms:
-        src(a)
     if chain.bank.dtype not in (torch.float32, torch.bfloat16):
         raise Reject(f"bank dtype {chain.bank.dtype}")
-    k_src, k_tok = src(w.k_idx)
-    distinct = proof(k_src) if k_tok else None
+    hoists = _plan_hoists(an, body, phs, per_token, outer, [a.node for a in atoms if a.node not in outer])
+    k_node = w.k_idx.node
+    if w.W == 1:
+        distinct = "one write slot per token"
+    elif k_node in outer:
+        distinct = proof(outer[k_node]) if k_node in per_token else None
+    else:
+        distinct = proof(k_node)    # computed in the body: its proof holds for every token
     if distinct is None and config.assume_distinct_write_slots:
         distinct = "assumed (assume_distinct_write_slots)"
 
     if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
         raise Reject("scan result used whole")
     state["mutating"] = True
+    for traced, inputs, targets, batched in hoists:
+        for t, x in zip(targets, _inline(graph, node, traced, inputs)):
+            outer[t] = x
+            if batched:
+                per_token.add(t)
+    for a in atoms:
+        src(a)
+    k_src, k_tok = src(w.k_idx)
     em = Emitter(graph, node, level == "aten")
     root = init[0]
     hd = chain.bank.shape[1]
@@ -179,3 +198,115 @@ def _rewrite_scan(graph, node, fe, level, report, state):
     graph.erase_node(node)
     report.rewritten.append(RewrittenChain(location(node), T, f"scan ({level})", "sdm.write_read",
                                            distinct or "runtime check"))
+
+
+# ---------------------------------------------------------------- hoisting
+
+def _closure(targets) -> set:
+    """``targets`` and every body node they are computed from (up to placeholders)."""
+    seen, stack = set(), list(targets)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op != "placeholder":
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _plan_hoists(an, body, phs, per_token, outer, inner):
+    """Role atoms computed inside the body -> [(traced aten graph, its outer input nodes,
+    the body nodes it computes, batched over the tokens)]. Everything is checked and
+    traced here; the parent graph is not touched."""
+    from .optable import _is_impure
+    inner = list(dict.fromkeys(inner))
+    if not inner:
+        return []
+    carry = phs[0]
+    tok = [n for n in inner if _closure([n]) & per_token]
+    const = [n for n in inner if n not in tok]
+    plans = []
+    for targets, batched in ((tok, True), (const, False)):
+        if not targets:
+            continue
+        cl = _closure(targets)
+        names = ", ".join(sorted(t.name for t in targets))
+        if carry in cl:
+            raise Reject(f"per-token input(s) {names} depend on the bank carry")
+        for n in sorted(cl, key=lambda n: n.name):
+            if n in an.volatile:
+                raise Reject(f"per-token input {n.name}, computed inside the scan body, is changed in "
+                             "place there (not hoisted)")
+            if n.op in ("call_function", "call_method") and _is_impure(n):
+                who = ", ".join(sorted(t.name for t in targets if n in _closure([t])))
+                raise Reject(f"per-token input(s) {who} are computed inside the scan body with "
+                             f"{n.name}, which draws random numbers or mutates: hoisting it out of the "
+                             "loop would change the program")
+        used = [p for p in phs if p in cl]
+        g = fx.Graph()
+        env = {p: g.placeholder(p.name) for p in used}
+        for n in body.graph.nodes:
+            if n in cl and n.op != "placeholder":
+                env[n] = g.node_copy(n, lambda x: env[x])
+        g.output(tuple(env[t] for t in targets))
+        part = fx.GraphModule(body, g)
+        inputs = [outer[p] for p in used]
+        traced = _trace(part, inputs, [p in per_token for p in used] if batched else None, names)
+        plans.append((traced, inputs, targets, batched))
+    return plans
+
+
+def _trace(part: fx.GraphModule, inputs, in_dims, names):
+    """``part`` (or ``vmap(part)`` over the inputs flagged in ``in_dims``) traced to a
+    functional aten graph on fake copies of ``inputs``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    metas = [_meta(x) for x in inputs]
+    if any(m is None for m in metas):
+        raise Reject(f"per-token input(s) {names} are computed inside the scan body from a non-tensor")
+    if any(not all(isinstance(d, int) for d in m.shape) for m in metas):
+        raise Reject(f"per-token input(s) {names} are computed inside the scan body; hoisting them "
+                     "needs static shapes")
+    if in_dims is not None:
+        dims = tuple(0 if b else None for b in in_dims)
+        fn = torch.vmap(part, in_dims=dims)
+    else:
+        fn = part
+    fallback = torch._C._functorch._is_vmap_fallback_enabled()
+    mode = FakeTensorMode()
+    try:
+        torch._C._functorch._set_vmap_fallback_enabled(False)  # no per-token loop in the hoisted code
+        with mode:
+            fakes = [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=m.device) for m in metas]
+            traced = make_fx(torch.func.functionalize(fn, remove="mutations"))(*fakes)
+    except Exception as e:      # noqa: BLE001 - the graph is untouched
+        raise Reject(f"per-token input(s) {names} are computed inside the scan body in a way that "
+                     f"cannot be applied to all tokens at once (not hoisted): {type(e).__name__}: "
+                     f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        torch._C._functorch._set_vmap_fallback_enabled(fallback)
+    if any(n.op == "get_attr" for n in traced.graph.nodes):
+        raise Reject(f"per-token input(s) {names} use a tensor constant made inside the scan body (not hoisted)")
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+           and n.target._schema.is_mutable for n in traced.graph.nodes):
+        raise Reject(f"per-token input(s) {names}: the hoisted computation mutates (not hoisted)")
+    return traced
+
+
+def _inline(graph: fx.Graph, before: fx.Node, traced: fx.GraphModule, inputs):
+    """Copy ``traced``'s nodes in front of ``before``, its placeholders bound to
+    ``inputs``; returns the nodes of its outputs."""
+    env = dict(zip([n for n in traced.graph.nodes if n.op == "placeholder"], inputs))
+    outs = None
+    with graph.inserting_before(before):
+        for n in traced.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                outs = fx.node.map_arg(n.args[0], lambda x: env[x])
+                break
+            new = graph.node_copy(n, lambda x: env[x])
+            new.meta = {}       # fake values of the tracing mode are not the graph's
+            env[n] = new
+    return list(outs)
