@@ -583,3 +583,229 @@ NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weight
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
                n_beta_on_v_only, n_write_other_slots, n_sigmoid_decay, n_states_kept,
                n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank, n_view_of_bigger_bank]
+
+
+# ============================================================================ one write slot per token (W = 1)
+
+def inputs_w1(T=T, seed=0, R=R, requires_grad=False):
+    """W = 1: ``k_idx``, ``k_val``, ``g`` as ``[T, 1]`` (the spellings below squeeze them as
+    a user would); ``R`` read slots (1 for R = 1)."""
+    d = inputs(T=T, seed=seed, requires_grad=False)
+    gen = torch.Generator().manual_seed(seed + 1)
+    d.update(k_idx=d["k_idx"][:, :1].clone(), k_val=d["k_val"][:, :1].clone(), g=d["g"][:, :1].clone(),
+             q_idx=torch.randint(0, S, (T, R), generator=gen), q_val=torch.randn(T, R, generator=gen))
+    if requires_grad:
+        for k in ("M", "k_val", "v", "beta", "g", "q_val"):
+            d[k].requires_grad_(True)
+    return d
+
+
+def p_w1_row_squeezed(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """One slot: the row taken as ``[hd]`` (``M[k_idx[t]][0]``), scalar weight and gate,
+    the row written back from an ``[hd]`` value (broadcast into the ``[1, hd]`` rows)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]][0] * torch.exp(g[t, 0])
+        delta = beta[t] * (v[t] - k_val[t, 0] * dec)
+        M[k_idx[t]] = dec + k_val[t, 0] * delta
+        outs.append(q_val[t] @ M[q_idx[t]])
+    return torch.stack(outs), M
+
+
+def p_w1_sliced_index(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """One slot from ``[T]`` tensors: index ``ki[t:t+1]``, index_select / index_copy_,
+    ``squeeze``/``view`` between ``[1, hd]`` and ``[hd]``, R = 1 reading by squeeze."""
+    ki, kv, gg, qi, qv = k_idx[:, 0], k_val[:, 0], g[:, 0], q_idx[:, 0], q_val[:, 0]
+    M = M.clone()
+    outs = []
+    for t in range(ki.shape[0]):
+        idx = ki[t:t + 1]
+        dec = M.index_select(0, idx) * gg[t].exp()
+        delta = (v[t] - kv[t] * dec.squeeze(0)) * beta[t]
+        M.index_copy_(0, idx, (dec + kv[t] * delta).view(1, -1))
+        outs.append(qv[t] * M[qi[t:t + 1]].squeeze(0))
+    return torch.stack(outs), M
+
+
+def p_w1_gate_on_update(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """``exp(g) * (rows + k * delta)`` with the retrieval from the decayed row: with one slot
+    this is the spec's step with beta' = exp(g) * beta (a near-miss for W > 1)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        a = torch.exp(g[t])
+        delta = beta[t] * (v[t] - k_val[t] * rows * a)
+        M[k_idx[t]] = a * (rows + k_val[t] * delta)
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_w1_undecayed_retrieval(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """One slot, the retrieval from the row before its decay."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        delta = beta[t] * (v[t] - k_val[t] * rows)
+        M[k_idx[t]] = rows * torch.exp(g[t]) + k_val[t] * delta
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_w1_weight_only_in_retrieval(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """One slot, k in the retrieval but not on the delta written (beta / k would be needed)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.exp(g[t])
+        M[k_idx[t]] = dec + beta[t] * (v[t] - k_val[t] * dec)
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+W1_POSITIVES = [p_setitem_mulsum, p_gather_scatter_outer, p_index_add_increment, p_out_buffer, p_scan,
+                p_w1_row_squeezed, p_w1_sliced_index, p_w1_gate_on_update]
+W1_NEAR_MISSES = [n_w1_undecayed_retrieval, n_w1_weight_only_in_retrieval]
+
+
+def inputs_w1_batched(T=T, seed=0, flat=False):
+    """B streams, one write slot and one read slot each: ``[B, T]`` indices and weights."""
+    d = inputs_batched(T=T, seed=seed, flat=flat)
+    for k in ("k_idx", "k_val", "g", "q_idx", "q_val"):
+        d[k] = d[k][..., 0].clone()
+    return d
+
+
+def p_w1_batched_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """A [B, S, hd] bank, one row per stream: ``M[arange(B), idx[:, t]]`` is ``[B, hd]``."""
+    M = M.clone()
+    b = torch.arange(M.shape[0])
+    outs = []
+    for t in range(k_idx.shape[1]):
+        dec = M[b, k_idx[:, t]] * torch.exp(g[:, t])[:, None]
+        delta = beta[:, t, None] * (v[:, t] - k_val[:, t, None] * dec)
+        M[b, k_idx[:, t]] = dec + k_val[:, t, None] * delta
+        outs.append(q_val[:, t, None] * M[b, q_idx[:, t]])
+    return torch.stack(outs, 1), M
+
+
+def n_w1_flat_streams(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """One row per stream of a flat bank (per-stream offsets): the same rows as a single
+    stream whose slots retrieve each from their own row only; left alone."""
+    off = torch.arange(k_idx.shape[0]) * (M.shape[0] // k_idx.shape[0])
+    outs = []
+    for t in range(k_idx.shape[1]):
+        idx = k_idx[:, t] + off
+        dec = M[idx] * torch.exp(g[:, t])[:, None]
+        delta = beta[:, t, None] * (v[:, t] - k_val[:, t, None] * dec)
+        M = M.index_put((idx,), dec + k_val[:, t, None] * delta)
+        outs.append(q_val[:, t, None] * M[q_idx[:, t] + off])
+    return torch.stack(outs, 1), M
+
+
+# ============================================================================ in-place changes of per-token inputs
+
+def n_inplace_beta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """beta computed in the loop, then clamped in place (the step must use the clamped value)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        b = beta[t] * 1.0
+        b.clamp_(0.2, 0.5)
+        dec = M[k_idx[t]] * torch.exp(g[t])[:, None]
+        delta = b * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_inplace_through_view(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """v computed in the loop, half of it zeroed through a view."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        vv = v[t] * 1.0
+        vv.view(2, -1)[0].zero_()
+        dec = M[k_idx[t]] * torch.exp(g[t])[:, None]
+        delta = beta[t] * (vv - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+NEAR_MISSES += [n_inplace_beta, n_inplace_through_view]
+
+
+# ============================================================================ scan bodies computing their inputs
+
+D_IN = 12
+
+
+class ScanProjected(torch.nn.Module):
+    """A scan whose body computes its per-token inputs from the token's slice of ``xs``
+    and the layer's parameters (Gated-DeltaNet-style gate, sigmoid beta, softmax weights,
+    projected value, optionally topk slots); hoisted out of the scan and applied to all
+    tokens at once. ``variant``: "gdn", "topk", "w1" (one slot), "noise" (random numbers
+    in the body: left alone), "inplace" (beta clamped in place in the body: left alone)."""
+
+    def __init__(self, variant="gdn", w=W):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.variant, self.w = variant, w
+        self.wv = torch.nn.Parameter(torch.randn(D_IN, HD, generator=gen) * 0.3)
+        self.wk = torch.nn.Parameter(torch.randn(D_IN, S, generator=gen) * 0.3)
+        self.A_log = torch.nn.Parameter(torch.randn(w, generator=gen) * 0.3)
+        self.dt_bias = torch.nn.Parameter(torch.randn(w, generator=gen) * 0.3)
+        self.bank = torch.nn.Parameter(torch.randn(S, HD, generator=gen) * 0.3)
+
+    def forward(self, x, k_idx, logits, b, a, q_idx, q_logits):
+        from torch._higher_order_ops.scan import scan
+        variant = self.variant
+
+        def body(M, xs):
+            x_t, ki, l_t, b_t, a_t, qi, ql = xs
+            beta = torch.sigmoid(b_t)
+            if variant == "inplace":
+                beta.clamp_(0.3, 0.6)
+            g = -torch.exp(self.A_log) * F.softplus(a_t + self.dt_bias)
+            kv = torch.softmax(l_t, -1)
+            v = x_t @ self.wv
+            if variant == "noise":
+                v = v + 0.1 * torch.randn_like(v)
+            if variant == "topk":
+                ks, ki = torch.topk(x_t @ self.wk, self.w)
+                kv = torch.softmax(ks, -1)
+            dec = M[ki] * torch.exp(g)[:, None]
+            delta = beta * (v - (kv[:, None] * dec).sum(0))
+            M = M.index_put((ki,), dec + kv[:, None] * delta[None])
+            return M, (torch.softmax(ql, -1)[:, None] * M[qi]).sum(0)
+
+        M, outs = scan(body, self.bank * 1.0, (x, k_idx, logits, b, a, q_idx, q_logits))
+        return outs, M
+
+
+def scan_inputs(T=T, w=W, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(T, D_IN, generator=gen),
+            torch.stack([torch.randperm(S, generator=gen)[:w] for _ in range(T)]),
+            torch.randn(T, w, generator=gen), torch.randn(T, generator=gen), torch.randn(T, w, generator=gen),
+            torch.randint(0, S, (T, R), generator=gen), torch.randn(T, R, generator=gen))
+
+
+def n_scan_carried_beta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """beta computed in the body from a second carry (loop state, not a per-token input)."""
+    from torch._higher_order_ops.scan import scan
+
+    def body(carry, xs):
+        M, c = carry
+        ki, kv, vv, bb = xs
+        b = torch.sigmoid(bb + c)
+        dec = M[ki]
+        delta = b * (vv - (kv[:, None] * dec).sum(0))
+        M = M.index_put((ki,), dec + kv[:, None] * delta[None])
+        return (M, c + 0.5), (kv[:, None] * M[ki]).sum(0)
+
+    (M, _), outs = scan(body, (M, torch.zeros(())), (k_idx, k_val, v, beta))
+    return outs, M

@@ -92,6 +92,29 @@ def test_rewrite_exported(fn):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_rewrite_exported_w1_and_scan_body_inputs():
+    """Aten level: a one-slot loop (squeezed rows) and a scan whose body computes its inputs
+    (hoisted as aten ops in front of the op) are rewritten in an exported program."""
+    d = C.inputs_w1(seed=22, R=1)
+
+    class W1(torch.nn.Module):
+        def forward(self, *a):
+            return C.p_w1_row_squeezed(*a)
+
+    cases = [(W1(), tuple(d[k] for k in NAMES), C.p_w1_row_squeezed),
+             (C.ScanProjected("gdn"), C.scan_inputs(seed=23), None)]
+    for mod, args, eager in cases:
+        ep = torch.export.export(mod, args)
+        report = sdm_inductor.patterns.Report()
+        ep2 = rewrite_exported(ep, report)
+        assert len(_ops_in(ep2.graph)) == 1 and not report.rejected, str(report)
+        assert not any(n.target is torch.ops.higher_order.scan for n in ep2.graph.nodes)
+        with torch.no_grad():
+            ref = (eager or mod)(*args)
+            for a, b in zip(ep2.module()(*args), ref):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_rewrite_exported_refuses_other_types():
     with pytest.raises(TypeError, match="argument 'ep' of rewrite_exported: expected a torch.export.ExportedProgram"):
         rewrite_exported(torch.nn.Linear(2, 2))
@@ -181,3 +204,26 @@ def test_backend_entry_point_rewrites_when_switched_off_globally():
     assert len(report.rewritten) == 1 and report.rewritten[0].tokens == 4, str(report)
     for a, b in zip(out, C.p_bmm(**d)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.compile
+def test_inductor_scan_body_inputs_hoisted_training():
+    """A scan whose body computes its inputs (hoisted as aten ops into Dynamo's graph by the
+    pre-grad pass) through AOTAutograd and Inductor: outputs and gradients equal eager's."""
+    m = C.ScanProjected("gdn")
+    args = C.scan_inputs(seed=71)
+    ref = m(*args)
+    (ref[0].pow(2).sum() + ref[1].sin().sum()).backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    torch._dynamo.reset()
+    with fresh_cache():
+        out = torch.compile(m)(*args)
+    report = sdm_inductor.patterns.last_report()
+    assert len(report.rewritten) == 1 and report.rewritten[0].form == "scan (torch)", str(report)
+    (out[0].pow(2).sum() + out[1].sin().sum()).backward()
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for n, p in m.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)

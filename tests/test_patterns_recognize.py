@@ -257,3 +257,143 @@ def test_two_banks_second_fed_by_first_readings():
     sum(o.pow(2).sum() for o in out).backward()
     for k in ref:
         torch.testing.assert_close(d[k].grad, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+# ---------------------------------------------------------------- one write slot per token (W = 1)
+
+W1_R1 = {"p_setitem_mulsum", "p_w1_row_squeezed", "p_scan", "p_w1_sliced_index"}   # R = 1 too
+
+
+@pytest.mark.parametrize("fn", C.W1_POSITIVES, ids=lambda f: f.__name__)
+def test_w1_rewritten_and_equal(fn):
+    """W = 1 ([1, hd] rows, or [hd] rows of squeezed spellings), R = 1 for some: rewritten,
+    slots distinct without a check, equal to eager."""
+    d = C.inputs_w1(seed=hash(fn.__name__) % 1000, R=1 if fn.__name__ in W1_R1 else C.R)
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    assert len(report.rewritten) == 1 and not report.rejected, str(report)
+    assert report.rewritten[0].tokens == C.T
+    assert report.rewritten[0].distinct == "one write slot per token", str(report)
+    _close(out, fn(**d), torch.float32)
+
+
+@pytest.mark.parametrize("fn", C.W1_NEAR_MISSES, ids=lambda f: f.__name__)
+def test_w1_near_miss_left_alone_and_equal(fn):
+    d = C.inputs_w1(seed=hash(fn.__name__) % 1000)
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    assert not report.rewritten and report.rejected, str(report)
+    _close(out, fn(**d), torch.float32)
+
+
+def test_w1_gradients():
+    """W = 1 = R: gradients of every input through the op equal eager's."""
+    fn = C.p_w1_row_squeezed
+    d = C.inputs_w1(seed=8, R=1, requires_grad=True)
+    out = fn(**d)
+    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
+    ref = {k: t.grad.clone() for k, t in d.items() if t.grad is not None}
+    for t in d.values():
+        t.grad = None
+    compiled, report = rewrite_compile(fn)
+    out = compiled(**d)
+    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
+    assert len(report.rewritten) == 1, str(report)
+    assert set(ref) == {"M", "k_val", "v", "beta", "g", "q_val"}
+    for k in ref:
+        torch.testing.assert_close(d[k].grad, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_w1_streams_batched_bank_and_flat_near_miss():
+    """One row per stream: a [B, S, hd] bank indexed ``M[arange(B), idx[:, t]]`` is
+    rewritten (B streams, W = R = 1); the same on a flat bank with per-stream offsets
+    reads like one stream whose slots retrieve each from their own row: left alone."""
+    d = C.inputs_w1_batched(seed=4)
+    compiled, report = rewrite_compile(C.p_w1_batched_bank)
+    out = compiled(**d)
+    assert len(report.rewritten) == 1 and not report.rejected, str(report)
+    assert sdm_inductor.last_dispatch()["P"] == C.B
+    _close(out, C.p_w1_batched_bank(**d), torch.float32)
+    d = C.inputs_w1_batched(seed=4, flat=True)
+    compiled, report = rewrite_compile(C.n_w1_flat_streams)
+    out = compiled(**d)
+    assert not report.rewritten and "flat bank" in str(report), str(report)
+    _close(out, C.n_w1_flat_streams(**d), torch.float32)
+
+
+# ---------------------------------------------------------------- scan bodies computing their inputs
+
+def _graph_nodes(fn, *args):
+    """(number of nodes of the rewritten Dynamo graph, it holds a scan, report)."""
+    seen = {}
+    report = Report()
+
+    def backend(gm, example_inputs):
+        report.extend(rewrite_dynamo_graph(gm.graph))
+        seen["n"] = len(gm.graph.nodes)
+        seen["scan"] = any(n.target is torch.ops.higher_order.scan for n in gm.graph.nodes)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(*args)
+    return seen["n"], seen["scan"], report
+
+
+@pytest.mark.parametrize("variant", ["gdn", "topk", "w1"])
+def test_scan_body_inputs_hoisted(variant):
+    """sigmoid(b_t), -exp(A_log) * softplus(a_t + dt_bias), softmax(logits_t), x_t @ Wv (and
+    topk slots of x_t @ Wk) computed in the scan body: hoisted, the scan rewritten from its
+    body; outputs and parameter gradients equal eager's; the rewritten graph does not grow
+    with T (no unrolling)."""
+    w = 1 if variant == "w1" else C.W
+    m = C.ScanProjected("gdn" if variant == "w1" else variant, w=w)
+    args = C.scan_inputs(w=w, seed=2)
+    ref = m(*args)
+    (ref[0].pow(2).sum() + ref[1].sin().sum()).backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    compiled, report = rewrite_compile(m)
+    out = compiled(*args)
+    assert len(report.rewritten) == 1 and not report.rejected, str(report)
+    assert report.rewritten[0].form == "scan (torch)" and report.rewritten[0].tokens == C.T
+    assert report.rewritten[0].distinct == {"gdn": "runtime check", "topk": "topk",
+                                            "w1": "one write slot per token"}[variant]
+    _close(out, ref, torch.float32)
+    (out[0].pow(2).sum() + out[1].sin().sum()).backward()
+    assert set(grads) >= {"wv", "A_log", "dt_bias", "bank"}
+    for n, p in m.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.grad, grads[n], atol=1e-5, rtol=1e-4, msg=n)
+    if variant == "gdn":
+        with torch.no_grad():
+            sizes = [_graph_nodes(m, *C.scan_inputs(T=T, w=w)) for T in (4, 16)]
+        assert all(not has_scan and rep.rewritten for _, has_scan, rep in sizes), sizes
+        assert sizes[0][0] == sizes[1][0]
+
+
+@pytest.mark.parametrize("variant", ["noise", "inplace"])
+def test_scan_body_inputs_near_miss(variant):
+    """Random numbers or an in-place change in the part of the body that computes the
+    inputs: hoisting would change the program; the scan is left as written, with the reason."""
+    m = C.ScanProjected(variant)
+    args = C.scan_inputs(seed=3)
+    compiled, report = rewrite_compile(m)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        out = compiled(*args)
+        torch.manual_seed(0)
+        ref = m(*args)
+    assert not report.rewritten and report.rejected, str(report)
+    assert ("random numbers" if variant == "noise" else "changed in place") in str(report), str(report)
+    _close(out, ref, torch.float32)
+
+
+def test_scan_input_from_loop_state_left_alone():
+    """beta computed in the body from a second carry (loop state): left alone."""
+    d = C.inputs(seed=6)
+    args = (d["M"], d["k_idx"], d["k_val"], d["v"], d["beta"])
+    fn = C.n_scan_carried_beta
+    compiled, report = rewrite_compile(fn)
+    out = compiled(*args, None, None, None)
+    assert not report.rewritten and "carries" in str(report), str(report)
+    _close(out, fn(*args, None, None, None), torch.float32)

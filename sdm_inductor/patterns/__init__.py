@@ -17,8 +17,10 @@ into the next, unrolled Python loops or ``scan``, one stream or B streams per st
 ``[B, S, hd]`` bank indexed per batch, or a flat bank with per-stream rows), reads and
 writes by indexing / index_select / gather / index_put / setitem / index_copy / scatter /
 index_add / scatter_add, contractions by mul+sum / matmul / bmm / einsum / outer, gates
-per token, per write or absent, beta absent, per-token inputs computed in the loop
-(hoisted). Anything else is left as written, with the reason in ``explain``'s report.
+per token, per write or absent, beta absent, one write or read slot per token (W = 1,
+R = 1, rows squeezed or not), per-token inputs computed in the loop (hoisted; in a
+``scan`` body by ``vmap`` of that part of the body over ``xs``). Anything else is left as
+written, with the reason in ``explain``'s report.
 """
 from . import checks, log  # noqa: F401  (registers sdm::check_distinct_write_slots, the log artifact)
 from . import config
