@@ -30,7 +30,7 @@ NAME = "cuda-triton-chunked"
 # (16 bf16 columns = one 32-byte sector per gathered row); TB: tokens per tile; EW:
 # entries per gather tile; NG: write entries per tile of the write pass.
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=512, WARPS=8,
-              WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "grid"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
+              WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
