@@ -88,3 +88,35 @@ def reference_outputs(ins: SDMInputs, grad_out=None, compute_dtype=torch.float64
     grads = tuple(torch.zeros_like(leaves[i]) if g is None else g
                   for i, g in zip(FLOAT_INPUTS, grads))
     return y.detach(), M.detach(), grads
+
+
+_AOTI_CONTROL: dict[str, str | None] = {}
+
+_AOTI_LOAD = """
+import sys, torch
+torch._inductor.aoti_load_package(sys.argv[1])(torch.randn(4, 8, device=sys.argv[2]))
+"""
+
+
+def aoti_runtime_failure(device: str) -> str | None:
+    """Why this torch build cannot load AOTInductor packages on ``device`` in a fresh
+    process, or None when it can. The control is a plain ``nn.Linear`` package, nothing of
+    SDM in it: tests use it to tell a defect of the toolchain (seen on the H200 image,
+    torch 2.11+cu130: every package, plain or not, CPU or CUDA, dies with SIGSEGV in
+    ``AOTIModelPackageLoader``) from a defect of this library."""
+    if device not in _AOTI_CONTROL:
+        import os
+        import subprocess
+        import sys
+        import tempfile
+        model = torch.nn.Linear(8, 8).to(device).eval()
+        with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+            path = os.path.join(tmp, "control.pt2")
+            ep = torch.export.export(model, (torch.randn(4, 8, device=device),))
+            torch._inductor.aoti_compile_and_package(ep, package_path=path)
+            res = subprocess.run([sys.executable, "-c", _AOTI_LOAD, path, device],
+                                 capture_output=True, text=True, timeout=300)
+        _AOTI_CONTROL[device] = None if res.returncode == 0 else (
+            f"torch {torch.__version__} cannot load even a plain nn.Linear AOTInductor package "
+            f"on {device} in a fresh process (exit {res.returncode}): a toolchain defect")
+    return _AOTI_CONTROL[device]

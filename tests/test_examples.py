@@ -66,7 +66,13 @@ def test_compile_rewrite():
 
 @pytest.mark.compile
 def test_export_aoti():
-    out = run_example("export_aoti.py", timeout=400)
+    try:
+        out = run_example("export_aoti.py", timeout=400)
+    except AssertionError as e:
+        from sdm_inductor.testing import aoti_runtime_failure
+        if "died with <Signals." in str(e) and aoti_runtime_failure("cpu"):
+            pytest.xfail(aoti_runtime_failure("cpu"))   # the control package dies too
+        raise
     lengths = re.findall(r"T=\s*(\d+): output \[2, (\d+), 32\], rel err vs eager ([\d.e+-]+)", out)
     assert len(lengths) == 3, out
     for t, t_out, err in lengths:

@@ -20,7 +20,7 @@ import torch
 import sdm_inductor
 from sdm_inductor.lowerings import write_read as lowering
 from sdm_inductor.nn import SparseDeltaMemory
-from sdm_inductor.testing import rel_err
+from sdm_inductor.testing import aoti_runtime_failure, rel_err
 
 CUDA = torch.cuda.is_available() and lowering.triton_op("write_read", torch.device("cuda"))
 
@@ -100,6 +100,8 @@ def test_aoti_cuda_dynamic_length_carries_kernels(tmp_path):
         torch.save(x, tmp_path / f"x{T}.pt")
     res = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(path), str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
+    if res.returncode < 0 and aoti_runtime_failure("cuda"):
+        pytest.xfail(aoti_runtime_failure("cuda"))   # the control package dies too
     assert res.returncode == 0, f"rc {res.returncode}\n{res.stdout}\n{res.stderr[-3000:]}"
     for T, x in xs.items():
         with torch.no_grad():
