@@ -1,0 +1,36 @@
+#!/bin/bash
+# The whole GPU verification of the project in named segments, each under its own time
+# limit, logs under $OUT (kept when a limit cuts a segment). Run with carry [".whl"]:
+#   bash benchmarks/device_all.sh tests            # ~5 min: every test file, CUDA ones included
+#   bash benchmarks/device_all.sh bench_cuda       # ~5 min: the kernel benchmark (issue 3)
+#   bash benchmarks/device_all.sh bench_compile bench_rewrite   # issues 4 and 5
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+run() {  # run NAME LIMIT command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name"; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "rc $? in $((SECONDS - t0)) s"
+  grep -E "^(FAILED|ERROR|XFAIL)|passed|failed|^\| |^config|ms|goal" "$OUT/$name.log" | grep -v -i warn | tail -25
+}
+for seg in "$@"; do
+  case $seg in
+    tests)
+      run test_cuda 150 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
+      run test_cuda_marked 300 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
+        tests/test_lowerings.py tests/test_nn.py tests/test_examples.py tests/test_export_aoti.py
+      run test_interpret_grid 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_interpret.py -k grid ;;
+    grid)
+      run walk_smoke 120 python3 benchmarks/walk_smoke.py
+      SDM_INDUCTOR_WALK=grid run test_cuda_grid 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py ;;
+    bench_cuda)
+      run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    bench_compile)
+      run bench_compile 300 python3 benchmarks/bench_compile.py --reps 5 --json "$OUT/bench_compile.json" ;;
+    bench_rewrite)
+      run bench_rewrite 420 python3 benchmarks/bench_rewrite.py --device cuda --T 64 256 1024 \
+        --plain-max-T 64 --plain-timeout 150 --reps 10 --json "$OUT/bench_rewrite.json" ;;
+    *) echo "unknown segment $seg" ;;
+  esac
+done
