@@ -86,10 +86,20 @@ def test_export_aoti():
     ("quickstart.py", "OK: the op matches the token loop"),
     ("decode.py", "OK: decoding with the cache equals the full forward"),
     ("train_recall.py", "recall accuracy"),
+    ("compile_rewrite.py", "OK: the compiled, rewritten step equals the eager token loop"),
+    ("export_aoti.py", "OK: the AOTInductor package reloaded"),
 ])
 def test_examples_on_cuda(name, expect):
-    out = run_example(name, device="cuda")
+    try:
+        out = run_example(name, device="cuda", timeout=400)
+    except AssertionError as e:
+        from sdm_inductor.testing import aoti_runtime_failure
+        if name == "export_aoti.py" and "died with <Signals." in str(e) \
+                and aoti_runtime_failure("cuda"):
+            pytest.xfail(aoti_runtime_failure("cuda"))   # the control package dies too
+        raise
     assert expect in out
-    assert "device cuda" in out
+    if name != "export_aoti.py":
+        assert "device cuda" in out
     if name == "train_recall.py":
         check_learned(out)
