@@ -124,6 +124,7 @@ def worker(mode: str, T: int, device: str, reps: int) -> dict:
         out = compiled(*args)
         sync()
         first = time.perf_counter() - t0
+        rep = patterns.last_report()   # before the explicit op's compile replaces it
         # the explicit op, compiled too, timed in alternation with this mode's program so
         # that both see the same machine state (CPU timings here vary several-fold)
         ref_fn = torch.compile(_explicit) if mode != "explicit" else compiled
@@ -140,7 +141,6 @@ def worker(mode: str, T: int, device: str, reps: int) -> dict:
             times.append(t1 - t0)
             ref_times.append(t2 - t1)
     step = statistics.median(times)
-    rep = patterns.last_report()
     ref = _explicit(*args) if mode != "explicit" else out
     err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, ref))
     return dict(mode=mode, T=T, device=device, compile_s=first - step, step_ms=step * 1e3,
