@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import cpu, quant
+from . import validation
 from .validation import check_call, check_indices
 
 __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
@@ -52,12 +53,17 @@ def record_dispatch(**info) -> None:
 
 def count_repeated_write_slots(k_idx: Tensor) -> Tensor:
     """Number of write entries that repeat a slot already written by the same token."""
-    if k_idx.numel() == 0:
-        return torch.zeros((), dtype=torch.long, device=k_idx.device)
+    count = torch.zeros((), dtype=torch.long, device=k_idx.device)
+    if k_idx.dim() < 2:
+        k_idx = k_idx.view(1, -1)
     # after a sort along W, each repeat sits right after an equal slot: O(W log W) per
-    # token and no W x W comparison (working memory linear in T * W)
-    s = k_idx.sort(dim=-1).values
-    return (s[..., 1:] == s[..., :-1]).sum()
+    # token and no W x W comparison; windows of tokens bound the sorted copy
+    T = k_idx.shape[-2]
+    step = validation.CHECK_WINDOW_TOKENS
+    for t0 in range(0, T, step):
+        s = k_idx[..., t0:t0 + step, :].sort(dim=-1).values
+        count += (s[..., 1:] == s[..., :-1]).sum()
+    return count
 
 
 def repeated_write_slots(k_idx: Tensor | None = None) -> int:

@@ -86,6 +86,24 @@ def check_layout(S, P, slots_per_stream: int, shared_bank: bool) -> None:
               f"{slots_per_stream})", P)
 
 
+# host-side index checks look at this many tokens at a time, so their temporaries
+# (a few [P, window, W] tensors) do not grow with T
+CHECK_WINDOW_TOKENS = 4096
+
+
+def _windows(T: int):
+    return range(0, T, CHECK_WINDOW_TOKENS)
+
+
+def _window(idx: Tensor, t0: int) -> Tensor:
+    return idx[:, t0:t0 + CHECK_WINDOW_TOKENS]
+
+
+def _first_bad(bad: Tensor, t0: int):
+    p, t, w = (int(x) for x in bad.nonzero()[0])
+    return p, t0 + t, w
+
+
 def check_indices(S: int, P: int, slots_per_stream: int, k_idx: Tensor, q_idx: Tensor) -> None:
     """Index ranges (reads data: real tensors only). Own ranges per stream, or disjoint
     written slots across the streams of a shared bank."""
@@ -93,19 +111,21 @@ def check_indices(S: int, P: int, slots_per_stream: int, k_idx: Tensor, q_idx: T
     for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
         if idx.numel() == 0:
             continue
-        if own:
-            base = torch.arange(P, device=idx.device).view(P, 1, 1) * slots_per_stream
-            local = idx.long() - base
-            bad = (local < 0) | (local >= slots_per_stream)
-            if bool(bad.any()):
-                p, t, w = (int(x) for x in bad.nonzero()[0])
-                _fail(name, f"rows of stream {p} in [{p * slots_per_stream}, "
-                      f"{(p + 1) * slots_per_stream})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
-        else:
-            bad = (idx < 0) | (idx >= S)
-            if bool(bad.any()):
-                p, t, w = (int(x) for x in bad.nonzero()[0])
-                _fail(name, f"bank rows in [0, {S})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
+        for t0 in _windows(idx.shape[1]):
+            win = _window(idx, t0)
+            if own:
+                base = torch.arange(P, device=idx.device).view(P, 1, 1) * slots_per_stream
+                local = win.long() - base
+                bad = (local < 0) | (local >= slots_per_stream)
+                if bool(bad.any()):
+                    p, t, w = _first_bad(bad, t0)
+                    _fail(name, f"rows of stream {p} in [{p * slots_per_stream}, "
+                          f"{(p + 1) * slots_per_stream})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
+            else:
+                bad = (win < 0) | (win >= S)
+                if bool(bad.any()):
+                    p, t, w = _first_bad(bad, t0)
+                    _fail(name, f"bank rows in [0, {S})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
     if not own and P > 1 and k_idx.numel():
         _check_disjoint(S, P, k_idx, q_idx)
 
@@ -114,12 +134,15 @@ def _check_disjoint(S, P, k_idx, q_idx):
     """shared_bank=True asserts disjoint streams: a row written by one stream is touched by no other."""
     owner = torch.full((S,), -1, dtype=torch.long, device=k_idx.device)
     sid = torch.arange(P, device=k_idx.device).view(P, 1, 1)
-    owner.scatter_(0, k_idx.long().reshape(-1), sid.expand_as(k_idx).reshape(-1))
+    for t0 in _windows(k_idx.shape[1]):
+        win = _window(k_idx, t0).long()
+        owner.scatter_(0, win.reshape(-1), sid.expand_as(win).reshape(-1))
     for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
-        o = owner[idx.long()]
-        bad = (o >= 0) & (o != sid)
-        if bool(bad.any()):
-            p, t, w = (int(x) for x in bad.nonzero()[0])
-            _fail(name, "streams on a shared bank to select disjoint slots (shared_bank=True)",
-                  f"row {int(idx[p, t, w])} of stream {p} at [{p}, {t}, {w}] also written by stream "
-                  f"{int(o[p, t, w])}")
+        for t0 in _windows(idx.shape[1]):
+            o = owner[_window(idx, t0).long()]
+            bad = (o >= 0) & (o != sid)
+            if bool(bad.any()):
+                p, t, w = _first_bad(bad, t0)
+                _fail(name, "streams on a shared bank to select disjoint slots (shared_bank=True)",
+                      f"row {int(idx[p, t, w])} of stream {p} at [{p}, {t}, {w}] also written by "
+                      f"stream {int(o[p, t - t0, w])}")
