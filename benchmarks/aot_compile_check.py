@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sdm_inductor.kernels import backward, decode, phase1, phase2
+from sdm_inductor.kernels import backward, decode, phase1, phase2, walk
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -67,6 +67,15 @@ def main(dtype="bf16"):
                          run_coef_ptr=f32, scratch_ptr=f32, saved_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=16, TB=64, EW=8, NG=512, CP=CC, SAVE=True,
                          PREC="tf32"), num_warps=8)
+    prec = "tf32" if dtype == "bf16" else "ieee"
+    for CC in (64, 128):   # the grid walk (C <= 128: shared memory)
+        compile_one(walk._walk_kernel,
+                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
+                         v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
+                         run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
+                         run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, cnt_ptr=i32, saved_ptr=bank),
+                    dict(C=CC, W=W, R=R, BD=128, EW=128, NG=64, CP=CC, SAVE=True, PREC=prec,
+                         PREC_G=prec, ONE_PROGRAM=False), num_warps=8)
     compile_one(decode._decode_kernel,
                 dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
                      beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))
