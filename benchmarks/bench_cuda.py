@@ -168,9 +168,14 @@ def main():
     ap.add_argument("--chunks", default="64,128,256")
     ap.add_argument("--walks", default=host.CONFIG["WALK"],
                     help="forward walks to compare, e.g. grid,column (kernels/walk.py, phase2.py)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=INT",
+                    help="override kernels.host.CONFIG entries, e.g. STAGES_WALK=2 NG_WALK=128")
     ap.add_argument("--no-extras", action="store_true",
                     help="skip the fp8 / BD_BWD rows, the no-grad memory and the decode step")
     args = ap.parse_args()
+    for kv in args.set:
+        key, value = kv.split("=")
+        host.CONFIG[key] = int(value)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "config", host.CONFIG)
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s")

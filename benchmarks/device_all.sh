@@ -23,7 +23,11 @@ for seg in "$@"; do
       run test_interpret_grid 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_interpret.py -k grid ;;
     grid)
       run walk_smoke 120 python3 benchmarks/walk_smoke.py
-      SDM_INDUCTOR_WALK=grid run test_cuda_grid 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py ;;
+      SDM_INDUCTOR_WALK=grid run test_cuda_grid 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py
+      for st in 1 2; do
+        run bench_grid_stages$st 200 python3 benchmarks/bench_cuda.py --configs A,B --chunks 64 \
+          --walks grid,column --no-extras --quick --set STAGES_WALK=$st
+      done ;;
     bench_cuda)
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     bench_compile)

@@ -31,7 +31,7 @@ NAME = "cuda-triton-chunked"
 # entries per gather tile; NG: write entries per tile of the write pass.
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=512, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
-              WARPS_WALK=8)
+              WARPS_WALK=8, STAGES_WALK=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
@@ -128,7 +128,7 @@ def _grid_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
            saved, P, pl.T, hd, NC, NCB, NRT, C=C, W=W, R=R, BD=BD,
            EW=min(CONFIG["EW_WALK"], pow2(W + R)), NG=NG, CP=CP, SAVE=save,
            PREC=_prec(bank.dtype), PREC_G=_prec(bank.dtype), ONE_PROGRAM=nprog == 1,
-           num_warps=CONFIG["WARPS_WALK"])
+           STAGES=CONFIG["STAGES_WALK"], num_warps=CONFIG["WARPS_WALK"])
 
 
 def saved_buffers(bank: Tensor, P: int, T: int, W: int, R: int, C: int, mode: str, save: bool):

@@ -137,7 +137,12 @@ def _walk_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, ou
                  u_ptr, i_ptr, cnt_ptr, saved_ptr, P, T, hd, NC, NCB, NRT,
                  C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                  EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr, SAVE: tl.constexpr,
-                 PREC: tl.constexpr, PREC_G: tl.constexpr, ONE_PROGRAM: tl.constexpr):
+                 PREC: tl.constexpr, PREC_G: tl.constexpr, ONE_PROGRAM: tl.constexpr,
+                 STAGES: tl.constexpr = 1):
+    # STAGES: software-pipelining depth of the item loops. 1 (no pipelining) is what Triton
+    # does by default here and what was measured; 2 compiles to cp.async prefetch of the
+    # next item (sm_90: 131 KB shared memory) and is not yet measured
+    # (benchmarks/NOTES.md, next steps)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n1 = P * C * NCB
@@ -152,7 +157,7 @@ def _walk_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, ou
                              saved_ptr, it, c, P, T, hd, NC, NCB, C, W, R, BD, EW, CP, SAVE)
                 it += 1
         else:
-            for it in range(pid, n1, nprog):
+            for it in tl.range(pid, n1, nprog, num_stages=STAGES):
                 _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
                              saved_ptr, it, c, P, T, hd, NC, NCB, C, W, R, BD, EW, CP, SAVE)
         arrivals += nprog
@@ -165,7 +170,7 @@ def _walk_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, ou
                             hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC, PREC_G)
                 it += 1
         else:
-            for it in range(pid, n2, nprog):
+            for it in tl.range(pid, n2, nprog, num_stages=STAGES):
                 _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr, run_slot_ptr,
                             run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, it, c, T,
                             hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC, PREC_G)
