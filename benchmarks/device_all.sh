@@ -4,6 +4,7 @@
 #   bash benchmarks/device_all.sh tests            # ~5 min: every test file, CUDA ones included
 #   bash benchmarks/device_all.sh bench_cuda       # ~5 min: the kernel benchmark (issue 3)
 #   bash benchmarks/device_all.sh bench_compile bench_rewrite   # issues 4 and 5
+#   bash benchmarks/device_all.sh grid gather     # unmeasured kernel variants (NOTES.md)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -27,6 +28,11 @@ for seg in "$@"; do
       for st in 1 2; do
         run bench_grid_stages$st 200 python3 benchmarks/bench_cuda.py --configs A,B --chunks 64 \
           --walks grid,column --no-extras --quick --set STAGES_WALK=$st
+      done ;;
+    gather)   # the column walk's gather loop: hand-pipelined (0) vs Triton's pipeliner
+      for gs in 0 2 3; do
+        run bench_gather$gs 150 python3 benchmarks/bench_cuda.py --configs A --chunks 64 \
+          --walks column --no-extras --quick --set GATHER_STAGES=$gs
       done ;;
     bench_cuda)
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;

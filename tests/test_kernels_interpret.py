@@ -189,6 +189,9 @@ def case_column_walk():
                        repeats=True, seed=11), 16)
     host.CONFIG["TB"] = 16   # C=48: three token tiles per chunk, padded last chunk
     _train(make_inputs(P=1, T=52, W=2, R=2, hd=16, slots_per_stream=40, seed=16), 48)
+    host.CONFIG.update(GATHER_STAGES=3, EW=2)   # the gather loop left to Triton's pipeliner
+    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
+                       repeats=True, seed=18), 16)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ NAME = "cuda-triton-chunked"
 # entries per gather tile; NG: write entries per tile of the write pass.
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=512, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
-              WARPS_WALK=8, STAGES_WALK=1)
+              WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
@@ -89,7 +89,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
            ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved_arg, P, T, hd, pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
            SAVE=saved is not None, PREC=_prec(bank.dtype), PASSES=7,
-           num_warps=CONFIG["WARPS"])
+           GATHER_STAGES=CONFIG["GATHER_STAGES"], num_warps=CONFIG["WARPS"])
     return out
 
 

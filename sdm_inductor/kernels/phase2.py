@@ -34,14 +34,33 @@ def _entry_tile(slot_ptr, w_ptr, seg, toks, tm, e0, E: tl.constexpr, EW: tl.cons
     return tl.load(slot_ptr + off, mask=em, other=-1), tl.load(w_ptr + off, mask=em, other=0.0)
 
 
+@triton.jit
+def _accumulate(rows, wt, ents, toks, tm, cols, cm, sv, saved_ptr, r0, inter, hd,
+                E: tl.constexpr, W: tl.constexpr, SAVE: tl.constexpr):
+    """Add a gathered tile [TB, EW, BD] into r0 (write entries) and inter (read entries);
+    with SAVE, store it as the snapshot."""
+    if SAVE:
+        so = ((sv + toks[:, None]) * E + ents[None, :])[:, :, None] * hd + cols[None, None, :]
+        tl.store(saved_ptr + so, rows.to(saved_ptr.dtype.element_ty),
+                 mask=(tm[:, None] & (ents < E)[None, :])[:, :, None] & cm[None, None, :])
+    x = wt[:, :, None] * rows.to(tl.float32)
+    is_w = (ents < W)[None, :, None]
+    r0 += tl.sum(tl.where(is_w, x, 0.0), axis=1)
+    inter += tl.sum(tl.where(is_w, 0.0, x), axis=1)
+    return r0, inter
+
+
 @triton.jit(do_not_specialize=["P", "T", "NC"])
 def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr,
                     run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
                     scratch_ptr, saved_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7):
-    # PASSES (profiling only): bit 1 gathers, 2 matmuls, 4 row writes
+                    SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7,
+                    GATHER_STAGES: tl.constexpr = 0):
+    # PASSES (profiling only): bit 1 gathers, 2 matmuls, 4 row writes. GATHER_STAGES: 0 is
+    # the hand-pipelined gather that was measured; >= 2 hands the gather loop to Triton's
+    # software pipeliner (compiles to cp.async on sm_90; not yet measured)
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -62,21 +81,26 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             inter = tl.zeros([TB, BD], tl.float32)
-            sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
-            for e0 in range(0, E, EW):
-                ents = e0 + tl.arange(0, EW)
-                rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                               mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                w_cur = wt
-                sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
-                if SAVE:
-                    so = ((sv + toks[:, None]) * E + ents[None, :])[:, :, None] * hd + cols[None, None, :]
-                    tl.store(saved_ptr + so, rows.to(saved_ptr.dtype.element_ty),
-                             mask=(tm[:, None] & (ents < E)[None, :])[:, :, None] & cm[None, None, :])
-                x = w_cur[:, :, None] * rows.to(tl.float32)
-                is_w = (ents < W)[None, :, None]
-                r0 += tl.sum(tl.where(is_w, x, 0.0), axis=1)
-                inter += tl.sum(tl.where(is_w, 0.0, x), axis=1)
+            if GATHER_STAGES == 0:
+                # hand-pipelined: the next tile's slots load before this tile's rows are used
+                sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
+                for e0 in range(0, E, EW):
+                    ents = e0 + tl.arange(0, EW)
+                    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                                   mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+                    w_cur = wt
+                    sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
+                    r0, inter = _accumulate(rows, w_cur, ents, toks, tm, cols, cm, sv, saved_ptr,
+                                            r0, inter, hd, E, W, SAVE)
+            else:
+                # left to Triton's software pipeliner (cp.async ring of GATHER_STAGES tiles)
+                for e0 in tl.range(0, E, EW, num_stages=GATHER_STAGES):
+                    ents = e0 + tl.arange(0, EW)
+                    sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0, E, EW)
+                    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                                   mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+                    r0, inter = _accumulate(rows, wt, ents, toks, tm, cols, cm, sv, saved_ptr,
+                                            r0, inter, hd, E, W, SAVE)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
