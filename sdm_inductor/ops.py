@@ -58,10 +58,8 @@ def count_repeated_write_slots(k_idx: Tensor) -> Tensor:
         k_idx = k_idx.view(1, -1)
     # after a sort along W, each repeat sits right after an equal slot: O(W log W) per
     # token and no W x W comparison; windows of tokens bound the sorted copy
-    T = k_idx.shape[-2]
-    step = validation.CHECK_WINDOW_TOKENS
-    for t0 in range(0, T, step):
-        s = k_idx[..., t0:t0 + step, :].sort(dim=-1).values
+    for _, win in validation.token_windows(k_idx):
+        s = win.sort(dim=-1).values
         count += (s[..., 1:] == s[..., :-1]).sum()
     return count
 

@@ -91,12 +91,11 @@ def check_layout(S, P, slots_per_stream: int, shared_bank: bool) -> None:
 CHECK_WINDOW_TOKENS = 4096
 
 
-def _windows(T: int):
-    return range(0, T, CHECK_WINDOW_TOKENS)
-
-
-def _window(idx: Tensor, t0: int) -> Tensor:
-    return idx[:, t0:t0 + CHECK_WINDOW_TOKENS]
+def token_windows(idx: Tensor):
+    """``idx[..., t0:t1, :]`` over windows of CHECK_WINDOW_TOKENS tokens (dim -2), with t0."""
+    T = idx.shape[-2]
+    for t0 in range(0, T, CHECK_WINDOW_TOKENS):
+        yield t0, idx[..., t0:t0 + CHECK_WINDOW_TOKENS, :]
 
 
 def _first_bad(bad: Tensor, t0: int):
@@ -111,8 +110,7 @@ def check_indices(S: int, P: int, slots_per_stream: int, k_idx: Tensor, q_idx: T
     for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
         if idx.numel() == 0:
             continue
-        for t0 in _windows(idx.shape[1]):
-            win = _window(idx, t0)
+        for t0, win in token_windows(idx):
             if own:
                 base = torch.arange(P, device=idx.device).view(P, 1, 1) * slots_per_stream
                 local = win.long() - base
@@ -134,12 +132,12 @@ def _check_disjoint(S, P, k_idx, q_idx):
     """shared_bank=True asserts disjoint streams: a row written by one stream is touched by no other."""
     owner = torch.full((S,), -1, dtype=torch.long, device=k_idx.device)
     sid = torch.arange(P, device=k_idx.device).view(P, 1, 1)
-    for t0 in _windows(k_idx.shape[1]):
-        win = _window(k_idx, t0).long()
+    for _, win in token_windows(k_idx):
+        win = win.long()
         owner.scatter_(0, win.reshape(-1), sid.expand_as(win).reshape(-1))
     for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
-        for t0 in _windows(idx.shape[1]):
-            o = owner[_window(idx, t0).long()]
+        for t0, win in token_windows(idx):
+            o = owner[win.long()]
             bad = (o >= 0) & (o != sid)
             if bool(bad.any()):
                 p, t, w = _first_bad(bad, t0)

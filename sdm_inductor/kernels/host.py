@@ -102,6 +102,11 @@ def walk_kind(C: int) -> str:
     return "grid" if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C else "column"
 
 
+def _walk_block_cols(hd: int) -> int:
+    """Bank columns per item of the grid walk (tl.dot needs at least 16)."""
+    return min(CONFIG["BD_WALK"], max(16, pow2(hd)))
+
+
 def grid_size(device: torch.device) -> int:
     """Programs of the grid walk: one per SM, so all are resident (the grid barrier needs
     that); one under the interpreter, which runs programs one after another."""
@@ -114,7 +119,7 @@ def _grid_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     hd = bank.shape[1]
     CP = pow2(C)
-    BD = min(CONFIG["BD_WALK"], max(16, pow2(hd)))
+    BD = _walk_block_cols(hd)
     NCB = -(-hd // BD)
     NG = CONFIG["NG_WALK"]
     NRT = -(-C * W // NG)
@@ -212,7 +217,7 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
 def _record(path: str, windows: int, bank: Tensor, C: int):
     from .. import ops
     walk = walk_kind(C) if path == "chunked" else None
-    bd = min(CONFIG["BD_WALK"], max(16, pow2(bank.shape[1]))) if walk == "grid" else CONFIG["BD"]
+    bd = _walk_block_cols(bank.shape[1]) if walk == "grid" else CONFIG["BD"]
     ops.record_dispatch(kernel_path=path, windows=windows, walk=walk, block_cols=bd,
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))
 

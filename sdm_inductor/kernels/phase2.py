@@ -35,6 +35,19 @@ def _entry_tile(slot_ptr, w_ptr, seg, toks, tm, e0, E: tl.constexpr, EW: tl.cons
 
 
 @triton.jit
+def _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm, cols, cm, hd):
+    """A tile of positions of the slot-sorted write order (``phase1.Runs``): the slot,
+    run length and chunk decay at run starts (slot -1 elsewhere), the row offsets and the
+    mask of the rows written."""
+    sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
+    ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
+    dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
+    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+    wm = (sl >= 0)[:, None] & cm[None, :]
+    return sl, ln, dec, ro, wm
+
+
+@triton.jit
 def _accumulate(rows, wt, ents, toks, tm, cols, cm, sv, saved_ptr, r0, inter, hd,
                 E: tl.constexpr, W: tl.constexpr, SAVE: tl.constexpr):
     """Add a gathered tile [TB, EW, BD] into r0 (write entries) and inter (read entries);
@@ -135,11 +148,8 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         for f0 in range(0, C * W * ((PASSES >> 2) & 1), NG):
             pos = f0 + tl.arange(0, NG)
             fm = pos < C * W
-            sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-            ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
-            dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
-            ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-            wm = (sl >= 0)[:, None] & cm[None, :]
+            sl, ln, dec, ro, wm = _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos,
+                                            fm, cols, cm, hd)
             old = tl.load(bank_ptr + ro, mask=wm, other=0.0)     # issued before the sums
             # the run's first member sits at the run start: no extra round trip for it
             tk = tl.load(run_tok_ptr + rb + pos, mask=fm, other=0)

@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .phase2 import _run_tile
+
 
 @triton.jit
 def _grid_barrier(cnt_ptr, target):
@@ -112,11 +114,8 @@ def _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr,
         rb = b.to(tl.int64) * C * W
         pos = rt * NG + tl.arange(0, NG)
         fm = pos < C * W
-        sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-        ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
-        dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
-        ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-        wm = (sl >= 0)[:, None] & cm[None, :]
+        sl, ln, dec, ro, wm = _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm,
+                                        cols, cm, hd)
         old = tl.load(bank_ptr + ro, mask=wm, other=0.0, cache_modifier=".cg")
         G = tl.zeros([NG, CP], tl.float32)
         m = 0

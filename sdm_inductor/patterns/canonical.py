@@ -129,16 +129,7 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0
         if not bank:
             B.append(t)
             continue
-        (f,) = bank
-        bid, ver, atom = f.ref
-        if bid != bank_id or ver != version:
-            raise Reject("the written rows use another bank state than the one written "
-                         "(a reading fed back into a later token?)")
-        if atom.key != idx.key:
-            raise Reject("the written rows combine bank rows read at other slots than the ones written")
-        *rlead, col = f.labels
-        if col != ld:
-            raise Reject("bank columns are mixed (the step is not separable by column)")
+        *rlead, _ = _bank_term(t, bank_id, version, idx, ld).labels
         if tuple(rlead) == tuple(lead) and not (set(rlead) & t.bound):
             D.append(t)
         elif len(rlead) == len(lead) and rlead[-1] in t.bound and tuple(rlead[:-1]) == tuple(lead[:-1]):
