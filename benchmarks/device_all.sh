@@ -34,6 +34,8 @@ for seg in "$@"; do
         run bench_gather$gs 150 python3 benchmarks/bench_cuda.py --configs A --chunks 64 \
           --walks column --no-extras --quick --set GATHER_STAGES=$gs
       done ;;
+    aoti)
+      run aoti_alt 240 python3 benchmarks/aoti_alt.py ;;
     bench_cuda)
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     bench_compile)
