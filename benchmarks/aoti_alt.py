@@ -35,41 +35,45 @@ def fresh(code, *args):
     print("  rc", r.returncode, *tail[-8:], sep="\n  ")
 
 
-def main():
-    print("torch", torch.__version__, "cxx11abi", torch._C._GLIBCXX_USE_CXX11_ABI)
-    sh("which g++ gcc c++ gdb; g++ --version | head -1; ldd --version | head -1")
+def one(dev, cxx):
+    """Build a plain Linear package on ``dev`` with compiler ``cxx`` and load it every way;
+    the in-process load last, as a crash there ends the script."""
     from torch._inductor import config as icfg
-    print("cpp.cxx", icfg.cpp.cxx)
-    for dev in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
-        tmp = tempfile.mkdtemp()
-        model = torch.nn.Linear(8, 8).to(dev).eval()
-        x = torch.randn(4, 8, device=dev)
-        with torch.no_grad():
-            ep = torch.export.export(model, (x,))
-            pkg = os.path.join(tmp, "p.pt2")
-            torch._inductor.aoti_compile_and_package(ep, package_path=pkg)
-            print(f"[{dev}] same process, aoti_load_package:", flush=True)
-            try:
-                m = torch._inductor.aoti_load_package(pkg)
-                print("  ok", (m(x) - model(x)).abs().max().item())
-            except Exception as e:  # noqa: BLE001
-                print("  raised", type(e).__name__, str(e)[:300])
-        print(f"[{dev}] fresh process, aoti_load_package:", flush=True)
-        fresh(LOAD_PKG, pkg, dev)
-        with zipfile.ZipFile(pkg) as z:
-            names = z.namelist()
-            print("  package:", [n for n in names if n.endswith((".so", ".json", ".wrapper.cpp"))])
-            z.extractall(tmp)
-        sos = [os.path.join(tmp, n) for n in names if n.endswith(".so")]
-        for so in sos:
-            sh(f"ldd {so} | head -20")
-            print(f"[{dev}] fresh process, bare container runner on {os.path.basename(so)}:", flush=True)
-            fresh(LOAD_SO, so, dev)
-        if shutil.which("gdb"):
-            print(f"[{dev}] gdb backtrace of the fresh-process package load:")
-            script = os.path.join(tmp, "load_pkg.py")
-            open(script, "w").write(LOAD_PKG)
-            sh(f"gdb -batch -ex run -ex bt --args {sys.executable} {script} {pkg} {dev} 2>&1 | tail -40")
+    tmp = tempfile.mkdtemp()
+    model = torch.nn.Linear(8, 8).to(dev).eval()
+    x = torch.randn(4, 8, device=dev)
+    pkg = os.path.join(tmp, "p.pt2")
+    with torch.no_grad(), icfg.patch({"cpp.cxx": (None, cxx), "force_disable_caches": True}):
+        ep = torch.export.export(model, (x,))
+        torch._inductor.aoti_compile_and_package(ep, package_path=pkg)
+    print(f"[{dev}, {cxx}] fresh process, aoti_load_package:", flush=True)
+    fresh(LOAD_PKG, pkg, dev)
+    with zipfile.ZipFile(pkg) as z:
+        names = z.namelist()
+        z.extractall(tmp)
+    for so in [os.path.join(tmp, n) for n in names if n.endswith(".so")]:
+        sh(f"ldd {so} | grep -i 'std\\|gcc\\|not found'")
+        print(f"[{dev}, {cxx}] fresh process, bare container runner:", flush=True)
+        fresh(LOAD_SO, so, dev)
+    if shutil.which("gdb") and cxx == DEFAULT:
+        script = os.path.join(tmp, "load_pkg.py")
+        open(script, "w").write(LOAD_PKG)
+        sh(f"gdb -batch -ex run -ex bt --args {sys.executable} {script} {pkg} {dev} 2>&1 "
+           "| grep -v Detaching | tail -25")
+    return pkg
 
 
+def main():
+    print("torch", torch.__version__, "cxx11abi", torch._C._GLIBCXX_USE_CXX11_ABI,
+          "cpp.cxx", DEFAULT, "CXX", os.environ.get("CXX"))
+    sh(f"which g++ gdb; g++ --version | head -1; {DEFAULT} --version | head -1; ls -la {DEFAULT}")
+    devs = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    pkgs = [one(dev, cxx) for cxx in dict.fromkeys([DEFAULT, "/usr/bin/g++"]) for dev in devs]
+    print("same process, aoti_load_package (last pkg):", flush=True)
+    m = torch._inductor.aoti_load_package(pkgs[-1])
+    print("  ok")
+
+
+from torch._inductor import config as _icfg  # noqa: E402
+DEFAULT = _icfg.cpp.cxx[1]
 main()

@@ -35,7 +35,7 @@ for seg in "$@"; do
           --walks column --no-extras --quick --set GATHER_STAGES=$gs
       done ;;
     aoti)
-      run aoti_alt 240 python3 benchmarks/aoti_alt.py ;;
+      run aoti_alt 170 python3 benchmarks/aoti_alt.py ;;
     bench_cuda)
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     bench_compile)
