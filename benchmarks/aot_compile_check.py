@@ -1,6 +1,7 @@
 """Compile every kernel for sm_90 on a machine without a GPU (Triton's bundled ptxas):
 catches compile errors before device time is spent, and prints registers / spills /
-shared memory of each variant. Usage: python benchmarks/aot_compile_check.py [bf16|fp32]
+shared memory of each variant (launch parameters of ``host.CONFIG``, overridable).
+Usage: python benchmarks/aot_compile_check.py [bf16|fp32] [KEY=INT ...]
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sdm_inductor.kernels import backward, decode, phase1, phase2, walk
+from sdm_inductor.kernels.host import CONFIG as CFG
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -65,8 +67,10 @@ def main(dtype="bf16"):
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
                          run_coef_ptr=f32, scratch_ptr=f32, saved_ptr=bank),
-                    dict(C=CC, W=W, R=R, BD=16, TB=64, EW=8, NG=512, CP=CC, SAVE=True,
-                         PREC="tf32"), num_warps=8)
+                    dict(C=CC, W=W, R=R, BD=CFG["BD"], TB=64, EW=CFG["EW"], NG=CFG["NG"], CP=CC,
+                         SAVE=CC != 64, PREC="tf32", PASSES=7, GATHER_STAGES=CFG["GATHER_STAGES"],
+                         ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"]),
+                    num_warps=CFG["WARPS"])
     prec = "tf32" if dtype == "bf16" else "ieee"
     for CC in (64, 128):   # the grid walk (C <= 128: shared memory)
         compile_one(walk._walk_kernel,
@@ -88,8 +92,9 @@ def main(dtype="bf16"):
                          beta_ptr=f32, v_ptr=bank, dy_ptr=bank, dv_ptr=f32, pe_ptr=f32,
                          pc_ptr=f32, pm_ptr=f32, pb_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
                          scratch_ptr=f32),
-                    dict(C=C, W=W, R=R, BD=32, TB=64, EW=4, NG=512, CP=C, QMODE=q, PREC="tf32"),
-                    num_warps=8)
+                    dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
+                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"]),
+                    num_warps=CFG["WARPS_BWD"])
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,
@@ -101,4 +106,9 @@ def main(dtype="bf16"):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bf16")
+    args = sys.argv[1:]
+    for a in [a for a in args if "=" in a]:   # KEY=INT overrides of host.CONFIG
+        k, v = a.split("=")
+        CFG[k] = int(v)
+    rest = [a for a in args if "=" not in a]
+    main(rest[0] if rest else "bf16")

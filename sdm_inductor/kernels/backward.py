@@ -68,6 +68,57 @@ def _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, e_lo, e_hi, hd, width, c
     return x, ents, em
 
 
+@triton.jit
+def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
+                dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, CE: tl.constexpr, NG: tl.constexpr,
+                KW: tl.constexpr, BD: tl.constexpr):
+    """dB at the chunk start of the groups starting in positions [f0, f0 + NG): decay of a
+    written slot plus the members' terms (``d r0`` of write members, ``dy`` of read
+    members) in the group's order. The first ``KW`` members load with the group header, so
+    their gathers share one round trip with the old rows; only groups longer than ``KW``
+    (rare for sparse slots) take the loop, one member per round trip."""
+    pos = f0 + tl.arange(0, NG)
+    fm = pos < CE
+    sl = tl.load(g_slot_ptr + gb + pos, mask=fm, other=-1)
+    ln = tl.load(g_len_ptr + gb + pos, mask=fm, other=0)
+    nw = tl.load(g_nw_ptr + gb + pos, mask=fm, other=0)
+    dec = tl.load(g_decay_ptr + gb + pos, mask=fm, other=1.0)
+    ks = tl.arange(0, KW)
+    mpos = pos[:, None] + ks[None, :]
+    inb = fm[:, None] & (mpos < CE)
+    tf = tl.load(g_tok_ptr + gb + mpos, mask=inb, other=0)
+    wt = tl.load(g_ev_ptr + gb + mpos, mask=inb, other=0.0)
+    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+    wm = (sl >= 0)[:, None] & cm[None, :]
+    old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
+    mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
+    isw = ks[None, :] < nw[:, None]
+    dr = tl.load(scr_dr + tf[:, :, None] * BD + sc[None, None, :], mask=(mk & isw)[:, :, None],
+                 other=0.0)
+    fg = c * C + tf
+    dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, :, None] * hd + cols[None, None, :],
+                  mask=(mk & (~isw) & (fg < T))[:, :, None] & cm[None, None, :],
+                  other=0.0).to(tl.float32)
+    acc = tl.sum(wt[:, :, None] * (dr + dyf), axis=1)
+    m = KW
+    n_max = tl.max(ln, axis=0)  # largest group
+    while m < n_max:  # data-dependent trip count
+        mm = m < ln
+        tfm = tl.load(g_tok_ptr + gb + pos + m, mask=mm, other=0)
+        wtm = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)
+        is_w = m < nw
+        drm = tl.load(scr_dr + tfm[:, None] * BD + sc[None, :], mask=(mm & is_w)[:, None],
+                      other=0.0)
+        fgm = c * C + tfm
+        dym = tl.load(dy_ptr + (p.to(tl.int64) * T + fgm)[:, None] * hd + cols[None, :],
+                      mask=(mm & (~is_w) & (fgm < T))[:, None] & cm[None, :],
+                      other=0.0).to(tl.float32)
+        acc += wtm[:, None] * (drm + dym)
+        m += 1
+    new = dec[:, None] * old.to(tl.float32) + acc
+    tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
+
+
 @triton.jit(do_not_specialize=["P", "T", "NC", "B"])
 def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
@@ -76,7 +127,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     P, T, hd, width, NC, B,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    QMODE: tl.constexpr, PREC: tl.constexpr):
+                    QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1):
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -210,33 +261,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
         # 5: dB at the chunk start, each distinct touched slot once (lane = group start)
         gb = b.to(tl.int64) * C * E
         for f0 in range(0, C * E, NG):
-            pos = f0 + tl.arange(0, NG)
-            fm = pos < C * E
-            sl = tl.load(g_slot_ptr + gb + pos, mask=fm, other=-1)
-            ln = tl.load(g_len_ptr + gb + pos, mask=fm, other=0)
-            nw = tl.load(g_nw_ptr + gb + pos, mask=fm, other=0)
-            dec = tl.load(g_decay_ptr + gb + pos, mask=fm, other=1.0)
-            ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-            wm = (sl >= 0)[:, None] & cm[None, :]
-            old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
-            acc = tl.zeros([NG, BD], tl.float32)
-            m = 0
-            n_max = tl.max(ln, axis=0)  # largest group
-            while m < n_max:  # data-dependent trip count
-                mm = m < ln
-                tf = tl.load(g_tok_ptr + gb + pos + m, mask=mm, other=0)
-                wt = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)
-                is_w = m < nw
-                dr = tl.load(scr_dr + tf[:, None] * BD + sc[None, :],
-                             mask=(mm & is_w)[:, None], other=0.0)
-                fg = c * C + tf
-                dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, None] * hd + cols[None, :],
-                              mask=(mm & (~is_w) & (fg < T))[:, None] & cm[None, :],
-                              other=0.0).to(tl.float32)
-                acc += wt[:, None] * (dr + dyf)
-                m += 1
-            new = dec[:, None] * old.to(tl.float32) + acc
-            tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
+            _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
+                        scr_dr, dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG, KW, BD)
         tl.debug_barrier()
         cc += 1
 
@@ -374,8 +400,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, gr.slot,
            gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK, pl.beta, v, dy, dv, pe, pc, pm, pb, pqk, pL,
            scratch, P, T, hd, saved_rows.shape[-1], NC, B, C=C, W=W, R=R, BD=BD,
-           TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG"], CP=CP, QMODE=qmode,
-           PREC=prec, num_warps=config["WARPS_BWD"])
+           TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP, QMODE=qmode,
+           PREC=prec, KW=config["KW_BWD"], num_warps=config["WARPS_BWD"])
 
     # cross-column sums, in a fixed order
     dL = pL.sum(0)

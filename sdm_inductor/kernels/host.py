@@ -28,10 +28,15 @@ NAME = "cuda-triton-chunked"
 
 # Launch parameters (the benchmark may override them). BD: bank columns per program
 # (16 bf16 columns = one 32-byte sector per gathered row); TB: tokens per tile; EW:
-# entries per gather tile; NG: write entries per tile of the write pass.
-CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=512, WARPS=8,
+# entries per gather tile; NG: write entries per tile of the write pass; KW (a power of
+# 2): members of each run gathered with its header (longer runs loop); ROWS_AHEAD /
+# HEAD_AHEAD: the next gather tile's rows / write tile's headers load during this tile.
+# The kernel measured in session 2: NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0 (and
+# NG_BWD=512, KW_BWD=1).
+CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
-              WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0)
+              WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
+              NG_BWD=256, KW_BWD=4)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
@@ -89,7 +94,8 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
            ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved_arg, P, T, hd, pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
            SAVE=saved is not None, PREC=_prec(bank.dtype), PASSES=7,
-           GATHER_STAGES=CONFIG["GATHER_STAGES"], num_warps=CONFIG["WARPS"])
+           GATHER_STAGES=CONFIG["GATHER_STAGES"], ROWS_AHEAD=CONFIG["ROWS_AHEAD"], KW=CONFIG["KW"],
+           HEAD_AHEAD=CONFIG["HEAD_AHEAD"], num_warps=CONFIG["WARPS"])
     return out
 
 

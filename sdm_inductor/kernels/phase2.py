@@ -48,6 +48,51 @@ def _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm, cols, cm, h
 
 
 @triton.jit
+def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb, f0,
+                CW: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
+    """Everything a write tile needs before its gathers, in loads that depend on nothing:
+    the run headers of positions [f0, f0 + NG) and the first ``KW`` members of each run
+    (token and coefficient; members past a run's end are masked when used)."""
+    pos = f0 + tl.arange(0, NG)
+    fm = pos < CW
+    sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
+    ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
+    dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
+    mpos = pos[:, None] + tl.arange(0, KW)[None, :]
+    mm = fm[:, None] & (mpos < CW)
+    tk = tl.load(run_tok_ptr + rb + mpos, mask=mm, other=0)
+    cf = tl.load(run_coef_ptr + rb + mpos, mask=mm, other=0.0)
+    return sl, ln, dec, tk, cf
+
+
+@triton.jit
+def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
+                cm, sc, hd, NG: tl.constexpr, KW: tl.constexpr, BD: tl.constexpr):
+    """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
+    run's order. The old rows and the first ``KW`` members' deltas are gathered in one
+    round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop."""
+    pos = f0 + tl.arange(0, NG)
+    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+    wm = (sl >= 0)[:, None] & cm[None, :]
+    old = tl.load(bank_ptr + ro, mask=wm, other=0.0)
+    ks = tl.arange(0, KW)
+    km = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
+    dd = tl.load(scr_d + tk[:, :, None] * BD + sc[None, None, :], mask=km[:, :, None], other=0.0)
+    acc = tl.sum(cf[:, :, None] * dd, axis=1)
+    m = KW
+    n_max = tl.max(ln, axis=0)  # longest run of the tile
+    while m < n_max:  # data-dependent trip count
+        mm = m < ln
+        tkm = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
+        cfm = tl.load(run_coef_ptr + rb + pos + m, mask=mm, other=0.0)
+        acc += cfm[:, None] * tl.load(scr_d + tkm[:, None] * BD + sc[None, :], mask=mm[:, None],
+                                      other=0.0)
+        m += 1
+    new = dec[:, None] * old.to(tl.float32) + acc
+    tl.store(bank_ptr + ro, new.to(bank_ptr.dtype.element_ty), mask=wm)
+
+
+@triton.jit
 def _accumulate(rows, wt, ents, toks, tm, cols, cm, sv, saved_ptr, r0, inter, hd,
                 E: tl.constexpr, W: tl.constexpr, SAVE: tl.constexpr):
     """Add a gathered tile [TB, EW, BD] into r0 (write entries) and inter (read entries);
@@ -70,10 +115,14 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                     SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7,
-                    GATHER_STAGES: tl.constexpr = 0):
+                    GATHER_STAGES: tl.constexpr = 0, ROWS_AHEAD: tl.constexpr = 0,
+                    KW: tl.constexpr = 1, HEAD_AHEAD: tl.constexpr = 0):
     # PASSES (profiling only): bit 1 gathers, 2 matmuls, 4 row writes. GATHER_STAGES: 0 is
-    # the hand-pipelined gather that was measured; >= 2 hands the gather loop to Triton's
-    # software pipeliner (compiles to cp.async on sm_90; not yet measured)
+    # the hand-pipelined gather (slots one tile ahead; with ROWS_AHEAD the rows of the next
+    # tile are in flight too, slots two tiles ahead); >= 2 hands the gather loop to Triton's
+    # software pipeliner (compiles to cp.async on sm_90). KW: run members gathered with the
+    # run header in the write pass; HEAD_AHEAD: the next write tile's headers load while
+    # this tile's rows are gathered.
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -94,7 +143,24 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             inter = tl.zeros([TB, BD], tl.float32)
-            if GATHER_STAGES == 0:
+            if GATHER_STAGES == 0 and ROWS_AHEAD:
+                # two tiles in flight: the next tile's rows load before this tile's are
+                # reduced, the slots of the tile after it before those rows are used
+                sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
+                rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                               mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+                sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, EW, E, EW)
+                for e0 in range(0, E, EW):
+                    ents = e0 + tl.arange(0, EW)
+                    rows_n = tl.load(bank_ptr + sl_n.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                                     mask=(sl_n >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+                    w_cur = wt
+                    wt = wt_n
+                    sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + 2 * EW, E, EW)
+                    r0, inter = _accumulate(rows, w_cur, ents, toks, tm, cols, cm, sv, saved_ptr,
+                                            r0, inter, hd, E, W, SAVE)
+                    rows = rows_n
+            elif GATHER_STAGES == 0:
                 # hand-pipelined: the next tile's slots load before this tile's rows are used
                 sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
                 for e0 in range(0, E, EW):
@@ -145,27 +211,23 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         tl.debug_barrier()
         # pass C: each distinct written slot once, by the lane owning its run
         rb = b.to(tl.int64) * C * W
-        for f0 in range(0, C * W * ((PASSES >> 2) & 1), NG):
-            pos = f0 + tl.arange(0, NG)
-            fm = pos < C * W
-            sl, ln, dec, ro, wm = _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos,
-                                            fm, cols, cm, hd)
-            old = tl.load(bank_ptr + ro, mask=wm, other=0.0)     # issued before the sums
-            # the run's first member sits at the run start: no extra round trip for it
-            tk = tl.load(run_tok_ptr + rb + pos, mask=fm, other=0)
-            cf = tl.load(run_coef_ptr + rb + pos, mask=fm, other=0.0)
-            acc = cf[:, None] * tl.load(scr_d + tk[:, None] * BD + sc[None, :],
-                                        mask=(sl >= 0)[:, None], other=0.0)
-            m = 1
-            n_max = tl.max(ln, axis=0)  # longest run
-            while m < n_max:  # data-dependent trip count
-                mm = m < ln
-                tk = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
-                cf = tl.load(run_coef_ptr + rb + pos + m, mask=mm, other=0.0)
-                dd = tl.load(scr_d + tk[:, None] * BD + sc[None, :], mask=mm[:, None], other=0.0)
-                acc += cf[:, None] * dd
-                m += 1
-            new = dec[:, None] * old.to(tl.float32) + acc
-            tl.store(bank_ptr + ro, new.to(bank_ptr.dtype.element_ty), mask=wm)
+        if (PASSES >> 2) & 1:
+            if HEAD_AHEAD:
+                sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                                  run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
+            for f0 in range(0, C * W, NG):
+                if HEAD_AHEAD:
+                    # the next tile's headers are in flight while this tile gathers
+                    sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
+                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
+                        f0 + NG, C * W, NG, KW)
+                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                                cf, cols, cm, sc, hd, NG, KW, BD)
+                    sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
+                else:
+                    sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                                      run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
+                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                                cf, cols, cm, sc, hd, NG, KW, BD)
         tl.debug_barrier()
         c += 1

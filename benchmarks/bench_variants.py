@@ -1,0 +1,124 @@
+"""Kernel variants of the column walk, one process, same inputs (issue 3, NOTES.md):
+
+    python benchmarks/bench_variants.py [--config A] [--chunk 64] [--tiny]
+
+Each variant is a set of ``kernels.host.CONFIG`` overrides. For each: the no-grad
+forward (the eager op's path, windows included) and forward + backward times (medians of
+``triton.testing.do_bench``), and its readings, final bank and six gradients against
+the first variant's (the kernel measured before) as relative errors, so a faster variant
+that computes something else shows at once. ``--tiny`` runs a small config (on CPU under
+``TRITON_INTERPRET=1``: a check of this script and of every variant's logic).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_cuda import CONFIGS  # noqa: E402
+
+import sdm_inductor  # noqa: E402,F401
+from sdm_inductor.kernels import host  # noqa: E402
+
+SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16)
+VARIANTS = [
+    ("session 2 kernels", SESSION2),
+    ("inline members (KW=4), rows + headers ahead", dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1,
+                                                         NG_BWD=256, KW_BWD=4, EW=16)),
+    ("  ... gather tiles EW=8", dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256,
+                                     KW_BWD=4, EW=8)),
+    ("  ... write tiles NG=512 / bwd NG=128", dict(NG=512, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1,
+                                                   NG_BWD=128, KW_BWD=4, EW=16)),
+    ("  ... no rows ahead", dict(NG=256, KW=4, ROWS_AHEAD=0, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4,
+                                 EW=16)),
+    ("  ... no headers ahead", dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=0, NG_BWD=256,
+                                    KW_BWD=4, EW=16)),
+    ("session 2 + pipeliner GATHER_STAGES=3", dict(SESSION2, GATHER_STAGES=3)),
+]
+
+
+def make_inputs(P, T, hd, sph, W, R, dev, dtype):
+    gen = torch.Generator().manual_seed(0)
+    base = (torch.arange(P) * sph).view(P, 1, 1)
+    k_idx = torch.rand(P, T, sph, generator=gen).topk(W, -1).indices + base if sph <= 4096 else \
+        torch.stack([torch.stack([torch.randperm(sph, generator=gen)[:W] for _ in range(T)])
+                     for _ in range(P)]) + base
+    q_idx = torch.randint(0, sph, (P, T, R), generator=gen) + base
+    k_val = torch.randn(P, T, W, generator=gen).softmax(-1).to(dtype)
+    q_val = (torch.randn(P, T, R, generator=gen) / R ** 0.5).to(dtype)
+    v = torch.randn(P, T, hd, generator=gen).to(dtype)
+    beta = torch.rand(P, T, generator=gen)
+    g = -0.1 * torch.rand(P, T, 1, generator=gen)
+    bank = (0.1 * torch.randn(P * sph, hd, generator=gen)).to(dtype)
+    return [x.to(dev) for x in (bank, k_idx, k_val, v, beta, g, q_idx, q_val)]
+
+
+def rel(a, b):
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def timed(fn, dev, reps):
+    if dev == "cuda":
+        import triton.testing
+        return triton.testing.do_bench(fn, warmup=25, rep=reps, return_mode="median")
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="A")
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--only", default=None, help="comma-separated variant numbers (0 always runs)")
+    a = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = dict(P=2, T=80, hd=32, sph=96, W=4, R=4) if a.tiny else CONFIGS[a.config]
+    C = 16 if a.tiny else a.chunk
+    bank, *rest = make_inputs(**cfg, dev=dev, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    dy = torch.randn(rest[2].shape, generator=gen).to(bank.dtype).to(dev)
+    dM = torch.randn(bank.shape, generator=gen).to(bank.dtype).to(dev)
+    keep = dict(host.CONFIG)
+    chosen = list(range(len(VARIANTS))) if a.only is None else \
+        sorted({0} | {int(i) for i in a.only.split(",")})
+    print(f"{dev} {torch.cuda.get_device_name() if dev == 'cuda' else ''} torch {torch.__version__}"
+          f" config {a.config if not a.tiny else 'tiny'} {cfg} C={C}", flush=True)
+    print("| variant | no-grad fwd ms | fwd+bwd ms | rel err vs variant 0: readings / bank / "
+          "grads (max) |\n| --- | --- | --- | --- |", flush=True)
+    ref = None
+    for i in chosen:
+        name, over = VARIANTS[i]
+        host.CONFIG.clear()
+        host.CONFIG.update(keep, **over)
+        work = bank.clone()
+        y = host.forward(work, *rest, C, "none", False)[0]
+        outs = [y, work.clone()]
+        w2 = bank.clone()
+        _, rows, scales = host.forward(w2, *rest, C, "none", True)
+        outs += list(host.backward(dy, dM, rows, scales, *rest, C, "none", False))
+        del rows, scales
+        errs = "-" if ref is None else " / ".join(
+            f"{rel(o, r):.1e}" for o, r in zip(outs[:2], ref[:2])) + \
+            f" / {max(rel(o, r) for o, r in zip(outs[2:], ref[2:])):.1e}"
+        if ref is None:
+            ref = outs
+        fwd = timed(lambda: host.forward(work, *rest, C, "none", False), dev, 150)
+
+        def fwdbwd():
+            _, rw, sc = host.forward(w2, *rest, C, "none", True)
+            return host.backward(dy, dM, rw, sc, *rest, C, "none", False)
+        fb = timed(fwdbwd, dev, 300)
+        print(f"| {i}: {name} | {fwd:.2f} | {fb:.2f} | {errs} |", flush=True)
+    host.CONFIG.clear()
+    host.CONFIG.update(keep)
+
+
+if __name__ == "__main__":
+    main()
