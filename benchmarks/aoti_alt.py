@@ -64,13 +64,16 @@ def one(dev, cxx):
 
 
 def main():
+    """``aoti_alt.py [CXX [DEVICE ...]]``: only that compiler and those devices (default:
+    the image's compiler and /usr/bin/g++, CPU and CUDA)."""
     print("torch", torch.__version__, "cxx11abi", torch._C._GLIBCXX_USE_CXX11_ABI,
           "cpp.cxx", DEFAULT, "CXX", os.environ.get("CXX"))
-    sh(f"which g++ gdb; g++ --version | head -1; {DEFAULT} --version | head -1; ls -la {DEFAULT}")
-    devs = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    pkgs = [one(dev, cxx) for cxx in dict.fromkeys([DEFAULT, "/usr/bin/g++"]) for dev in devs]
+    sh(f"which g++ gdb; g++ --version | head -1; {DEFAULT} --version | head -1; cat {DEFAULT} | head -12")
+    cxxs = [sys.argv[1]] if len(sys.argv) > 1 else list(dict.fromkeys([DEFAULT, "/usr/bin/g++"]))
+    devs = sys.argv[2:] or (["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+    pkgs = [one(dev, cxx) for cxx in cxxs for dev in devs]
     print("same process, aoti_load_package (last pkg):", flush=True)
-    m = torch._inductor.aoti_load_package(pkgs[-1])
+    torch._inductor.aoti_load_package(pkgs[-1])
     print("  ok")
 
 

@@ -36,6 +36,10 @@ for seg in "$@"; do
       done ;;
     aoti)
       run aoti_alt 170 python3 benchmarks/aoti_alt.py ;;
+    aoti_gxx)   # the image's /opt/gcc/bin/g++ wrapper vs the system compiler (NOTES.md)
+      run aoti_gxx 90 python3 benchmarks/aoti_alt.py /usr/bin/g++ cpu cuda ;;
+    variants)
+      run bench_variants 230 python3 benchmarks/bench_variants.py --config A --chunk 64 ;;
     bench_cuda)
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     bench_compile)
