@@ -53,10 +53,13 @@ def main(dtype="bf16"):
     bank = "*bf16" if dtype == "bf16" else "*fp32"
     f32, i32, i64 = "*fp32", "*i32", "*i64"
     W, R, C = 64, 64, 64
-    compile_one(phase1._prep_kernel,
-                dict(kidx_ptr=i64, kval_ptr=bank, g_ptr=f32, qidx_ptr=i64, qval_ptr=bank,
-                     slot_ptr=i32, val_ptr=f32, gate_ptr=f32, key_ptr=i64, first_ptr=i32),
-                dict(W=W, R=R, G=1, WP=64, RP=64))
+    for gated in (False, True):   # gated: beta and g from the raw projections (bf16)
+        compile_one(phase1._prep_kernel,
+                    dict(kidx_ptr=i64, kval_ptr=bank, g_ptr=bank if gated else f32,
+                         qidx_ptr=i64, qval_ptr=bank, beta_ptr=bank if gated else f32,
+                         alog_ptr=f32, dtb_ptr=f32, slot_ptr=i32, val_ptr=f32, gate_ptr=f32,
+                         key_ptr=i64, first_ptr=i32, bout_ptr=f32),
+                    dict(W=W, R=R, G=1, WP=64, RP=64, GATED=gated))
     compile_one(phase1._pairs_kernel,
                 dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                      gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,

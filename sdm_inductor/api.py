@@ -6,7 +6,7 @@ from torch import Tensor
 
 from .validation import _fail, check_call
 
-__all__ = ["sdm_write_read", "write_read", "to_streams"]
+__all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 
 
 def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
@@ -67,6 +67,25 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     readings, final, _, _ = torch.ops.sdm.write_read(
         bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream, shared_bank,
         snapshot_quant, grad_bank_fp32, save)
+    return readings, final
+
+
+def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_raw: Tensor,
+                     a_raw: Tensor, A_log: Tensor, dt_bias: Tensor, q_idx: Tensor,
+                     q_val: Tensor, *, chunk_size: int = 64, slots_per_stream: int = 0,
+                     shared_bank: bool = False, snapshot_quant: str = "none",
+                     grad_bank_fp32: bool = False):
+    """``write_read`` with the gates computed inside the op from their raw inputs:
+    ``beta = sigmoid(b_raw)``, ``g = -exp(A_log) * softplus(a_raw + dt_bias)`` (fp32).
+
+    ``b_raw`` / ``a_raw``: ``[P, T]`` or a projection's ``[B, T, H]`` (stream ``b * H + h``);
+    ``A_log`` / ``dt_bias``: ``[P]``. Returns ``(readings [P, T, hd], final_bank)``;
+    differentiable in bank, k_val, v, b_raw, a_raw, A_log, dt_bias and q_val.
+    """
+    save = _needs_grad(bank, k_val, v, b_raw, a_raw, A_log, dt_bias, q_val)
+    readings, final, _, _ = torch.ops.sdm.write_read_gated(
+        bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
+        slots_per_stream, shared_bank, snapshot_quant, grad_bank_fp32, save)
     return readings, final
 
 

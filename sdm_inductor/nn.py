@@ -197,8 +197,13 @@ class SparseDeltaMemory(nn.Module):
         slot = i1.gather(-1, pos // kk) * n + i2.gather(-1, pos % kk)
         return slot, torch.softmax(top.float(), dim=-1).to(z.dtype)
 
-    def _streams(self, x: Tensor):
-        """Per-stream inputs ``[B*H, T, *]`` of the SDM recurrence for ``x [B, T, d_model]``."""
+    def _streams(self, x: Tensor, raw_gates: bool = False):
+        """Per-stream inputs ``[B*H, T, *]`` of the SDM recurrence for ``x [B, T, d_model]``.
+
+        ``raw_gates``: instead of ``beta`` and ``g``, the raw gate inputs for
+        ``sdm::write_read_gated``: ``(k_idx, k_val, v, b, a, A_log, dt_bias, q_idx, q_val)``
+        with ``b``, ``a`` the projections' own ``[B, T, H]`` outputs (the op reads them
+        token-major, no head split) and ``A_log``, ``dt_bias`` per stream ``[B*H]``."""
         B, T, _ = x.shape
         H, hd = self.num_heads, self.head_dim
 
@@ -210,6 +215,12 @@ class SparseDeltaMemory(nn.Module):
         k_slot, k_val = self._address(self.k_proj(x))
         q_slot, q_val = self._address(self.q_proj(x))
         v = self.v_proj(x).view(B, T, H, hd)
+        if raw_gates:
+            # stream b*H + h takes head h's parameters: [H] -> [B*H] (size P, no token pass;
+            # fp32 like the gate math, so their gradients sum over the batch in fp32)
+            return (per_stream(k_slot + base), per_stream(k_val), per_stream(v), self.b_proj(x),
+                    self.a_proj(x), self.A_log.float().repeat(B), self.dt_bias.float().repeat(B),
+                    per_stream(q_slot + base), per_stream(q_val))
         beta = torch.sigmoid(self.b_proj(x).float())                            # [B, T, H]
         g = -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
         g = g[..., None] * k_val.float() if self.key_weighted_decay else g[..., None]
@@ -233,10 +244,20 @@ class SparseDeltaMemory(nn.Module):
                        list(x.shape) if isinstance(x, Tensor) else type(x))
         B, T, _ = x.shape
         bank = self._start_bank(cache, B)
-        k_idx, k_val, v, beta, g, q_idx, q_val = self._streams(x)
-        if self.naive:
+        if not self.naive and not self.key_weighted_decay:
+            # per-token gates: the op computes beta and g from the raw projections inside
+            # the kernel that reads them (CUDA: Phase 1's prep kernel), no pass of their own
+            k_idx, k_val, v, b, a, A_log, dt_bias, q_idx, q_val = self._streams(x, raw_gates=True)
+            readings, final = api.write_read_gated(
+                bank, k_idx, k_val, v, b, a, A_log, dt_bias, q_idx, q_val,
+                chunk_size=self._chunk_for(T), slots_per_stream=self.slots_per_head)
+        elif self.naive:
+            k_idx, k_val, v, beta, g, q_idx, q_val = self._streams(x)
             readings, final = sdm_token_loop(bank, k_idx, k_val, v, beta, g, q_idx, q_val)
         else:
+            # key_weighted_decay: one log-decay per write (g * k_val), not the per-token form
+            # the gated op computes; the gates stay torch ops before write_read here
+            k_idx, k_val, v, beta, g, q_idx, q_val = self._streams(x)
             readings, final = api.write_read(
                 bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=self._chunk_for(T),
                 slots_per_stream=self.slots_per_head)

@@ -8,6 +8,12 @@ Ops (canonical layout of ``reference.py``: ``[P, T, *]`` inputs, global bank row
   logsumexp output of ``aten::_scaled_dot_product_flash_attention``.
 - ``sdm::write_read_``: advances the bank in place and returns the readings; saves
   nothing (the no-grad path).
+- ``sdm::write_read_gated``: ``write_read`` with the gate prologue inside: raw gate
+  inputs ``b_raw``, ``a_raw`` (``[P, T]`` or a projection's ``[B, T, H]``) and per-stream
+  ``A_log``, ``dt_bias`` ``[P]``; ``beta = sigmoid(b)``,
+  ``g = -exp(A_log) * softplus(a + dt_bias)`` (``gates.py``). On CUDA the prep kernel of
+  Phase 1 computes them; the backward recomputes them with torch ops and chains the
+  gradients of ``write_read_backward`` through them.
 - ``sdm::write_read_backward``: gradients for (bank, k_val, v, beta, g, q_val).
 - ``sdm::split_heads`` / ``sdm::merge_heads`` / ``sdm::expand_bank``: layout helpers.
 
@@ -20,9 +26,9 @@ import math
 import torch
 from torch import Tensor
 
-from . import cpu, quant
+from . import cpu, gates, quant
 from . import validation
-from .validation import check_call, check_indices
+from .validation import check_call, check_gated, check_indices
 
 __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
 
@@ -87,6 +93,13 @@ def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per
              shared_bank, snapshot_quant):
     check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
                shared_bank, snapshot_quant)
+    _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant,
+                  per_write_gate=g.shape[2] == k_idx.shape[2] and k_idx.shape[2] > 1)
+
+
+def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant,
+                  per_write_gate):
+    """The checks that read data, the repeat count and the dispatch record of a call."""
     if CHECK_INDICES.get(bank.device.type, True):
         check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
     _STATE.repeats = count_repeated_write_slots(k_idx)
@@ -94,7 +107,7 @@ def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per
     _STATE.dispatch = dict(
         device=str(bank.device), impl=getattr(_impl(bank), "NAME", "?"), P=P, T=T, W=W,
         R=q_idx.shape[2], hd=bank.shape[1], slots=bank.shape[0], chunk_size=chunk_size,
-        n_chunks=math.ceil(T / chunk_size), per_write_gate=g.shape[2] == W and W > 1,
+        n_chunks=math.ceil(T / chunk_size), per_write_gate=per_write_gate,
         bank_dtype=str(bank.dtype), snapshot_quant=snapshot_quant)
 
 
@@ -168,6 +181,94 @@ def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
 
 
 write_read.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- write_read_gated
+
+def _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
+                      chunk_size, slots_per_stream, shared_bank, snapshot_quant):
+    check_call(bank, k_idx, k_val, v, None, None, q_idx, q_val, chunk_size, slots_per_stream,
+               shared_bank, snapshot_quant)
+    check_gated(bank, k_idx, b_raw, a_raw, A_log, dt_bias)
+
+
+@torch.library.custom_op("sdm::write_read_gated", mutates_args=())
+def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_raw: Tensor,
+                     a_raw: Tensor, A_log: Tensor, dt_bias: Tensor, q_idx: Tensor,
+                     q_val: Tensor, chunk_size: int = 64, slots_per_stream: int = 0,
+                     shared_bank: bool = False, snapshot_quant: str = "none",
+                     grad_bank_fp32: bool = False, save_for_backward: bool = True
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``write_read`` with ``beta = sigmoid(b_raw)`` and
+    ``g = -exp(A_log) * softplus(a_raw + dt_bias)`` computed inside (fp32).
+
+    ``b_raw`` / ``a_raw``: ``[P, T]`` or ``[B, T, H]`` (stream ``b * H + h``), the same
+    shape; ``A_log`` / ``dt_bias``: ``[P]``. Outputs as ``write_read``'s.
+    """
+    _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
+                      chunk_size, slots_per_stream, shared_bank, snapshot_quant)
+    _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant, False)
+    final = bank.clone()
+    impl = _impl(bank)
+    dt = bank.dtype
+    fused = getattr(impl, "forward_gated", None)
+    if fused is not None:   # CUDA: the prep kernel computes the gates
+        readings, rows, scales = fused(
+            final, k_idx, k_val.to(dt), v.to(dt), b_raw, a_raw, A_log, dt_bias, q_idx,
+            q_val.to(dt), chunk_size, snapshot_quant, save_for_backward)
+    else:
+        record_dispatch(gates="torch")
+        beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
+        readings, rows, scales = impl.forward(
+            final, k_idx, k_val.to(dt), v.to(dt), beta, g, q_idx, q_val.to(dt), chunk_size,
+            snapshot_quant, save_for_backward)
+    return readings, final, rows, scales
+
+
+@write_read_gated.register_fake
+def _(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size=64,
+      slots_per_stream=0, shared_bank=False, snapshot_quant="none", grad_bank_fp32=False,
+      save_for_backward=True):
+    _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
+                      chunk_size, slots_per_stream, shared_bank, snapshot_quant)
+    P, T, _ = k_idx.shape
+    readings = bank.new_empty(P, T, bank.shape[1])
+    rows, dtype, scales = _saved_shapes(bank, k_idx, q_idx, chunk_size, snapshot_quant,
+                                        save_for_backward)
+    return (readings, torch.empty_like(bank), bank.new_empty(rows, dtype=dtype),
+            bank.new_empty(scales, dtype=torch.float32))
+
+
+def _setup_gated(ctx, inputs, output):
+    (bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
+     slots_per_stream, shared_bank, snapshot_quant, grad_bank_fp32, save) = inputs
+    _, _, rows, scales = output
+    ctx.save_for_backward(rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx,
+                          q_val)
+    ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
+    ctx.dtypes = (k_val.dtype, v.dtype, q_val.dtype)
+    ctx.set_materialize_grads(True)
+
+
+def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
+    rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val = ctx.saved_tensors
+    chunk_size, snapshot_quant, grad_bank_fp32, save = ctx.options
+    if not save:
+        raise RuntimeError(
+            "sdm::write_read_gated was called with save_for_backward=False, so it kept nothing "
+            "for a backward; call it with save_for_backward=True (sdm_inductor.api."
+            "write_read_gated does this whenever a gradient is needed)")
+    # the gates again, with torch ops (the forward computed them inside the kernel)
+    beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
+    d_bank, d_kval, d_v, d_beta, d_g, d_qval = torch.ops.sdm.write_read_backward(
+        grad_readings, grad_final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
+        chunk_size, snapshot_quant, grad_bank_fp32)
+    d_b, d_a, d_A_log, d_dt_bias = gates.gate_grads(d_beta, d_g, b_raw, a_raw, A_log, dt_bias)
+    return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_b, d_a, d_A_log,
+            d_dt_bias, None, d_qval.to(ctx.dtypes[2]), None, None, None, None, None, None)
+
+
+write_read_gated.register_autograd(_backward_gated, setup_context=_setup_gated)
 
 
 # ---------------------------------------------------------------- backward op

@@ -25,10 +25,13 @@ def _shape(t: Tensor):
     return list(t.shape)
 
 
-def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor,
-               q_idx: Tensor, q_val: Tensor, chunk_size: int, slots_per_stream: int,
-               shared_bank: bool, snapshot_quant: str) -> None:
-    """Shape, dtype, device and option checks (no data read: safe on fake tensors)."""
+def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor | None,
+               g: Tensor | None, q_idx: Tensor, q_val: Tensor, chunk_size: int,
+               slots_per_stream: int, shared_bank: bool, snapshot_quant: str) -> None:
+    """Shape, dtype, device and option checks (no data read: safe on fake tensors).
+
+    ``beta`` / ``g`` None: the caller checks its gates itself (``check_gated``)."""
+    gates = [(n, t) for n, t in (("beta", beta), ("g", g)) if t is not None]
     if not isinstance(bank, Tensor) or bank.dim() != 2:
         _fail("memory", "a 2-D bank [S, hd]", _shape(bank) if isinstance(bank, Tensor) else type(bank))
     if bank.dtype not in BANK_DTYPES:
@@ -40,10 +43,10 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     for name, t in (("k_idx", k_idx), ("q_idx", q_idx)):
         if t.dtype not in INDEX_DTYPES:
             _fail(name, "dtype int32 or int64", t.dtype)
-    for name, t in (("k_val", k_val), ("v", v), ("beta", beta), ("g", g), ("q_val", q_val)):
+    for name, t in (("k_val", k_val), ("v", v), *gates, ("q_val", q_val)):
         if not t.is_floating_point():
             _fail(name, "a floating-point tensor", t.dtype)
-    for name, t in (("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
+    for name, t in (("k_idx", k_idx), ("k_val", k_val), ("v", v), *gates,
                     ("q_idx", q_idx), ("q_val", q_val)):
         if t.device != bank.device:
             _fail(name, f"device {bank.device} (the bank's)", t.device)
@@ -53,9 +56,9 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
         _fail("k_val", f"shape [P, T, W] = {[P, T, W]} like k_idx", _shape(k_val))
     if _shape(v) != [P, T, hd]:
         _fail("v", f"shape [P, T, hd] = {[P, T, hd]} (hd from the bank)", _shape(v))
-    if _shape(beta) != [P, T]:
+    if beta is not None and _shape(beta) != [P, T]:
         _fail("beta", f"shape [P, T] = {[P, T]}", _shape(beta))
-    if g.dim() != 3 or _shape(g)[:2] != [P, T] or g.shape[2] not in (1, W):
+    if g is not None and (g.dim() != 3 or _shape(g)[:2] != [P, T] or g.shape[2] not in (1, W)):
         _fail("g", f"shape [P, T, 1] or [P, T, W] = {[P, T, W]}", _shape(g))
     if q_idx.dim() != 3 or _shape(q_idx)[:2] != [P, T]:
         _fail("q_idx", f"shape [P, T, R] with P, T = {P}, {T}", _shape(q_idx))
@@ -69,6 +72,32 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     if snapshot_quant not in quant.MODES:
         _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
     check_layout(S, P, slots_per_stream, shared_bank)
+
+
+def check_gated(bank: Tensor, k_idx: Tensor, b_raw: Tensor, a_raw: Tensor, A_log: Tensor,
+                dt_bias: Tensor) -> None:
+    """The gate inputs of ``sdm::write_read_gated`` (after ``check_call`` without gates):
+    ``b_raw`` / ``a_raw`` one value per token, ``[P, T]`` or ``[B, T, H]`` with
+    ``B * H = P`` (a projection's output), the same shape both; ``A_log`` / ``dt_bias``
+    one value per stream ``[P]``."""
+    P, T, _ = k_idx.shape
+    for name, t in (("b_raw", b_raw), ("a_raw", a_raw), ("A_log", A_log), ("dt_bias", dt_bias)):
+        if not isinstance(t, Tensor):
+            _fail(name, "a tensor", type(t))
+        if not t.is_floating_point():
+            _fail(name, "a floating-point tensor", t.dtype)
+        if t.device != bank.device:
+            _fail(name, f"device {bank.device} (the bank's)", t.device)
+    ok = (b_raw.dim() == 2 and _shape(b_raw) == [P, T]) or (
+        b_raw.dim() == 3 and b_raw.shape[1] == T and b_raw.shape[0] * b_raw.shape[2] == P)
+    if not ok:
+        _fail("b_raw", f"one value per token: [P, T] = {[P, T]} or [B, T, H] with B * H = {P} "
+              f"and T = {T}", _shape(b_raw))
+    if _shape(a_raw) != _shape(b_raw):
+        _fail("a_raw", f"the shape of b_raw {_shape(b_raw)}", _shape(a_raw))
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if _shape(t) != [P]:
+            _fail(name, f"one value per stream: shape [P] = {[P]}", _shape(t))
 
 
 def check_layout(S, P, slots_per_stream: int, shared_bank: bool) -> None:

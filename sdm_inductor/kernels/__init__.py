@@ -3,8 +3,9 @@
 Importing this package registers, when Triton is importable (no GPU needed to import):
 
 - ``sdm_inductor.ops.IMPLS['cuda'] = host`` (the eager ops' CUDA implementation);
-- the ``triton_op``s ``sdm::triton_write_read``, ``sdm::triton_write_read_`` and
-  ``sdm::triton_write_read_backward`` that the lowerings put into Inductor's code.
+- the ``triton_op``s ``sdm::triton_write_read``, ``sdm::triton_write_read_gated``,
+  ``sdm::triton_write_read_`` and ``sdm::triton_write_read_backward`` that the lowerings
+  put into Inductor's code.
 
 Modules: ``phase1`` (dense keys, groups of equal slots, decays, Gram matrices, solve),
 ``phase2`` (the forward walk over the chunks), ``decode`` (short sequences),

@@ -55,12 +55,15 @@ def _contig(*xs):
     return tuple(x.contiguous() for x in xs)
 
 
-def decode_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val) -> Tensor:
-    """Token loop for short sequences (no backward): advances ``bank``, returns readings."""
+def decode_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val,
+                   gate_params=None) -> Tensor:
+    """Token loop for short sequences (no backward): advances ``bank``, returns readings.
+    With ``gate_params`` the prep kernel computes the gates (see ``phase1.prep``)."""
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     S, hd = bank.shape
-    slot, val, gate, _, _, _ = prep(S, k_idx, k_val, g, q_idx, q_val, T)
+    # one chunk of T tokens: the padded per-token beta of prep is [P, T]
+    slot, val, gate, _, _, _, beta = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     BD = CONFIG["BD_DECODE"]
     launch(_decode_kernel, (P, -(-hd // BD)), bank, slot, val, gate, v, beta, out, T, hd,
@@ -69,7 +72,7 @@ def decode_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val) -> Tens
 
 
 def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
-                    saved: Tensor | None):
+                    saved: Tensor | None, gate_params=None):
     """Phase 1 + the Phase 2 walk for the whole sequence; advances ``bank``, returns readings.
 
     ``saved`` ([NC*P*C, W+R, hd], chunk-major like ``ops._saved_shapes``) receives the
@@ -78,7 +81,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     S, hd = bank.shape
-    pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
+    pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
@@ -162,18 +165,26 @@ def saved_buffers(bank: Tensor, P: int, T: int, W: int, R: int, C: int, mode: st
 
 
 def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
-                 snapshot_quant: str, save: bool):
-    """One pass over the whole sequence: (readings, saved rows, saved scales). Traceable."""
-    k_idx, k_val, v, beta, g, q_idx, q_val = _contig(k_idx, k_val, v, beta, g, q_idx, q_val)
+                 snapshot_quant: str, save: bool, gate_params=None):
+    """One pass over the whole sequence: (readings, saved rows, saved scales). Traceable.
+
+    With ``gate_params = (A_log, dt_bias)``, ``beta`` / ``g`` are the raw gate inputs
+    ``[Bg, T, GH]`` that the prep kernel reads through their strides (no copy)."""
+    k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
+    if gate_params is None:
+        beta, g = _contig(beta, g)
+    else:
+        gate_params = _contig(*gate_params)
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     raw, rows, scales = saved_buffers(bank, P, T, W, R, chunk_size, snapshot_quant, save)
     if T == 0:
         out = bank.new_empty(P, 0, bank.shape[1])
     elif not save and T <= DECODE_MAX_T:
-        out = decode_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val)
+        out = decode_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, gate_params)
     else:
-        out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw)
+        out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw,
+                              gate_params)
     if rows is None:
         rows, scales = _quantize_sliced(raw, snapshot_quant, bank.dtype)
     return out, rows, scales
@@ -200,8 +211,10 @@ def _quantize_sliced(raw: Tensor, mode: str, bank_dtype: torch.dtype):
 
 
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
-            snapshot_quant: str, save: bool):
-    """``IMPLS`` interface: advance ``bank`` in place; (readings, saved rows, saved scales)."""
+            snapshot_quant: str, save: bool, gate_params=None):
+    """``IMPLS`` interface: advance ``bank`` in place; (readings, saved rows, saved scales).
+
+    With ``gate_params`` the gates are computed in the prep kernel (``forward_gated``)."""
     P, T, _ = k_idx.shape
     C = chunk_size
     path = "empty" if T == 0 else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
@@ -209,15 +222,35 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     windows = 1 if (save or path != "chunked") else -(-T // win)
     _record(path, windows, bank, C)
     if windows == 1:
-        return forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save)
+        return forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save,
+                            gate_params)
     readings = bank.new_empty(P, T, bank.shape[1])
     for t0 in range(0, T, win):
         sl = slice(t0, min(T, t0 + win))
         readings[:, sl] = forward_once(bank, k_idx[:, sl], k_val[:, sl], v[:, sl], beta[:, sl],
-                                       g[:, sl], q_idx[:, sl], q_val[:, sl], C, "none", False)[0]
+                                       g[:, sl], q_idx[:, sl], q_val[:, sl], C, "none", False,
+                                       gate_params)[0]
     _, empty_rows, empty_scales = saved_buffers(bank, P, T, k_idx.shape[2], q_idx.shape[2], C,
                                                 snapshot_quant, False)
     return readings, empty_rows, empty_scales
+
+
+def forward_gated(bank: Tensor, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
+                  chunk_size: int, snapshot_quant: str, save: bool):
+    """``IMPLS`` interface of ``sdm::write_read_gated``: like ``forward``, with the raw gate
+    inputs ``b_raw`` / ``a_raw`` (``[P, T]`` or ``[B, T, H]``, ``P = B * H``) and
+    ``A_log`` / ``dt_bias`` ``[P]``; ``beta = sigmoid(b)`` and
+    ``g = -exp(A_log) * softplus(a + dt_bias)`` are computed in fp32 by the prep kernel
+    (no pass of their own over the tokens)."""
+    from .. import ops
+    ops.record_dispatch(gates="prep-kernel")
+    return forward(bank, k_idx, k_val, v, raw_gate_layout(b_raw), raw_gate_layout(a_raw),
+                   q_idx, q_val, chunk_size, snapshot_quant, save, gate_params=(A_log, dt_bias))
+
+
+def raw_gate_layout(x: Tensor) -> Tensor:
+    """A raw gate input as ``[Bg, T, GH]``: ``[P, T]`` is ``[P, T, 1]`` (a view)."""
+    return x if x.dim() == 3 else x.unsqueeze(-1)
 
 
 def _record(path: str, windows: int, bank: Tensor, C: int):

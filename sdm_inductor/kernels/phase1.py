@@ -34,11 +34,24 @@ from .launch import launch, pow2
 from .solve import inverse
 
 
-@triton.jit(do_not_specialize=["T", "Tp"])
-def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr,
-                 slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr,
-                 T, Tp, S, C, W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
-                 WP: tl.constexpr, RP: tl.constexpr):
+@triton.jit
+def _softplus(x):
+    """``torch.nn.functional.softplus`` (beta=1, threshold=20) in fp32: ``x`` above the
+    threshold, else ``max(x, 0) + log1p(exp(-|x|))``; log1p by the ``log(u) * y / (u - 1)``
+    correction (exact to rounding for tiny ``y``, where ``log(1 + y)`` would give 0)."""
+    y = tl.exp(-tl.abs(x))
+    u = 1.0 + y
+    d = u - 1.0
+    l1p = tl.where(d == 0.0, y, tl.log(u) * (y / tl.where(d == 0.0, 1.0, d)))
+    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
+
+
+@triton.jit(do_not_specialize=["T", "Tp", "sb_b", "sa_b"])
+def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_ptr, dtb_ptr,
+                 slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr, bout_ptr,
+                 T, Tp, S, C, GH, sb_b, sb_h, sb_t, sa_b, sa_h, sa_t,
+                 W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
+                 WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr):
     pid = tl.program_id(0)            # p * Tp + t
     p = pid // Tp
     t = pid % Tp
@@ -47,6 +60,20 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr,
     tvalid = t < T
     src = p.to(tl.int64) * T + t      # row of the unpadded [P, T] inputs
     out = pid.to(tl.int64) * E        # row of the padded [P, Tp, E] outputs
+    if GATED:
+        # the raw gate inputs [Bg, T, GH] (stream p = pb * GH + ph), read through their
+        # strides: a projection's [B, T, H] output needs no head-split copy
+        pb = (p // GH).to(tl.int64)
+        ph = (p % GH).to(tl.int64)
+        boff = pb * sb_b + ph * sb_h + t.to(tl.int64) * sb_t
+        aoff = pb * sa_b + ph * sa_h + t.to(tl.int64) * sa_t
+        braw = tl.load(beta_ptr + boff, mask=tvalid, other=0.0).to(tl.float32)
+        bv = 1.0 / (1.0 + tl.exp(-braw))                                   # sigmoid
+    else:
+        bv = tl.load(beta_ptr + src, mask=tvalid, other=0.0).to(tl.float32)
+    # per-token write strength, padded to Tp (0 on padded tokens): Phase 1's solve,
+    # Phase 2 and the decode loop read this copy
+    tl.store(bout_ptr + pid, tl.where(tvalid, bv, 0.0))
 
     w = tl.arange(0, WP)
     wm = w < W
@@ -61,7 +88,13 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr,
     active = ok & (first == w)
     kd = tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0), axis=1)
     kd = tl.where(active, kd, 0.0)
-    if G == 1:
+    if GATED:
+        # g = -exp(A_log[p]) * softplus(a + dt_bias[p]), one per token (G == 1)
+        araw = tl.load(g_ptr + aoff + w * 0, mask=wm & tvalid, other=0.0).to(tl.float32)
+        alog = tl.load(alog_ptr + p).to(tl.float32)
+        dtb = tl.load(dtb_ptr + p).to(tl.float32)
+        gv = -tl.exp(alog) * _softplus(araw + dtb)
+    elif G == 1:
         gv = tl.load(g_ptr + src + w * 0, mask=wm & tvalid, other=0.0)
     else:
         gv = tl.load(g_ptr + src * W + w, mask=wm & tvalid, other=0.0)
@@ -236,11 +269,18 @@ def entry_groups(pl: "Plan") -> Groups:
                   take(pl.ev))
 
 
-def prep(S: int, k_idx, k_val, g, q_idx, q_val, C: int):
-    """Dense keys, masks and sort keys of every entry; returns the tensors and ``NC``."""
+def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
+    """Dense keys, masks and sort keys of every entry, and the padded per-token write
+    strength ``[P, Tp]``; returns ``(slot, val, gate, key, first, NC, beta)``.
+
+    ``gate_params=None``: ``beta [P, T]`` and ``g [P, T, 1 or W]`` are the gates.
+    ``gate_params=(A_log, dt_bias)`` (``[P]`` each): ``beta`` and ``g`` are the *raw*
+    gate inputs ``b``, ``a`` as ``[Bg, T, GH]`` with ``Bg * GH = P`` (any strides; a
+    ``[P, T]`` input is ``[P, T, 1]``), and the kernel computes ``beta = sigmoid(b)``
+    and ``g = -exp(A_log) * softplus(a + dt_bias)`` in fp32 itself.
+    """
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
-    G = g.shape[2]
     NC = -(-T // C)
     Tp = NC * C
     E: tl.constexpr = W + R
@@ -250,17 +290,31 @@ def prep(S: int, k_idx, k_val, g, q_idx, q_val, C: int):
     gate = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
     key = torch.empty(P, Tp, E, dtype=torch.int64, device=dev)
     first = torch.empty(P, Tp, W, dtype=torch.int32, device=dev)
-    launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, slot, val, gate, key, first,
-           T, Tp, S, C, W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), num_warps=4)
-    return slot, val, gate, key, first, NC
+    bout = torch.empty(P, Tp, dtype=torch.float32, device=dev)
+    if gate_params is None:
+        G, GH, sb, sa = g.shape[2], 1, (0, 0, 0), (0, 0, 0)
+        # placeholders for pointers compiled out (never a written buffer: Inductor treats
+        # pointer arguments as possibly written and clones aliased ones separately)
+        A_log = dt_bias = torch.empty(1, dtype=torch.float32, device=dev)
+    else:
+        A_log, dt_bias = gate_params
+        # strides in the kernel's order (stream-batch, stream-head, token)
+        G, GH = 1, beta.shape[2]
+        sb, sa = ((x.stride(0), x.stride(2), x.stride(1)) for x in (beta, g))
+    launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, beta, A_log, dt_bias,
+           slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa,
+           W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None, num_warps=4)
+    return slot, val, gate, key, first, NC, bout
 
 
-def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int) -> Plan:
-    """Phase 1 for all chunks of all streams. Inputs contiguous ``[P, T, *]``."""
+def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) -> Plan:
+    """Phase 1 for all chunks of all streams. Inputs contiguous ``[P, T, *]`` (with
+    ``gate_params``, ``beta`` / ``g`` are the raw gate inputs: see ``prep``)."""
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     E: tl.constexpr = W + R
-    slot, val, gate, key, first, NC = prep(S, k_idx, k_val, g, q_idx, q_val, C)
+    slot, val, gate, key, first, NC, bp = prep(S, k_idx, k_val, beta, g, q_idx, q_val, C,
+                                               gate_params)
     B = P * NC
     dev = k_idx.device
     key = key.view(B, C * E)
@@ -281,7 +335,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int) -> Plan:
     launch(_pairs_kernel, (B * C,), val, gate, perm, gs, nw, gam, gend, ev, coef, decay, A, QK,
            C, W=W, R=R, EB=min(32, pow2(E)), CP=pow2(C), num_warps=4)
 
-    bp = torch.nn.functional.pad(beta, (0, NC * C - T)).view(B, C)
+    bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)

@@ -39,6 +39,28 @@ def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, bet
     return readings, final, rows, scales
 
 
+@torch.library.triton_op("sdm::triton_write_read_gated", mutates_args=())
+def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor,
+                            b_raw: Tensor, a_raw: Tensor, A_log: Tensor, dt_bias: Tensor,
+                            q_idx: Tensor, q_val: Tensor, chunk_size: int = 64,
+                            snapshot_quant: str = "none", save_for_backward: bool = True
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``sdm::write_read_gated`` on CUDA: ``triton_write_read`` whose prep kernel (Phase 1,
+    or the decode path's) computes ``beta = sigmoid(b_raw)`` and
+    ``g = -exp(A_log) * softplus(a_raw + dt_bias)`` in fp32 from the raw inputs.
+
+    ``b_raw`` / ``a_raw``: ``[P, T]`` or ``[B, T, H]`` (``P = B * H``, stream ``b * H + h``),
+    any float dtype and any strides (read in place, no copy); ``A_log`` / ``dt_bias``
+    ``[P]``. Other inputs and the outputs as ``triton_write_read``.
+    """
+    final = bank.clone()
+    readings, rows, scales = host.forward_once(
+        final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), host.raw_gate_layout(b_raw),
+        host.raw_gate_layout(a_raw), q_idx, q_val.to(bank.dtype), chunk_size, snapshot_quant,
+        save_for_backward, gate_params=(A_log, dt_bias))
+    return readings, final, rows, scales
+
+
 @torch.library.triton_op("sdm::triton_write_read_", mutates_args=("bank",))
 def triton_write_read_(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                        g: Tensor, q_idx: Tensor, q_val: Tensor, chunk_size: int = 64) -> Tensor:

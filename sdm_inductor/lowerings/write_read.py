@@ -1,5 +1,5 @@
-"""How the compiled graph computes ``sdm::write_read``, ``sdm::write_read_`` and
-``sdm::write_read_backward``.
+"""How the compiled graph computes ``sdm::write_read``, ``sdm::write_read_gated``,
+``sdm::write_read_`` and ``sdm::write_read_backward``.
 
 Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules``):
 
@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import ops
+from .. import gates, ops
 from . import _rules
 
 # op name -> name of the triton_op (in torch.ops.sdm) that implements it on these devices
 TRITON_OPS = {
     "write_read": "triton_write_read",
+    "write_read_gated": "triton_write_read_gated",
     "write_read_": "triton_write_read_",
     "write_read_backward": "triton_write_read_backward",
 }
@@ -70,6 +71,26 @@ def _write_read_rule(mode, op, types, args, kwargs):
     return mode.__torch_dispatch__(op, types, args, {})
 
 
+def _write_read_gated_rule(mode, op, types, args, kwargs):
+    """CUDA: the gated triton_op (the prep kernel computes the gates from the raw inputs).
+    Elsewhere: the gates as graph ops (Inductor fuses them with their producers) and
+    ``sdm::write_read``, which its own rule then rewrites."""
+    (bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
+     slots_per_stream, shared_bank, snapshot_quant, grad_bank_fp32,
+     save) = _rules.bound_args(op, args, kwargs)
+    with mode:
+        dt = bank.dtype
+        k_val, v, q_val = k_val.to(dt), v.to(dt), q_val.to(dt)
+        kernel = triton_op("write_read_gated", bank.device)
+        if kernel is not None:
+            return kernel(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
+                          chunk_size, snapshot_quant, save)
+        beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
+        return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                        chunk_size, slots_per_stream, shared_bank,
+                                        snapshot_quant, grad_bank_fp32, save)
+
+
 def _write_read_inplace_rule(mode, op, types, args, kwargs):
     (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
      shared_bank) = _rules.bound_args(op, args, kwargs)
@@ -97,5 +118,6 @@ def _backward_rule(mode, op, types, args, kwargs):
 
 
 _rules.register("sdm::write_read", _write_read_rule)
+_rules.register("sdm::write_read_gated", _write_read_gated_rule)
 _rules.register("sdm::write_read_", _write_read_inplace_rule)
 _rules.register("sdm::write_read_backward", _backward_rule)

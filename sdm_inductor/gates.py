@@ -1,0 +1,62 @@
+"""The gate prologue of ``sdm::write_read_gated`` in plain torch ops.
+
+The layer's per-token gates (Gated DeltaNet / Mamba-2 form), per stream ``p``:
+
+    beta = sigmoid(b)                              write strength
+    g    = -exp(A_log[p]) * softplus(a + dt_bias[p])   log-decay (softplus: beta=1, threshold=20)
+
+``b`` and ``a`` (the *raw* gate inputs) come as ``[P, T]`` or as a projection's
+``[B, T, H]`` output (token-major, stream ``p = b * H + h``); ``A_log`` and ``dt_bias``
+are ``[P]``. Everything is computed in fp32. The CUDA kernels compute the same inside
+Phase 1's prep kernel (``kernels/phase1.py``); these functions serve the CPU
+implementation, the compiled CPU graph and the backward (which recomputes the gates).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["to_streams", "from_streams", "torch_gates", "gate_grads"]
+
+
+def to_streams(x: Tensor) -> Tensor:
+    """A raw gate input as ``[P, T]`` (a ``[B, T, H]`` input is transposed: a copy)."""
+    if x.dim() == 2:
+        return x
+    B, T, H = x.shape
+    return x.permute(0, 2, 1).reshape(B * H, T)
+
+
+def from_streams(x: Tensor, like: Tensor) -> Tensor:
+    """``[P, T]`` back to the layout of the raw input ``like``, in its dtype."""
+    if like.dim() == 3:
+        B, T, H = like.shape
+        x = x.view(B, H, T).permute(0, 2, 1).contiguous()
+    return x.to(like.dtype)
+
+
+def torch_gates(b_raw: Tensor, a_raw: Tensor, A_log: Tensor, dt_bias: Tensor):
+    """``(beta [P, T], g [P, T, 1])`` in fp32, the form ``sdm::write_read`` takes."""
+    beta = torch.sigmoid(to_streams(b_raw).float())
+    g = -torch.exp(A_log.float())[:, None] * F.softplus(
+        to_streams(a_raw).float() + dt_bias.float()[:, None])
+    return beta, g[..., None]
+
+
+def gate_grads(d_beta: Tensor, d_g: Tensor, b_raw: Tensor, a_raw: Tensor, A_log: Tensor,
+               dt_bias: Tensor):
+    """Chain ``(d_beta [P, T], d_g [P, T, 1])`` through the gate formulas: the gradients
+    of ``(b_raw, a_raw, A_log, dt_bias)``, each in its input's layout and dtype."""
+    beta, g = torch_gates(b_raw, a_raw, A_log, dt_bias)
+    g = g[..., 0]
+    d_g = d_g[..., 0].float()
+    d_b = d_beta.float() * beta * (1 - beta)
+    x = to_streams(a_raw).float() + dt_bias.float()[:, None]
+    # softplus' = sigmoid (above the threshold torch passes the gradient through: 1,
+    # which is what sigmoid rounds to in fp32 there)
+    d_a = d_g * -torch.exp(A_log.float())[:, None] * torch.sigmoid(x)
+    d_A_log = (d_g * g).sum(1)
+    d_dt_bias = d_a.sum(1)
+    return (from_streams(d_b, b_raw), from_streams(d_a, a_raw), d_A_log.to(A_log.dtype),
+            d_dt_bias.to(dt_bias.dtype))
