@@ -9,6 +9,10 @@ Part 1, configs A and B of SDM_SPEC section 5 (bf16), eager vs compiled:
   - ``gated``: the op with the elementwise math around it (softmax weights, sigmoid
     write strength, ``-exp(A_log) * softplus(a + dt_bias)`` decay, silu output gate).
     Eager runs each of those as its own kernels; compiled fuses them.
+  - ``gatedop``: the same computation with the gate prologue inside the op
+    (``sdm::write_read_gated``: on CUDA the prep kernel computes sigmoid and the
+    softplus decay from the raw inputs; the layer's path). Compare its compiled time
+    with ``gated``'s: the difference is what moving the gates into the op buys.
 Part 2, a model of 4 residual SDM layers (``sdm_inductor.nn.SparseDeltaMemory`` with
 output gate, RMSNorm, projections): training step (forward + backward) eager vs
 compiled, and the compile time of the first step.
@@ -103,6 +107,16 @@ def gated_op(bank, k_idx, k_logit, v, b_logit, a, q_idx, q_logit, A_log, dt_bias
     return y * F.silu(z), M
 
 
+def gated_in_op(bank, k_idx, k_logit, v, b_logit, a, q_idx, q_logit, A_log, dt_bias, z, *, C,
+                sph):
+    """``gated_op`` with beta and g computed inside ``sdm::write_read_gated``."""
+    P = k_idx.shape[0]
+    y, M = sdm_inductor.api.write_read_gated(
+        bank, k_idx, torch.softmax(k_logit, -1), v, b_logit, a[..., 0], A_log.expand(P),
+        dt_bias.expand(P), q_idx, torch.softmax(q_logit, -1), chunk_size=C, slots_per_stream=sph)
+    return y * F.silu(z), M
+
+
 def bench_case(name, fn, kwargs, grad_keys, device, reps):
     """Eager vs compiled, no-grad forward and forward + backward, for one function."""
     opts = {k: kwargs.pop(k) for k in ("C", "sph")}
@@ -153,8 +167,9 @@ def bench_config(cfg_name, device, reps):
     explicit = dict(prepared(x), C=cfg["C"], sph=cfg["sph"])
     rows += bench_case("op", explicit_op, explicit, ("bank", "k_val", "v", "beta", "g", "q_val"),
                        device, reps)
-    rows += bench_case("gated", gated_op, dict(x), ("bank", "k_logit", "v", "b_logit", "a",
-                                                    "q_logit", "z"), device, reps)
+    gated_grads = ("bank", "k_logit", "v", "b_logit", "a", "q_logit", "z")
+    rows += bench_case("gated", gated_op, dict(x), gated_grads, device, reps)
+    rows += bench_case("gatedop", gated_in_op, dict(x), gated_grads, device, reps)
     for r in rows:
         r["config"] = cfg_name
     return rows
