@@ -9,9 +9,10 @@ Per token ``x_t`` and head ``h`` the layer computes
   section 1: no repeated slots, which keeps the naive loop and the op identical);
 - write and read weights: softmax over the ``top_k`` selected scores;
 - value ``v = W_v x``, write strength ``beta = sigmoid(W_b x)`` and log-decay
-  ``g = -exp(A_log) * softplus(W_a x + dt_bias)``; with ``key_weighted_decay`` each
-  written slot decays by ``g * k_val`` (its own write weight: a slot that is mostly
-  overwritten forgets more);
+  ``g = -exp(A_log) * softplus(W_a x + dt_bias)``, computed inside the op
+  (``sdm::write_read_gated``, from the projections' raw ``[B, T, H]`` outputs); with
+  ``key_weighted_decay`` each written slot decays by ``g * k_val`` (its own write weight:
+  a slot that is mostly overwritten forgets more), computed before ``sdm::write_read``;
 - one SDM stream per (batch, head): stream ``b * H + h`` (SDM_SPEC section 2) owns the
   rows ``[(b*H + h) * slots_per_head, (b*H + h + 1) * slots_per_head)`` of a per-batch
   private copy (``torch.ops.sdm.expand_bank``) of the learned ``memory`` parameter
