@@ -24,19 +24,16 @@ from bench_cuda import CONFIGS  # noqa: E402
 import sdm_inductor  # noqa: E402,F401
 from sdm_inductor.kernels import host  # noqa: E402
 
-SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16)
+SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16, AHEAD_BWD=0)
+NEW = dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, EW=16, AHEAD_BWD=1)
 VARIANTS = [
     ("session 2 kernels", SESSION2),
-    ("inline members (KW=4), rows + headers ahead", dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1,
-                                                         NG_BWD=256, KW_BWD=4, EW=16)),
-    ("  ... gather tiles EW=8", dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256,
-                                     KW_BWD=4, EW=8)),
-    ("  ... write tiles NG=512 / bwd NG=128", dict(NG=512, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1,
-                                                   NG_BWD=128, KW_BWD=4, EW=16)),
-    ("  ... no rows ahead", dict(NG=256, KW=4, ROWS_AHEAD=0, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4,
-                                 EW=16)),
-    ("  ... no headers ahead", dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=0, NG_BWD=256,
-                                    KW_BWD=4, EW=16)),
+    ("inline members (KW=4), rows + headers ahead, bwd rows ahead", NEW),
+    ("  ... gather tiles EW=8", dict(NEW, EW=8)),
+    ("  ... write tiles NG=512 / bwd NG=128", dict(NEW, NG=512, NG_BWD=128)),
+    ("  ... no rows ahead (fwd or bwd)", dict(NEW, ROWS_AHEAD=0, AHEAD_BWD=0)),
+    ("  ... no headers ahead", dict(NEW, HEAD_AHEAD=0)),
+    ("  ... bwd saved-row tiles EW_BWD=4", dict(NEW, EW_BWD=4)),
     ("session 2 + pipeliner GATHER_STAGES=3", dict(SESSION2, GATHER_STAGES=3)),
 ]
 

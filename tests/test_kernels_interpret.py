@@ -190,11 +190,13 @@ def case_column_walk():
     host.CONFIG["TB"] = 16   # C=48: three token tiles per chunk, padded last chunk
     _train(make_inputs(P=1, T=52, W=2, R=2, hd=16, slots_per_stream=40, seed=16), 48)
     # rows of two entry tiles in flight, runs longer than the inline members (the loop),
-    # several write tiles with the next one's headers prefetched
-    host.CONFIG.update(ROWS_AHEAD=1, KW=2, HEAD_AHEAD=1, EW=2, NG=16, TB=64, KW_BWD=2, NG_BWD=16)
+    # several write tiles with the next one's headers prefetched; the backward's saved rows
+    # one tile ahead over several tiles
+    host.CONFIG.update(ROWS_AHEAD=1, KW=2, HEAD_AHEAD=1, EW=2, NG=16, TB=64, KW_BWD=2, NG_BWD=16,
+                       AHEAD_BWD=1, EW_BWD=2)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=19), 16)
-    host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512)   # session 2's kernels
+    host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512, AHEAD_BWD=0)   # session 2's kernels
     _train(make_inputs(P=1, T=40, W=3, R=2, hd=16, slots_per_stream=12, repeats=True, seed=20), 16)
     host.CONFIG.update(GATHER_STAGES=3, EW=2)   # the gather loop left to Triton's pipeliner
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,

@@ -127,7 +127,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     P, T, hd, width, NC, B,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1):
+                    QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1,
+                    AHEAD: tl.constexpr = 0):
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -152,11 +153,25 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
-            for e0 in range(0, W, EW):
-                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
+            if AHEAD:   # the next tile's saved rows in flight while this tile is reduced
+                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, 0, 0, W, hd,
                                              width, cols, cm, E, EW, QMODE)
                 wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
-                r0 += tl.sum(wt[:, :, None] * rows, axis=1)
+                for e0 in range(0, W, EW):
+                    rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
+                                                       0, W, hd, width, cols, cm, E, EW, QMODE)
+                    wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
+                                   other=0.0)
+                    r0 += tl.sum(wt[:, :, None] * rows, axis=1)
+                    rows = rows_n
+                    wt = wt_n
+            else:
+                for e0 in range(0, W, EW):
+                    rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
+                                                 width, cols, cm, E, EW, QMODE)
+                    wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
+                                 other=0.0)
+                    r0 += tl.sum(wt[:, :, None] * rows, axis=1)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -187,19 +202,41 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
             tv = tm & (tg < T)
             dl = tl.load(scr_d + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
             dd = tl.zeros([TB, BD], tl.float32)
-            for e0 in range(0, W, EW):
-                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
+            if AHEAD:   # the next tile's slots and saved rows load during this tile's gather
+                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, 0, 0, W, hd,
                                              width, cols, cm, E, EW, QMODE)
-                off = seg + toks[:, None] * E + ents[None, :]
-                sl = tl.load(slot_ptr + off, mask=em, other=-1)
-                Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                             mask=(sl >= 0)[:, :, None] & cm[None, None, :],
-                             other=0.0).to(tl.float32)
-                cf = tl.load(coef_ptr + off, mask=em, other=0.0)
-                po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
-                tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
-                tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
-                dd += tl.sum(cf[:, :, None] * Dw, axis=1)
+                sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
+                for e0 in range(0, W, EW):
+                    Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                                 mask=(sl >= 0)[:, :, None] & cm[None, None, :],
+                                 other=0.0).to(tl.float32)
+                    cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
+                                 other=0.0)
+                    rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
+                                                       0, W, hd, width, cols, cm, E, EW, QMODE)
+                    sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
+                                 other=-1)
+                    po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
+                    tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
+                    tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
+                    dd += tl.sum(cf[:, :, None] * Dw, axis=1)
+                    rows = rows_n
+                    ents = ents_n
+                    em = em_n
+            else:
+                for e0 in range(0, W, EW):
+                    rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
+                                                 width, cols, cm, E, EW, QMODE)
+                    off = seg + toks[:, None] * E + ents[None, :]
+                    sl = tl.load(slot_ptr + off, mask=em, other=-1)
+                    Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                                 mask=(sl >= 0)[:, :, None] & cm[None, None, :],
+                                 other=0.0).to(tl.float32)
+                    cf = tl.load(coef_ptr + off, mask=em, other=0.0)
+                    po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
+                    tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
+                    tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
+                    dd += tl.sum(cf[:, :, None] * Dw, axis=1)
             for k0 in range(0, C, TB):
                 ks = k0 + tl.arange(0, TB)
                 km = ks < C
@@ -251,12 +288,25 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
             tl.store(scr_dr + toks[:, None] * BD + sc[None, :], dr0, mask=tm[:, None])
             dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                           mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            for e0 in range(0, E, EW):
-                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, E, hd,
+            if AHEAD:
+                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, 0, 0, E, hd,
                                              width, cols, cm, E, EW, QMODE)
-                vec = tl.where((ents < W)[None, :, None], dr0[:, None, :], dyt[:, None, :])
-                tl.store(pe_ptr + (part + b) * C * E + toks[:, None] * E + ents[None, :],
-                         tl.sum(vec * rows, axis=2), mask=em)
+                for e0 in range(0, E, EW):
+                    rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
+                                                       0, E, hd, width, cols, cm, E, EW, QMODE)
+                    vec = tl.where((ents < W)[None, :, None], dr0[:, None, :], dyt[:, None, :])
+                    tl.store(pe_ptr + (part + b) * C * E + toks[:, None] * E + ents[None, :],
+                             tl.sum(vec * rows, axis=2), mask=em)
+                    rows = rows_n
+                    ents = ents_n
+                    em = em_n
+            else:
+                for e0 in range(0, E, EW):
+                    rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, E, hd,
+                                                 width, cols, cm, E, EW, QMODE)
+                    vec = tl.where((ents < W)[None, :, None], dr0[:, None, :], dyt[:, None, :])
+                    tl.store(pe_ptr + (part + b) * C * E + toks[:, None] * E + ents[None, :],
+                             tl.sum(vec * rows, axis=2), mask=em)
         tl.debug_barrier()
         # 5: dB at the chunk start, each distinct touched slot once (lane = group start)
         gb = b.to(tl.int64) * C * E
@@ -401,7 +451,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
            gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK, pl.beta, v, dy, dv, pe, pc, pm, pb, pqk, pL,
            scratch, P, T, hd, saved_rows.shape[-1], NC, B, C=C, W=W, R=R, BD=BD,
            TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP, QMODE=qmode,
-           PREC=prec, KW=config["KW_BWD"], num_warps=config["WARPS_BWD"])
+           PREC=prec, KW=config["KW_BWD"], AHEAD=config["AHEAD_BWD"],
+           num_warps=config["WARPS_BWD"])
 
     # cross-column sums, in a fixed order
     dL = pL.sum(0)
