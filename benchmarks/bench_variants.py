@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_cuda import CONFIGS  # noqa: E402
+from bench_cuda import CONFIGS, make_inputs as cuda_inputs  # noqa: E402
 
 import sdm_inductor  # noqa: E402,F401
 from sdm_inductor.kernels import host  # noqa: E402
@@ -78,7 +78,8 @@ def main():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = dict(P=2, T=80, hd=32, sph=96, W=4, R=4) if a.tiny else CONFIGS[a.config]
     C = 16 if a.tiny else a.chunk
-    bank, *rest = make_inputs(**cfg, dev=dev, dtype=torch.bfloat16)
+    bank, *rest = (cuda_inputs(**cfg) if dev == "cuda" and not a.tiny else
+                   make_inputs(**cfg, dev=dev, dtype=torch.bfloat16))
     gen = torch.Generator().manual_seed(1)
     dy = torch.randn(rest[2].shape, generator=gen).to(bank.dtype).to(dev)
     dM = torch.randn(bank.shape, generator=gen).to(bank.dtype).to(dev)
