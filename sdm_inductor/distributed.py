@@ -327,6 +327,22 @@ for _op in (_sdm.write_read.default, _sdm.write_read_.default, _sdm.write_read_b
     DTensor._op_dispatcher._custom_op_handlers[_op] = _handler
 
 
+def _gated_handler(op_call, args, kwargs):
+    """``write_read_gated`` on DTensors: its gates are elementwise per stream, so it runs as
+    the torch gates (DTensor's own rules) feeding ``write_read`` and that op's handler. The
+    op's backward is ``write_read_backward`` plus torch ops, which DTensor already runs."""
+    from .gates import torch_gates
+    bound = _bind(op_call, args, kwargs)
+    beta, g = torch_gates(bound.pop("b_raw"), bound.pop("a_raw"), bound.pop("A_log"),
+                          bound.pop("dt_bias"))
+    names = [a.name for a in _sdm.write_read.default._schema.arguments]
+    bound.update(beta=beta, g=g)
+    return _sdm.write_read.default(*(bound[n] for n in names))
+
+
+DTensor._op_dispatcher._custom_op_handlers[_sdm.write_read_gated.default] = _gated_handler
+
+
 # ---------------------------------------------------------------- layout helpers
 
 def _divisible(x, dim: int, by: int) -> bool:

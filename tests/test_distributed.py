@@ -291,6 +291,36 @@ def _dtensor_worker(rank, world):
         _close(e, torch.ops.sdm.expand_bank(mem, 3), 0, f"expand_bank {placement}")
 
 
+def _gated_worker(rank, world):
+    """The gated op (the layer's path) on stream-sharded DTensors, both raw-gate layouts,
+    forward and backward, against the op on the full tensors."""
+    import sdm_inductor.distributed  # noqa: F401
+    from sdm_inductor.testing import make_inputs
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    for shape in ((4, 20), (2, 20, 2)):   # [P, T] and [B, T, H] with P = B * H
+        raw = [torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)]
+        par = [torch.rand(4, generator=gen).log(), torch.randn(4, generator=gen) - 2]
+        full = [ins.bank, ins.k_idx, ins.k_val, ins.v, *raw, *par, ins.q_idx, ins.q_val]
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in full]
+        dts = [distribute_tensor(t.detach(), mesh, [Shard(0)]).requires_grad_(t.is_floating_point())
+               for t in full]
+        outs = []
+        for args in (leaves, dts):
+            y, M, _, _ = torch.ops.sdm.write_read_gated(*args, 16, 8)
+            (y.sum() + (M * M).sum()).backward()
+            outs.append([y, M] + [a.grad for a in args if a.is_floating_point()])
+        for i, (got, want) in enumerate(zip(outs[1], outs[0])):
+            _close(got, want, 1e-5, f"gated {shape}: output/grad {i}")
+
+
+def test_dtensor_gated_op(ranks):
+    ranks(_gated_worker)
+
+
 def test_dtensor_stream_and_column_sharding(ranks):
     ranks(_dtensor_worker)
 
