@@ -65,10 +65,12 @@ def check_lengths(layer, loaded, device, tol):
 def test_aoti_cpu_dynamic_length(tmp_path):
     layer = make_layer("cpu")
     ep, path = package(layer, "cpu", tmp_path / "sdm_cpu.pt2")
-    # export keeps the op itself (high level, serializable), like triton_op
+    # export keeps the op itself (high level, serializable), like triton_op: the layer's
+    # per-token gates take the gated op
     exported = [str(n.target) for n in ep.graph.nodes if "sdm" in str(n.target)]
-    assert "sdm.write_read.default" in exported, exported
-    # the package calls the chunked CPU path once, through the proxy executor
+    assert "sdm.write_read_gated.default" in exported, exported
+    # on CPU the gates become graph ops and the package calls the chunked CPU path once,
+    # through the proxy executor
     assert extern_targets(path) == ["sdm::write_read_"], extern_targets(path)
     check_lengths(layer, torch._inductor.aoti_load_package(path), "cpu", 1e-5)
 
