@@ -140,17 +140,23 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     return readings, final, rows, scales
 
 
-@write_read.register_fake
-def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_stream=0,
-      shared_bank=False, snapshot_quant="none", grad_bank_fp32=False, save_for_backward=True):
-    check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
-               shared_bank, snapshot_quant)
+def _fake_outputs(bank, k_idx, q_idx, chunk_size, snapshot_quant, save_for_backward):
+    """(readings, final bank, saved rows, saved scales) of ``write_read`` and its gated
+    form, by shape only."""
     P, T, _ = k_idx.shape
     readings = bank.new_empty(P, T, bank.shape[1])
     rows, dtype, scales = _saved_shapes(bank, k_idx, q_idx, chunk_size, snapshot_quant,
                                         save_for_backward)
     return (readings, torch.empty_like(bank), bank.new_empty(rows, dtype=dtype),
             bank.new_empty(scales, dtype=torch.float32))
+
+
+@write_read.register_fake
+def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_stream=0,
+      shared_bank=False, snapshot_quant="none", grad_bank_fp32=False, save_for_backward=True):
+    check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+               shared_bank, snapshot_quant)
+    return _fake_outputs(bank, k_idx, q_idx, chunk_size, snapshot_quant, save_for_backward)
 
 
 def _setup_context(ctx, inputs, output):
@@ -231,12 +237,7 @@ def _(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_s
       save_for_backward=True):
     _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
                       chunk_size, slots_per_stream, shared_bank, snapshot_quant)
-    P, T, _ = k_idx.shape
-    readings = bank.new_empty(P, T, bank.shape[1])
-    rows, dtype, scales = _saved_shapes(bank, k_idx, q_idx, chunk_size, snapshot_quant,
-                                        save_for_backward)
-    return (readings, torch.empty_like(bank), bank.new_empty(rows, dtype=dtype),
-            bank.new_empty(scales, dtype=torch.float32))
+    return _fake_outputs(bank, k_idx, q_idx, chunk_size, snapshot_quant, save_for_backward)
 
 
 def _setup_gated(ctx, inputs, output):

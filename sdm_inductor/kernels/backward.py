@@ -69,6 +69,23 @@ def _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, e_lo, e_hi, hd, width, c
 
 
 @triton.jit
+def _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em):
+    """Pass 3 on one tile of write entries: the partial ``d coef`` and ``Dw . M0w`` sums of
+    this column block; returns the tile's share of ``d delta``."""
+    tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
+    tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
+    return tl.sum(cf[:, :, None] * Dw, axis=1)
+
+
+@triton.jit
+def _dev_tile(pe_ptr, off, rows, ents, em, dr0, dyt, W: tl.constexpr):
+    """Pass 4 on one tile of entries: the partial ``d ev`` (``d r0`` for writes, ``dy`` for
+    reads, against the chunk-start rows) of this column block."""
+    vec = tl.where((ents < W)[None, :, None], dr0[:, None, :], dyt[:, None, :])
+    tl.store(pe_ptr + off, tl.sum(vec * rows, axis=2), mask=em)
+
+
+@triton.jit
 def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
                 dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, CE: tl.constexpr, NG: tl.constexpr,
                 KW: tl.constexpr, BD: tl.constexpr):
@@ -217,9 +234,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                  other=-1)
                     po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
-                    tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
-                    tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
-                    dd += tl.sum(cf[:, :, None] * Dw, axis=1)
+                    dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
                     rows = rows_n
                     ents = ents_n
                     em = em_n
@@ -234,9 +249,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                                  other=0.0).to(tl.float32)
                     cf = tl.load(coef_ptr + off, mask=em, other=0.0)
                     po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
-                    tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
-                    tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
-                    dd += tl.sum(cf[:, :, None] * Dw, axis=1)
+                    dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
             for k0 in range(0, C, TB):
                 ks = k0 + tl.arange(0, TB)
                 km = ks < C
@@ -294,9 +307,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                 for e0 in range(0, E, EW):
                     rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
                                                        0, E, hd, width, cols, cm, E, EW, QMODE)
-                    vec = tl.where((ents < W)[None, :, None], dr0[:, None, :], dyt[:, None, :])
-                    tl.store(pe_ptr + (part + b) * C * E + toks[:, None] * E + ents[None, :],
-                             tl.sum(vec * rows, axis=2), mask=em)
+                    _dev_tile(pe_ptr, (part + b) * C * E + toks[:, None] * E + ents[None, :], rows,
+                              ents, em, dr0, dyt, W)
                     rows = rows_n
                     ents = ents_n
                     em = em_n
@@ -304,9 +316,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                 for e0 in range(0, E, EW):
                     rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, E, hd,
                                                  width, cols, cm, E, EW, QMODE)
-                    vec = tl.where((ents < W)[None, :, None], dr0[:, None, :], dyt[:, None, :])
-                    tl.store(pe_ptr + (part + b) * C * E + toks[:, None] * E + ents[None, :],
-                             tl.sum(vec * rows, axis=2), mask=em)
+                    _dev_tile(pe_ptr, (part + b) * C * E + toks[:, None] * E + ents[None, :], rows,
+                              ents, em, dr0, dyt, W)
         tl.debug_barrier()
         # 5: dB at the chunk start, each distinct touched slot once (lane = group start)
         gb = b.to(tl.int64) * C * E
