@@ -24,8 +24,10 @@ from bench_cuda import CONFIGS, make_inputs as cuda_inputs  # noqa: E402
 import sdm_inductor  # noqa: E402,F401
 from sdm_inductor.kernels import host  # noqa: E402
 
-SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16, AHEAD_BWD=0)
-NEW = dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, EW=16, AHEAD_BWD=1)
+SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16, AHEAD_BWD=0,
+                BWD_WINDOWS=1)
+NEW = dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, EW=16, AHEAD_BWD=1,
+           BWD_WINDOWS=4)
 VARIANTS = [
     ("session 2 kernels", SESSION2),
     ("inline members (KW=4), rows + headers ahead, bwd rows ahead", NEW),
@@ -34,6 +36,7 @@ VARIANTS = [
     ("  ... no rows ahead (fwd or bwd)", dict(NEW, ROWS_AHEAD=0, AHEAD_BWD=0)),
     ("  ... no headers ahead", dict(NEW, HEAD_AHEAD=0)),
     ("  ... bwd saved-row tiles EW_BWD=4", dict(NEW, EW_BWD=4)),
+    ("  ... backward in one window (BWD_WINDOWS=1)", dict(NEW, BWD_WINDOWS=1)),
     ("session 2 + pipeliner GATHER_STAGES=3", dict(SESSION2, GATHER_STAGES=3)),
 ]
 

@@ -193,10 +193,11 @@ def case_column_walk():
     # several write tiles with the next one's headers prefetched; the backward's saved rows
     # one tile ahead over several tiles
     host.CONFIG.update(ROWS_AHEAD=1, KW=2, HEAD_AHEAD=1, EW=2, NG=16, TB=64, KW_BWD=2, NG_BWD=16,
-                       AHEAD_BWD=1, EW_BWD=2)
+                       AHEAD_BWD=1, EW_BWD=2, BWD_WINDOWS=2)   # 3 chunks: windows of 2 and 1
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=19), 16)
-    host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512, AHEAD_BWD=0)   # session 2's kernels
+    host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512, AHEAD_BWD=0,
+                       BWD_WINDOWS=1)   # session 2's kernels
     _train(make_inputs(P=1, T=40, W=3, R=2, hd=16, slots_per_stream=12, repeats=True, seed=20), 16)
     host.CONFIG.update(GATHER_STAGES=3, EW=2)   # the gather loop left to Triton's pipeliner
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,

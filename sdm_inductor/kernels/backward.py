@@ -136,16 +136,18 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
     tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
 
 
-@triton.jit(do_not_specialize=["P", "T", "NC", "B"])
+@triton.jit(do_not_specialize=["P", "T", "NC", "B", "C_LO", "N_WIN", "NCW"])
 def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
                     X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
                     dv_ptr, pe_ptr, pc_ptr, pm_ptr, pb_ptr, pqk_ptr, pl_ptr, scratch_ptr,
-                    P, T, hd, width, NC, B,
+                    P, T, hd, width, NC, B, C_LO, N_WIN, NCW,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                     QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1,
                     AHEAD: tl.constexpr = 0):
+    # one window of chunks, [C_LO, C_LO + N_WIN), in reverse; the partial sums hold NCW
+    # chunks per stream (the window), indexed by the chunk's place in the window
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -157,11 +159,12 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
     scr_d = scr + CP * BD            # delta
     scr_dd = scr + 2 * CP * BD       # d delta
     scr_dr = scr + 3 * CP * BD       # d r0
-    part = cb.to(tl.int64) * B       # this program's slice of the partial sums
+    part = cb.to(tl.int64) * B       # this program's slice of the partial sums (B = P * NCW)
     cc = 0
-    while cc < NC:  # chunks in reverse; runtime trip count
-        c = NC - 1 - cc
+    while cc < N_WIN:  # chunks in reverse; runtime trip count
+        c = C_LO + N_WIN - 1 - cc
         b = p * NC + c
+        bw = p * NCW + (c - C_LO)        # the chunk's row of the window's partial sums
         seg = b.to(tl.int64) * C * E
         sv = (c * P + p).to(tl.int64) * C
         mat = b.to(tl.int64) * C * C
@@ -233,7 +236,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                                                        0, W, hd, width, cols, cm, E, EW, QMODE)
                     sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                  other=-1)
-                    po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
+                    po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
                     dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
                     rows = rows_n
                     ents = ents_n
@@ -248,7 +251,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                                  mask=(sl >= 0)[:, :, None] & cm[None, None, :],
                                  other=0.0).to(tl.float32)
                     cf = tl.load(coef_ptr + off, mask=em, other=0.0)
-                    po = (part + b) * C * W + toks[:, None] * W + ents[None, :]
+                    po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
                     dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
             for k0 in range(0, C, TB):
                 ks = k0 + tl.arange(0, TB)
@@ -266,7 +269,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                               mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
                 g = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
                 g = tl.where(ks[None, :] <= toks[:, None], g, 0.0)
-                tl.store(pqk_ptr + (part + b) * C * C + toks[:, None] * C + ks[None, :], g,
+                tl.store(pqk_ptr + (part + bw) * C * C + toks[:, None] * C + ks[None, :], g,
                          mask=tm[:, None] & km[None, :])
             tl.store(scr_dd + toks[:, None] * BD + sc[None, :], dd, mask=tm[:, None])
         tl.debug_barrier()
@@ -290,10 +293,10 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                 dlk = tl.load(scr_d + ks[:, None] * BD + sc[None, :], mask=km[:, None], other=0.0)
                 g = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
                 g = tl.where(ks[None, :] < toks[:, None], g, 0.0)
-                tl.store(pl_ptr + (part + b) * C * C + toks[:, None] * C + ks[None, :], g,
+                tl.store(pl_ptr + (part + bw) * C * C + toks[:, None] * C + ks[None, :], g,
                          mask=tm[:, None] & km[None, :])
             vmr = tl.load(scr_vmr + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
-            tl.store(pb_ptr + (part + b) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
+            tl.store(pb_ptr + (part + bw) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
             bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
             tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                      bt[:, None] * du, mask=tv[:, None] & cm[None, :])
@@ -307,7 +310,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                 for e0 in range(0, E, EW):
                     rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
                                                        0, E, hd, width, cols, cm, E, EW, QMODE)
-                    _dev_tile(pe_ptr, (part + b) * C * E + toks[:, None] * E + ents[None, :], rows,
+                    _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
                     rows = rows_n
                     ents = ents_n
@@ -316,7 +319,7 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                 for e0 in range(0, E, EW):
                     rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, E, hd,
                                                  width, cols, cm, E, EW, QMODE)
-                    _dev_tile(pe_ptr, (part + b) * C * E + toks[:, None] * E + ents[None, :], rows,
+                    _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
         tl.debug_barrier()
         # 5: dB at the chunk start, each distinct touched slot once (lane = group start)
@@ -444,12 +447,18 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     NCB = -(-hd // BD)
     f32 = dict(dtype=torch.float32, device=dev)
     dv = torch.empty(P, T, hd, **f32)
-    pe = torch.empty(NCB, B, C, E, **f32)       # d ev (d r0 . M0w, dy . M0q)
-    pc = torch.empty(NCB, B, C, W, **f32)       # d coef
-    pm = torch.empty(NCB, B, C, W, **f32)       # Dw . M0w
-    pb = torch.empty(NCB, B, C, **f32)          # (v - r0) . du
-    pqk = torch.empty(NCB, B, C, C, **f32)      # dQK
-    pL = torch.empty(NCB, B, C, C, **f32)       # dL
+    # per-column-block partial sums of one window of NCW chunks per stream (a fixed number
+    # of windows, so traced code has no length-dependent loop): their memory is 1/windows
+    # of the whole sequence's, reduced over the column blocks after each window
+    # traced (symbolic T): one window, as padded window slices would put guards on T
+    nwin = config["BWD_WINDOWS"] if isinstance(NC, int) else 1
+    NCW = NC if nwin == 1 else -(-NC // nwin)
+    BW = P * NCW
+    widths = dict(ev=E, coef=W, m=W, b=1, qk=C, L=C)   # d ev (d r0 . M0w, dy . M0q), d coef,
+    # Dw . M0w, (v - r0) . du, dQK, dL
+    parts = {k: torch.empty(NCB, BW, C, n, **f32) for k, n in widths.items()}
+    # the reduced sums, padded to whole windows so every window's slice has one width
+    sums = {k: torch.empty(P, nwin * NCW, C, n, **f32) for k, n in widths.items()}
     scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
     qmode = _QMODE[snapshot_quant]
     rows = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
@@ -458,23 +467,31 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     scales = saved_scales if saved_scales.numel() else torch.empty(1, **f32)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
     gr = entry_groups(pl)
-    launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, gr.slot,
-           gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK, pl.beta, v, dy, dv, pe, pc, pm, pb, pqk, pL,
-           scratch, P, T, hd, saved_rows.shape[-1], NC, B, C=C, W=W, R=R, BD=BD,
-           TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP, QMODE=qmode,
-           PREC=prec, KW=config["KW_BWD"], AHEAD=config["AHEAD_BWD"],
-           num_warps=config["WARPS_BWD"])
-
-    # cross-column sums, in a fixed order
-    dL = pL.sum(0)
-    dQK = pqk.sum(0)
+    for w in range(nwin - 1, -1, -1):   # windows last to first: the chunks in reverse
+        c_lo = w * NCW
+        n_win = NC if nwin == 1 else max(0, min(NCW, NC - c_lo))
+        launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, gr.slot,
+               gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK, pl.beta, v, dy, dv,
+               parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
+               scratch, P, T, hd, saved_rows.shape[-1], NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
+               BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
+               QMODE=qmode, PREC=prec, KW=config["KW_BWD"], AHEAD=config["AHEAD_BWD"],
+               num_warps=config["WARPS_BWD"])
+        # cross-column sums of the window, in a fixed order (rows past the window's chunks
+        # land in the padding)
+        for k, part in parts.items():
+            sums[k][:, c_lo:c_lo + NCW] = part.sum(0).view(P, NCW, C, -1)
+    sums = {k: (x if nwin == 1 else x.narrow(1, 0, NC)).reshape(B, C, n)
+            for (k, x), n in zip(sums.items(), widths.values())}
+    dL = sums["L"]
+    dQK = sums["qk"]
     dA = pl.beta[:, :, None] * dL
-    dbeta = (pl.A * dL).sum(-1) + pb.sum(0)
-    dev_ = pe.sum(0)
-    dcoef = pc.sum(0)
+    dbeta = (pl.A * dL).sum(-1) + sums["b"].view(B, C)
+    dev_ = sums["ev"]
+    dcoef = sums["coef"]
     lead = pl.perm.long().gather(1, pl.gs.view(B, C * E).long()) == torch.arange(C * E, device=dev)
     lead = lead.view(B, C, E)[:, :, :W] & (pl.slot.view(B, C, E)[:, :, :W] >= 0)
-    dgd = torch.where(lead, pl.decay.view(B, C, E)[:, :, :W] * pm.sum(0), 0.0)
+    dgd = torch.where(lead, pl.decay.view(B, C, E)[:, :, :W] * sums["m"], 0.0)
 
     dval = torch.empty(B, C, E, **f32)
     dgam = torch.empty(B, C, E, **f32)

@@ -33,11 +33,12 @@ NAME = "cuda-triton-chunked"
 # HEAD_AHEAD: the next gather tile's rows / write tile's headers load during this tile.
 # The kernel measured in session 2: NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0 (and
 # NG_BWD=512, KW_BWD=1, AHEAD_BWD=0). AHEAD_BWD: the backward's next saved-row tile loads
-# while this one is reduced.
+# while this one is reduced. BWD_WINDOWS: the backward runs the chunks in this many
+# launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
-              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1)
+              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
