@@ -503,13 +503,16 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     launch(_gate_grads_kernel, (B * C,), pl.perm, pl.gs, pl.nw, pl.na, dgam, dgend, dgate, C,
            W=W, R=R, WB=min(32, pow2(W)), num_warps=4)
 
-    # back from the dense-key entries to the user's entries; drop padding
+    # back from the dense-key entries to the user's entries; drop padding. The tokens are
+    # selected, not sliced: a [:, :T] view of a padded [P, Tp, ...] tensor is contiguous
+    # exactly when T is a multiple of C, a guard that would recompile a traced graph
     Tp = NC * C
+    tok = torch.arange(T, device=dev)
     dval = dval.view(P, Tp, E)
-    dk = torch.gather(dval[:, :, :W], 2, pl.first.long())[:, :T]
-    dq = dval[:, :T, W:]
-    active = (pl.slot.view(P, Tp, E)[:, :T, :W] >= 0)
-    dgw = dgate.view(P, Tp, W)[:, :T] * active
+    dk = torch.gather(dval[:, :, :W], 2, pl.first.long()).index_select(1, tok)
+    dq = dval[:, :, W:].index_select(1, tok)
+    active = pl.slot.view(P, Tp, E)[:, :, :W].index_select(1, tok) >= 0
+    dgw = dgate.view(P, Tp, W).index_select(1, tok) * active
     dg = dgw if g.shape[2] == W else dgw.sum(-1, keepdim=True)
     return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype),
-            dbeta.view(P, Tp)[:, :T].contiguous(), dg, dq.to(bank_dtype))
+            dbeta.view(P, Tp).index_select(1, tok), dg, dq.to(bank_dtype))
