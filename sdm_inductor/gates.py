@@ -44,11 +44,11 @@ def torch_gates(b_raw: Tensor, a_raw: Tensor, A_log: Tensor, dt_bias: Tensor):
     return beta, g[..., None]
 
 
-def gate_grads(d_beta: Tensor, d_g: Tensor, b_raw: Tensor, a_raw: Tensor, A_log: Tensor,
-               dt_bias: Tensor):
-    """Chain ``(d_beta [P, T], d_g [P, T, 1])`` through the gate formulas: the gradients
-    of ``(b_raw, a_raw, A_log, dt_bias)``, each in its input's layout and dtype."""
-    beta, g = torch_gates(b_raw, a_raw, A_log, dt_bias)
+def gate_grads(d_beta: Tensor, d_g: Tensor, beta: Tensor, g: Tensor, b_raw: Tensor,
+               a_raw: Tensor, A_log: Tensor, dt_bias: Tensor):
+    """Chain ``(d_beta [P, T], d_g [P, T, 1])`` through the gate formulas, given the gates
+    ``(beta, g)`` of ``torch_gates`` (computed once by the caller): the gradients of
+    ``(b_raw, a_raw, A_log, dt_bias)``, each in its input's layout and dtype."""
     g = g[..., 0]
     d_g = d_g[..., 0].float()
     d_b = d_beta.float() * beta * (1 - beta)

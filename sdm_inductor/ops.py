@@ -264,7 +264,8 @@ def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
     d_bank, d_kval, d_v, d_beta, d_g, d_qval = torch.ops.sdm.write_read_backward(
         grad_readings, grad_final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
         chunk_size, snapshot_quant, grad_bank_fp32)
-    d_b, d_a, d_A_log, d_dt_bias = gates.gate_grads(d_beta, d_g, b_raw, a_raw, A_log, dt_bias)
+    d_b, d_a, d_A_log, d_dt_bias = gates.gate_grads(d_beta, d_g, beta, g, b_raw, a_raw, A_log,
+                                                    dt_bias)
     return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_b, d_a, d_A_log,
             d_dt_bias, None, d_qval.to(ctx.dtypes[2]), None, None, None, None, None, None)
 
