@@ -155,12 +155,7 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0
         raise Reject("the old row is scaled by a number or summed in the decay term")
     names = {lw: "w", ld: "d", u: "u"} | ({ls: "s"} if ls is not None else {})
     dparts = _by_axis(_split(d, names), "decay term")
-    a_f = dparts["w"] + dparts[""]
-    if dparts["d"] or len(a_f) > 1:
-        raise Reject("the decay of the written rows is not a single exp(g) per slot or per token")
-    gate = a_f[0] if a_f else None
-    if gate is not None and gate.atom.exp_of is None:
-        raise Reject(f"the written rows are scaled by {gate.atom.node}, not by exp(g)")
+    gate = _exp_gate(dparts, dparts["w"] + dparts[""])
     bparts = _by_axis(_split(b, names), "value term")
     k, v, beta = bparts["w"], bparts["d"], bparts[""]
     if not v:
@@ -257,17 +252,23 @@ def _match_one_slot(vals: Sym, bank_id: int, version: int, idx: Atom, live) -> W
     return WriteRoles(idx, k, gate, beta, b.coef, v, 1, hd, streams=streams)
 
 
-def _one_slot_roles(d, c, b, X, names):
-    """(k, gate, beta) when ``d`` is the decay term and ``c`` the retrieval term."""
-    if d.bound or c.bound or not _close(d.coef, 1.0):
-        raise Reject("the old row is scaled by a number or summed in the decay term")
-    dparts = _by_axis(_split(d, names), "decay term")
-    a_f = dparts[""]
+def _exp_gate(dparts, a_f):
+    """The decay term's single ``exp(g)`` factor (per slot or per token) among the factors
+    ``a_f``, or None (no decay); anything else is rejected."""
     if dparts["d"] or len(a_f) > 1:
         raise Reject("the decay of the written rows is not a single exp(g) per slot or per token")
     gate = a_f[0] if a_f else None
     if gate is not None and gate.atom.exp_of is None:
         raise Reject(f"the written rows are scaled by {gate.atom.node}, not by exp(g)")
+    return gate
+
+
+def _one_slot_roles(d, c, b, X, names):
+    """(k, gate, beta) when ``d`` is the decay term and ``c`` the retrieval term."""
+    if d.bound or c.bound or not _close(d.coef, 1.0):
+        raise Reject("the old row is scaled by a number or summed in the decay term")
+    dparts = _by_axis(_split(d, names), "decay term")
+    gate = _exp_gate(dparts, dparts[""])
     cparts = _by_axis(_split(c, names), "retrieval term")
     if cparts["d"]:
         raise Reject("the retrieval is scaled along the value dim")
