@@ -52,6 +52,7 @@ CASES = [  # (dtype, P, T, W, R, hd, sph, C, kwargs)
     (torch.float32, 1, 100, 6, 5, 24, 128, 48, dict(per_write_gate=True, repeats=True)),
     (torch.bfloat16, 2, 130, 8, 8, 64, 96, 64, dict(per_write_gate=True)),
     (torch.bfloat16, 2, 70, 4, 4, 32, 64, 32, dict(shared_bank=True)),
+    (torch.float32, 3, 9, 8, 6, 40, 64, 64, dict()),   # one chunk (T < C), P > 1
 ]
 
 

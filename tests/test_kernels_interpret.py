@@ -75,6 +75,8 @@ def case_train_fp32():
     ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
                       repeats=True, seed=11)
     _train(ins, 16)
+    # one chunk, P > 1: the windowed backward's sums narrow to a strided view (was a bug)
+    _train(make_inputs(P=3, T=9, W=4, R=3, hd=18, slots_per_stream=24, seed=21), 16)
 
 
 def case_train_bf16_shared():

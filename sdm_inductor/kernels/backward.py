@@ -481,7 +481,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
         # land in the padding)
         for k, part in parts.items():
             sums[k][:, c_lo:c_lo + NCW] = part.sum(0).view(P, NCW, C, -1)
-    sums = {k: (x if nwin == 1 else x.narrow(1, 0, NC)).reshape(B, C, n)
+    # contiguous: with one chunk (T <= C) the narrowed [P, 1, C, n] reshapes to a strided
+    # view, and the kernels below index these sums as dense [B, C, n]
+    sums = {k: (x if nwin == 1 else x.narrow(1, 0, NC)).reshape(B, C, n).contiguous()
             for (k, x), n in zip(sums.items(), widths.values())}
     dL = sums["L"]
     dQK = sums["qk"]
