@@ -77,8 +77,10 @@ def floors(ins, C, bw):
     touched = torch.unique(torch.cat([(seg * S + k_idx).reshape(-1),
                                       (seg * S + q_idx).reshape(-1)])).numel()
     fwd = (2 * written + P * T * R) * hd * es
-    saved = P * T * (W + R) * hd * es
-    bwd = saved + 2 * touched * hd * es
+    saved = written * hd * es   # the undo log: one row per distinct written row and chunk
+    # the backward reads the log and restores those rows, gathers every touched row and
+    # rewrites dB's
+    bwd = 2 * saved + 2 * touched * hd * es
     to_ms = lambda b: b / bw * 1e3
     return dict(fwd=to_ms(fwd), train=to_ms(fwd + saved), fwdbwd=to_ms(fwd + saved + bwd),
                 distinct_written_rows=written)
@@ -97,7 +99,7 @@ def run_config(name, C, bw, quick=False, mode="none"):
 
     def fwdbwd():
         y, M, rows, scales = torch.ops.sdm.triton_write_read(bank, *rest, C, mode, True)
-        return torch.ops.sdm.triton_write_read_backward(dy, dM, rows, scales, *rest, C, mode,
+        return torch.ops.sdm.triton_write_read_backward(dy, dM, M, rows, scales, *rest, C, mode,
                                                         False)
 
     fb = bench(fwdbwd, rep=200 if quick else 400)

@@ -103,7 +103,7 @@ def main():
         outs = [y, work.clone()]
         w2 = bank.clone()
         _, rows, scales = host.forward(w2, *rest, C, "none", True)
-        outs += list(host.backward(dy, dM, rows, scales, *rest, C, "none", False))
+        outs += list(host.backward(dy, dM, w2, rows, scales, *rest, C, "none", False))
         del rows, scales
         errs = "-" if ref is None else " / ".join(
             f"{rel(o, r):.1e}" for o, r in zip(outs[:2], ref[:2])) + \
@@ -114,7 +114,7 @@ def main():
 
         def fwdbwd():
             _, rw, sc = host.forward(w2, *rest, C, "none", True)
-            return host.backward(dy, dM, rw, sc, *rest, C, "none", False)
+            return host.backward(dy, dM, w2, rw, sc, *rest, C, "none", False)
         fb = timed(fwdbwd, dev, 300)
         print(f"| {i}: {name} | {fwd:.2f} | {fb:.2f} | {errs} |", flush=True)
     host.CONFIG.clear()

@@ -6,8 +6,8 @@ streams: per-slot cumulative log-decays, the Gram matrices ``A`` and ``QK`` by
 sparse intersection, and the grouping of each chunk's written slots. Phase 2 walks
 the chunks in order: gather the chunk's starting rows, solve, read, and write every
 distinct touched row exactly once. The backward recomputes Phase 1 per block and
-walks the chunks in reverse with the rows saved (optionally quantized) by the
-forward.
+walks the chunks in reverse on a copy of the final bank, putting back each chunk's
+written rows from the undo log (optionally quantized) that the forward saved.
 
 Sparse intersections are enumerated as *pairs* of entries with equal keys, where the
 key of an entry is ``segment * (S + C*W) + slot``: entries of different segments
@@ -76,6 +76,7 @@ class _Block:
     rep_row: Tensor  # [n_groups] the same entry's row in the chunk's gathered rows
     slot: Tensor     # [n_groups] bank row of each group
     decay: Tensor    # [n_groups] exp(gend) of each group
+    log_pos: Tensor  # [n_groups] the group's undo-log row in the block: segment * C*W + rank
     chunk_groups: list  # group range of chunk c: [chunk_groups[c], chunk_groups[c + 1])
 
 
@@ -149,6 +150,11 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     rep = order.index_select(0, group_start[:n_real])  # stable sort: first entry of each group
     group_chunk = torch.repeat_interleave(torch.arange(n_chunks, device=dev), counts)
     rep_local = rep - group_chunk * (P * C * W)
+    # undo-log row of each group: its rank among its segment's groups (slot order)
+    group_seg = torch.div(group_keys[:n_real], S, rounding_mode="floor")
+    seg_first = torch.searchsorted(group_keys[:n_real], torch.arange(B, device=dev) * S)
+    log_pos = group_seg * (C * W) + torch.arange(n_real, device=dev) - seg_first.index_select(
+        0, group_seg)
     gam3, gend3, gamq3 = gam.view(B, C, W), gend.view(B, C, W), gamq.view(B, C, R)
     ek, eq = k * torch.exp(gam3), q * torch.exp(gamq3)
     return _Block(
@@ -156,7 +162,8 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
         gam3, gend3, gamq3, ek, eq, k * torch.exp(gend3 - gam3), _mix(beta, ek, eq),
         A, QK, X, ww, rw, gid, rep_local,
         torch.div(rep_local, W, rounding_mode="floor") * (W + R) + rep_local % W,
-        kidx.reshape(-1).index_select(0, rep), torch.exp(gend.index_select(0, rep)), bounds)
+        kidx.reshape(-1).index_select(0, rep), torch.exp(gend.index_select(0, rep)), log_pos,
+        bounds)
 
 
 def _mix(beta: Tensor, ek: Tensor, eq: Tensor) -> Tensor:
@@ -225,24 +232,35 @@ def _groups(blk: _Block, c: int, P: int):
             blk.decay[g0:g1], g1 - g0)
 
 
+def _log_rows(blk: _Block, c: int, c0: int, P: int) -> Tensor:
+    """Flat undo-log positions of chunk c's distinct written rows (block starting at c0)."""
+    C, W = blk.k.shape[1:]
+    g0, g1 = blk.chunk_groups[c], blk.chunk_groups[c + 1]
+    return c0 * P * C * W + blk.log_pos[g0:g1]
+
+
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
             snapshot_quant: str, save: bool):
-    """Advance ``bank`` in place; return (readings [P,T,hd], saved rows, saved scales)."""
+    """Advance ``bank`` in place; return (readings [P,T,hd], saved rows, saved scales).
+
+    The saved rows are the undo log (``quant.UndoLog``): the chunk-start value of each
+    distinct row a chunk writes, which is the old row its write pass reads anyway."""
     S, hd = bank.shape
     inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
     P, T, W, R, C = inp.P, inp.T, inp.W, inp.R, inp.C
     readings = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
-    store = quant.SnapshotStore(inp.n_chunks * P * C, W + R, hd, bank.dtype,
-                                snapshot_quant, bank.device, enabled=save)
+    store = quant.UndoLog(inp.n_chunks * P * C, W, hd, bank.dtype, snapshot_quant,
+                          bank.device, enabled=save)
     if T == 0:
         return readings, *store.tensors()
     for c0 in inp.blocks():
         blk = inp.block(c0)
         for c in range(blk.n_seg // P):
             s = slice(c * P, (c + 1) * P)
-            rows = bank.index_select(0, blk.rows_idx[s].reshape(-1))
-            store.put((c0 + c) * P * C, rows.view(P * C, W + R, hd))
-            rows = rows.view(P * C, W + R, hd).float()
+            rows = bank.index_select(0, blk.rows_idx[s].reshape(-1)).view(P * C, W + R, hd)
+            gid, _, rep_row, slot, decay, n_groups = _groups(blk, c, P)
+            store.put(_log_rows(blk, c, c0, P), rows.view(-1, hd).index_select(0, rep_row))
+            rows = rows.float()
             # one batched matmul gives beta * r0 and the readings' inter-chunk part
             r0b, inter = torch.bmm(blk.mix[s].reshape(P * C, 2, W + R), rows).view(
                 P, C, 2, hd).unbind(2)
@@ -252,7 +270,6 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
             n = min(C, T - t0)
             readings[:, t0:t0 + n] = y[:, :n]
             # M_end of each distinct written row, written exactly once
-            gid, _, rep_row, slot, decay, n_groups = _groups(blk, c, P)
             contrib = (blk.coef[s][..., None] * delta[:, :, None, :]).reshape(-1, hd)
             acc = torch.zeros(n_groups + 1, hd, device=bank.device).index_add_(0, gid, contrib)
             new = decay[:, None] * rows.view(-1, hd).index_select(0, rep_row) + acc[:n_groups]
@@ -260,17 +277,22 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     return readings, *store.tensors()
 
 
-def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, saved_scales: Tensor,
-             k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int, snapshot_quant: str,
-             grad_bank_fp32: bool):
-    """Gradients (bank, k_val, v, beta, g, q_val) by walking the chunks in reverse."""
+def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, saved_rows: Tensor,
+             saved_scales: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
+             snapshot_quant: str, grad_bank_fp32: bool):
+    """Gradients (bank, k_val, v, beta, g, q_val) by walking the chunks in reverse.
+
+    The chunk-start bank is rebuilt on a copy of ``final_bank``: before chunk c, its
+    written rows get their chunk-start values back from the undo log; every other row
+    already holds its value at the start of chunk c."""
     S, hd = grad_final.shape
     bank_dtype = grad_final.dtype
     inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
     P, T, W, R, C = inp.P, inp.T, inp.W, inp.R, inp.C
     acc_dtype = torch.float32 if (grad_bank_fp32 or bank_dtype == torch.float32) else bank_dtype
     dB = grad_final.to(acc_dtype, copy=True)
-    store = quant.SnapshotStore.from_tensors(saved_rows, saved_scales, W + R, hd, snapshot_quant)
+    store = quant.UndoLog.from_tensors(saved_rows, saved_scales, hd, snapshot_quant)
+    work = final_bank.clone()
     dk_val = torch.zeros(P, T, W)
     dv = torch.zeros(P, T, hd)
     dbeta = torch.zeros(P, T)
@@ -289,7 +311,10 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
             n = min(C, T - t0)
             dy = torch.zeros(P, C, hd)
             dy[:, :n] = dy_all[:, t0:t0 + n]
-            rows = store.get((c0 + c) * P * C, P * C).view(P, C, W + R, hd)
+            slot = _groups(blk, c, P)[3]
+            work.index_copy_(0, slot, store.get(_log_rows(blk, c, c0, P)).to(work.dtype))
+            s = slice(c * P, (c + 1) * P)
+            rows = work.index_select(0, blk.rows_idx[s].reshape(-1)).float().view(P, C, W + R, hd)
             _chunk_backward(blk, c, P, rows, dy, dB, grads)
         dk, dq, dgw = _pair_backward(blk, grads)
         # back from the dense-key entries to the user's entries

@@ -90,7 +90,8 @@ _sdm = torch.ops.sdm
 
 # Tensor dim holding the bank columns (hd) of each tensor argument / output, for the
 # "columns" mode; tensors not listed are Replicate there (their gradients Partial).
-_COLUMN_DIM = {"bank": 1, "grad_final": 1, "v": 2, "grad_readings": 2, "saved_rows": 2}
+_COLUMN_DIM = {"bank": 1, "grad_final": 1, "final_bank": 1, "v": 2, "grad_readings": 2,
+               "saved_rows": 2}
 
 # Outputs of each op: (name, column dim, or "partial" for a gradient summed over columns,
 # or None for Replicate) in "columns" mode.
@@ -106,7 +107,7 @@ _ANCHOR = {"write_read": ("bank", True), "write_read_": ("bank", False),
            "write_read_backward": ("saved_rows", False)}
 
 # Tensors with the bank's rows on dim 0 (the others have streams on dim 0).
-_BANK_ROWS = {"bank", "grad_final"}
+_BANK_ROWS = {"bank", "grad_final", "final_bank"}
 
 
 # ---------------------------------------------------------------- mode choice

@@ -3,9 +3,10 @@
 Ops (canonical layout of ``reference.py``: ``[P, T, *]`` inputs, global bank rows):
 
 - ``sdm::write_read``: functional. ``(readings, final_bank, saved_rows, saved_scales)``;
-  the last two are what the backward keeps (the chunk-start rows, stored per
-  ``snapshot_quant``), empty when ``save_for_backward`` is False, like the
-  logsumexp output of ``aten::_scaled_dot_product_flash_attention``.
+  the last two are what the backward keeps besides the final bank: the undo log (the
+  chunk-start value of each distinct row each chunk writes, ``[NC * P * C, W, width]``,
+  stored per ``snapshot_quant``; ``quant.UndoLog``), empty when ``save_for_backward``
+  is False, like the logsumexp output of ``aten::_scaled_dot_product_flash_attention``.
 - ``sdm::write_read_``: advances the bank in place and returns the readings; saves
   nothing (the no-grad path).
 - ``sdm::write_read_gated``: ``write_read`` with the gate prologue inside: raw gate
@@ -14,7 +15,8 @@ Ops (canonical layout of ``reference.py``: ``[P, T, *]`` inputs, global bank row
   ``g = -exp(A_log) * softplus(a + dt_bias)`` (``gates.py``). On CUDA the prep kernel of
   Phase 1 computes them; the backward recomputes them with torch ops and chains the
   gradients of ``write_read_backward`` through them.
-- ``sdm::write_read_backward``: gradients for (bank, k_val, v, beta, g, q_val).
+- ``sdm::write_read_backward``: gradients for (bank, k_val, v, beta, g, q_val), from the
+  final bank and the undo log (it rebuilds each chunk's start state in reverse).
 - ``sdm::split_heads`` / ``sdm::merge_heads`` / ``sdm::expand_bank``: layout helpers.
 
 Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), CUDA by
@@ -117,9 +119,10 @@ def _saved_shapes(bank: Tensor, k_idx: Tensor, q_idx: Tensor, chunk_size: int,
     R = q_idx.shape[2]
     hd = bank.shape[1]
     dtype, width, scaled = quant.storage(snapshot_quant, bank.dtype, hd)
+    # segments x C: never 1, so traced code gets no size-1 guard on a symbolic length
     n = ((T + chunk_size - 1) // chunk_size) * P * chunk_size if save else 0
-    rows = (n, W + R, width)
-    return rows, dtype, ((n, W + R) if scaled and save else (0,))
+    rows = (n, W, width)
+    return rows, dtype, ((n, W) if scaled and save else (0,))
 
 
 # ---------------------------------------------------------------- write_read (functional)
@@ -162,15 +165,15 @@ def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_str
 def _setup_context(ctx, inputs, output):
     (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream, shared_bank,
      snapshot_quant, grad_bank_fp32, save) = inputs
-    _, _, rows, scales = output
-    ctx.save_for_backward(rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val)
+    _, final, rows, scales = output
+    ctx.save_for_backward(final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, beta.dtype, g.dtype, q_val.dtype)
     ctx.set_materialize_grads(True)
 
 
 def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
-    rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val = ctx.saved_tensors
+    final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val = ctx.saved_tensors
     chunk_size, snapshot_quant, grad_bank_fp32, save = ctx.options
     if not save:
         raise RuntimeError(
@@ -178,7 +181,7 @@ def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             "backward; call it with save_for_backward=True (sdm_inductor.sdm_write_read does this "
             "whenever a gradient is needed)")
     grads = torch.ops.sdm.write_read_backward(
-        grad_readings, grad_final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
+        grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
         chunk_size, snapshot_quant, grad_bank_fp32)
     d_bank, d_kval, d_v, d_beta, d_g, d_qval = grads
     return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_beta.to(ctx.dtypes[2]),
@@ -243,16 +246,17 @@ def _(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_s
 def _setup_gated(ctx, inputs, output):
     (bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
      slots_per_stream, shared_bank, snapshot_quant, grad_bank_fp32, save) = inputs
-    _, _, rows, scales = output
-    ctx.save_for_backward(rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx,
-                          q_val)
+    _, final, rows, scales = output
+    ctx.save_for_backward(final, rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias,
+                          q_idx, q_val)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, q_val.dtype)
     ctx.set_materialize_grads(True)
 
 
 def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
-    rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val = ctx.saved_tensors
+    (final, rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx,
+     q_val) = ctx.saved_tensors
     chunk_size, snapshot_quant, grad_bank_fp32, save = ctx.options
     if not save:
         raise RuntimeError(
@@ -262,8 +266,8 @@ def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
     # the gates again, with torch ops (the forward computed them inside the kernel)
     beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
     d_bank, d_kval, d_v, d_beta, d_g, d_qval = torch.ops.sdm.write_read_backward(
-        grad_readings, grad_final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
-        chunk_size, snapshot_quant, grad_bank_fp32)
+        grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
+        q_val, chunk_size, snapshot_quant, grad_bank_fp32)
     d_b, d_a, d_A_log, d_dt_bias = gates.gate_grads(d_beta, d_g, beta, g, b_raw, a_raw, A_log,
                                                     dt_bias)
     return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_b, d_a, d_A_log,
@@ -276,22 +280,23 @@ write_read_gated.register_autograd(_backward_gated, setup_context=_setup_gated)
 # ---------------------------------------------------------------- backward op
 
 @torch.library.custom_op("sdm::write_read_backward", mutates_args=())
-def write_read_backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor,
-                        saved_scales: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor,
+def write_read_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor,
+                        saved_rows: Tensor, saved_scales: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor,
                         beta: Tensor, g: Tensor, q_idx: Tensor, q_val: Tensor, chunk_size: int,
                         snapshot_quant: str, grad_bank_fp32: bool
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (bank, k_val, v, beta, g, q_val) of sdm::write_read."""
+    """Gradients (bank, k_val, v, beta, g, q_val) of sdm::write_read (``final_bank``: its
+    final bank output; ``saved_rows`` / ``saved_scales``: its undo log)."""
     dtype = grad_final.dtype
     return _impl(grad_final).backward(
-        grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val.to(dtype),
+        grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val.to(dtype),
         v.to(dtype), beta.float(), g.float(), q_idx, q_val.to(dtype), chunk_size, snapshot_quant,
         grad_bank_fp32)
 
 
 @write_read_backward.register_fake
-def _(grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g, q_idx, q_val,
-      chunk_size, snapshot_quant, grad_bank_fp32):
+def _(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v, beta, g,
+      q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32):
     dt = grad_final.dtype
     return (torch.empty_like(grad_final), k_val.new_empty(k_val.shape, dtype=dt),
             v.new_empty(v.shape, dtype=dt), torch.empty_like(beta, dtype=torch.float32),

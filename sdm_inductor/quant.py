@@ -1,4 +1,4 @@
-"""Storage of what the backward keeps of the touched rows (``snapshot_quant``).
+"""Storage of what the backward keeps of the written rows (``snapshot_quant``).
 
 "none": the bank's dtype. "bf16": bfloat16. "fp8": float8 e4m3 with one fp32 scale
 per row, kept as its bytes (uint8) so that the op's outputs support ordinary tensor ops. "int4": two signed 4-bit values per byte with one fp32 scale per row.
@@ -57,36 +57,44 @@ def dequantize(stored: Tensor, scales: Tensor | None, mode: str, hd: int) -> Ten
     return (n - 8).float() * scales[..., None]
 
 
-class SnapshotStore:
-    """Saved chunk-start rows of a whole call: ``n`` positions of ``[slots, hd]`` rows."""
+class UndoLog:
+    """What the backward keeps of a call: the chunk-start value of each row a chunk
+    writes (its *undo log*), stored per ``mode``. Layout ``[n_seg * C, W, width]``, i.e.
+    ``C * W`` rows per segment (segment = chunk * P + stream, chunk-major): segment
+    ``b``'s distinct written rows in slot order at flat rows ``b * C * W + [0, n_b)``;
+    rows past ``n_b`` are unspecified and never read. With the final bank this restores
+    every chunk's start state in reverse."""
 
-    def __init__(self, n: int, slots: int, hd: int, bank_dtype, mode: str, device, enabled: bool):
+    def __init__(self, n: int, W: int, hd: int, bank_dtype, mode: str, device, enabled: bool):
         dtype, width, scaled = storage(mode, bank_dtype, hd)
         self.mode, self.hd, self.bank_dtype = mode, hd, bank_dtype
-        shape = (n, slots, width) if enabled else (0, slots, width)
-        self.rows = torch.empty(shape, dtype=dtype, device=device)
-        self.scales = torch.empty(shape[:2] if (scaled and enabled) else (0,),
-                                  dtype=torch.float32, device=device)
+        shape = (n if enabled else 0, W, width)
+        self.rows = torch.zeros(shape, dtype=dtype, device=device)
+        self.scales = torch.ones(shape[:2] if (scaled and enabled) else (0,),
+                                 dtype=torch.float32, device=device)
         self.enabled = enabled
 
     @classmethod
-    def from_tensors(cls, rows: Tensor, scales: Tensor, slots: int, hd: int, mode: str):
+    def from_tensors(cls, rows: Tensor, scales: Tensor, hd: int, mode: str):
         self = cls.__new__(cls)
         self.rows, self.scales, self.mode, self.hd = rows, scales, mode, hd
         self.enabled = True
         return self
 
-    def put(self, start: int, rows: Tensor):
+    def put(self, pos: Tensor, rows: Tensor):
+        """Store ``rows [n, hd]`` at flat log positions ``pos [n]``."""
         if not self.enabled:
             return
         q, s = quantize(rows, self.mode, self.bank_dtype)
-        self.rows[start:start + rows.shape[0]] = q
+        self.rows.view(-1, self.rows.shape[-1]).index_copy_(0, pos, q)
         if s is not None:
-            self.scales[start:start + rows.shape[0]] = s
+            self.scales.view(-1).index_copy_(0, pos, s)
 
-    def get(self, start: int, n: int) -> Tensor:
-        s = self.scales[start:start + n] if self.scales.numel() else None
-        return dequantize(self.rows[start:start + n], s, self.mode, self.hd)
+    def get(self, pos: Tensor) -> Tensor:
+        """The rows at flat positions ``pos``, dequantized (fp32)."""
+        s = self.scales.view(-1).index_select(0, pos) if self.scales.numel() else None
+        return dequantize(self.rows.view(-1, self.rows.shape[-1]).index_select(0, pos), s,
+                          self.mode, self.hd)
 
     def tensors(self):
         return self.rows, self.scales

@@ -6,7 +6,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["SDMInputs", "make_inputs", "rel_err", "reference_outputs", "FLOAT_INPUTS"]
+__all__ = ["SDMInputs", "make_inputs", "rel_err", "reference_outputs", "FLOAT_INPUTS",
+           "undo_log_rows_used"]
 
 # positions of the differentiable inputs in SDMInputs
 FLOAT_INPUTS = (0, 2, 3, 4, 5, 7)
@@ -120,3 +121,16 @@ def aoti_runtime_failure(device: str) -> str | None:
             f"torch {torch.__version__} cannot load even a plain nn.Linear AOTInductor package "
             f"on {device} in a fresh process (exit {res.returncode}): a toolchain defect")
     return _AOTI_CONTROL[device]
+
+
+def undo_log_rows_used(k_idx: Tensor, C: int) -> Tensor:
+    """Mask ``[NC * P * C, W]`` of the undo-log rows a saving call fills (the rest of
+    ``saved_rows`` is unspecified): segment (chunk c, stream p) holds as many rows as
+    its chunk writes distinct slots (indices in range assumed)."""
+    P, T, W = k_idx.shape
+    NC = -(-T // C)
+    used = torch.zeros(NC * P, C * W, dtype=torch.bool)
+    for c in range(NC):
+        for p in range(P):
+            used[c * P + p, :k_idx[p, c * C:(c + 1) * C].unique().numel()] = True
+    return used.view(NC * P * C, W).to(k_idx.device)

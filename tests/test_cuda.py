@@ -172,7 +172,7 @@ def test_cuda_graph_capture_and_no_recompile():
     def call(ins, C=64):
         y, M, rows, scales = torch.ops.sdm.triton_write_read(*ins, C, "none", True)
         grads = torch.ops.sdm.triton_write_read_backward(
-            torch.ones_like(y), torch.ones_like(M), rows, scales, *ins[1:], C, "none", False)
+            torch.ones_like(y), torch.ones_like(M), M, rows, scales, *ins[1:], C, "none", False)
         return y, M, grads
 
     ins = _inputs(torch.bfloat16, P=2, T=100, W=8, R=8, hd=64, slots_per_stream=64)

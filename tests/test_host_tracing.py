@@ -28,14 +28,15 @@ def _forward(bank, *rest):
     return host.forward_once(bank, *rest, C, "none", True)
 
 
-def _backward(dy, dM, rows, scales, *rest):
-    return host.backward(dy, dM, rows, scales, *rest, C, "none", False)
+def _backward(dy, dM, final, rows, scales, *rest):
+    return host.backward(dy, dM, final, rows, scales, *rest, C, "none", False)
 
 
 def _backward_args(T):
     bank, *rest = _inputs(T)
-    rows = torch.randn(-(-T // C) * 2 * C, 7, bank.shape[1])
-    return (torch.randn(2, T, bank.shape[1]), torch.randn_like(bank), rows, torch.empty(0), *rest)
+    log = torch.randn(-(-T // C) * 2 * C, 4, bank.shape[1])   # the undo log, W = 4
+    return (torch.randn(2, T, bank.shape[1]), torch.randn_like(bank), bank, log, torch.empty(0),
+            *rest)
 
 
 @pytest.mark.parametrize("which", ["forward", "backward"])

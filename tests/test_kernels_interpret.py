@@ -63,7 +63,7 @@ def _train(ins, C, mode="none", tol=1e-5, grad_bank_fp32=False):
     y, rows, scales = host.forward(bank, *args, C, mode, True)
     _check("readings", y, y_ref, tol)
     _check("final bank", bank, M_ref, tol)
-    grads = host.backward(dy, dM, rows, scales, *args, C, mode, grad_bank_fp32)
+    grads = host.backward(dy, dM, bank, rows, scales, *args, C, mode, grad_bank_fp32)
     for n, g, r in zip(NAMES, grads, g_ref):
         _check("grad " + n, g, r, tol)
     return rows, scales, grads, args, dy, dM
@@ -89,12 +89,12 @@ def case_train_bf16_shared():
 
 
 def case_snapshots():
-    """fp8 / int4 / bf16 snapshots: the kernel's in-kernel dequantization against the CPU
-    backward fed the same saved rows (quantization error is then common to both)."""
+    """fp8 / int4 / bf16 undo logs: the kernel's in-kernel dequantization against the CPU
+    backward fed the same log and final bank (quantization error is then common to both)."""
     import torch
     from sdm_inductor import cpu, quant
     from sdm_inductor.kernels import host
-    from sdm_inductor.testing import make_inputs
+    from sdm_inductor.testing import make_inputs, undo_log_rows_used
     ins = make_inputs(P=1, T=20, W=3, R=2, hd=17, slots_per_stream=16, per_write_gate=True,
                       seed=13)
     P, T, _ = ins.k_idx.shape
@@ -106,15 +106,16 @@ def case_snapshots():
         want_rows, want_scales = cpu.forward(ins.bank.clone(), *args, 16, mode, True)[1:]
         assert rows.dtype == want_rows.dtype and rows.shape == want_rows.shape, mode
         assert scales.shape == want_scales.shape, mode
-        # the real tokens' saved rows (padding differs by design), up to rounding of the
-        # bank and one step of the storage format (the interpreter truncates to bf16)
-        live = slice(0, T)
+        # the undo log's used rows (each segment's distinct written rows; the rest is
+        # unspecified), up to rounding of the bank and one step of the storage format
+        # (the interpreter truncates to bf16)
+        live = undo_log_rows_used(ins.k_idx, 16)
         got_rows = quant.dequantize(rows[live], scales[live] if scales.numel() else None, mode, 17)
         ref_rows = quant.dequantize(want_rows[live], want_scales[live] if scales.numel() else None,
                                     mode, 17)
         _check(f"{mode} saved rows", got_rows, ref_rows, {"bf16": 1e-2, "fp8": 5e-2, "int4": 0.2}[mode])
-        got = host.backward(dy, dM, rows, scales, *args, 16, mode, False)
-        want = cpu.backward(dy, dM, rows, scales, *args, 16, mode, False)
+        got = host.backward(dy, dM, bank, rows, scales, *args, 16, mode, False)
+        want = cpu.backward(dy, dM, bank, rows, scales, *args, 16, mode, False)
         for n, g, r in zip(NAMES, got, want):
             _check(f"{mode} grad {n}", g, r, 1e-5)
 

@@ -323,8 +323,9 @@ def test_opcheck_write_read(cfg):
 
 def test_opcheck_backward_op():
     ins = make_inputs(2, 20, W=3, R=2, hd=4, slots_per_stream=16)
-    _, _, rows, scales = torch.ops.sdm.write_read(*ins, 16, 16)
-    args = (torch.randn(2, 20, 4), torch.randn(32, 4), rows, scales, *ins[1:], 16, "none", False)
+    _, final, rows, scales = torch.ops.sdm.write_read(*ins, 16, 16)
+    args = (torch.randn(2, 20, 4), torch.randn(32, 4), final, rows, scales, *ins[1:], 16, "none",
+            False)
     opcheck(torch.ops.sdm.write_read_backward.default, args)
 
 

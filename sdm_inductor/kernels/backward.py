@@ -2,10 +2,13 @@
 
 ``_reverse_kernel``: one program per (stream, column block) walks the chunks from last
 to first with ``dB`` (the gradient w.r.t. the bank state at the current chunk's end)
-advanced in place, the chunk-start rows read back from the forward's snapshot
-(dequantized in the kernel). Per chunk:
+advanced in place, and the bank state itself rebuilt in place on a working copy of the
+final bank: before chunk c, the rows c wrote get their chunk-start values back from the
+forward's undo log (dequantized in the kernel), so every row c gathers is at its
+chunk-start value. Per chunk:
 
-1. ``v - r0`` from the saved write rows;  2. ``delta = X u``;
+0. restore the chunk's written rows (one store per distinct written row);
+1. ``v - r0`` from the chunk-start write rows;  2. ``delta = X u``;
 3. ``Dw = dB[written slots]``: ``d coef``, ``Dw . M0w`` and ``d delta = coef Dw + QK^T dy``;
    the ``dQK`` tile;  4. ``du = X^T d delta``: ``dv``, the ``dL`` tile, ``d r0``, ``d ev``;
 5. the new ``dB`` of every distinct touched slot, written once by the lane owning its
@@ -44,27 +47,50 @@ def _fp8_e4m3_to_f32(byte):
 
 
 @triton.jit
-def _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, e_lo, e_hi, hd, width, cols, cm,
-                E: tl.constexpr, EW: tl.constexpr, QMODE: tl.constexpr):
-    """Saved chunk-start rows [TB, EW, BD] (fp32) of entries [e0, e0+EW) within [e_lo, e_hi)."""
-    ents = e0 + tl.arange(0, EW)
-    em = tm[:, None] & (ents < e_hi)[None, :] & (ents >= e_lo)[None, :]
-    row = (sv + toks[:, None]) * E + ents[None, :]
-    m3 = em[:, :, None] & cm[None, None, :]
+def _load_log(log_ptr, scale_ptr, row, m, width, cols, cm, QMODE: tl.constexpr):
+    """Undo-log rows ``row`` [NG] (mask ``m``), columns ``cols``, dequantized to fp32."""
+    m2 = m[:, None] & cm[None, :]
     if QMODE == 0:
-        x = tl.load(saved_ptr + row[:, :, None] * width + cols[None, None, :], mask=m3,
+        x = tl.load(log_ptr + row[:, None] * width + cols[None, :], mask=m2,
                     other=0.0).to(tl.float32)
     else:
-        scale = tl.load(scale_ptr + row, mask=em, other=0.0)
+        scale = tl.load(scale_ptr + row, mask=m, other=0.0)
         if QMODE == 1:
-            byte = tl.load(saved_ptr + row[:, :, None] * width + cols[None, None, :], mask=m3,
-                           other=0)
+            byte = tl.load(log_ptr + row[:, None] * width + cols[None, :], mask=m2, other=0)
             x = _fp8_e4m3_to_f32(byte)
         else:
-            byte = tl.load(saved_ptr + row[:, :, None] * width + (cols // 2)[None, None, :],
-                           mask=m3, other=0).to(tl.int32)
-            x = (((byte >> ((cols % 2) * 4)[None, None, :]) & 0xF) - 8).to(tl.float32)
-        x = x * scale[:, :, None]
+            byte = tl.load(log_ptr + row[:, None] * width + (cols // 2)[None, :], mask=m2,
+                           other=0).to(tl.int32)
+            x = (((byte >> ((cols % 2) * 4)[None, :]) & 0xF) - 8).to(tl.float32)
+        x = x * scale[:, None]
+    return x
+
+
+@triton.jit
+def _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, run_log_ptr, rb, lb, hd, width, cols,
+             cm, CW: tl.constexpr, NG: tl.constexpr, QMODE: tl.constexpr):
+    """Put the chunk-start values of the chunk's written rows back into the working bank
+    (each distinct written row once: the lane of its run start)."""
+    for f0 in range(0, CW, NG):
+        pos = f0 + tl.arange(0, NG)
+        fm = pos < CW
+        sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
+        lg = tl.load(run_log_ptr + rb + pos, mask=sl >= 0, other=0)
+        x = _load_log(log_ptr, scale_ptr, lb + lg.to(tl.int64), sl >= 0, width, cols, cm, QMODE)
+        tl.store(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+                 x.to(work_ptr.dtype.element_ty), mask=(sl >= 0)[:, None] & cm[None, :])
+
+
+@triton.jit
+def _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, e_hi, hd, cols, cm, E: tl.constexpr,
+               EW: tl.constexpr):
+    """Chunk-start rows [TB, EW, BD] (fp32) of entries [e0, e0+EW) below ``e_hi``, gathered
+    from the working bank (which holds the chunk-start state)."""
+    ents = e0 + tl.arange(0, EW)
+    em = tm[:, None] & (ents < e_hi)[None, :]
+    sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
+    x = tl.load(work_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0).to(tl.float32)
     return x, ents, em
 
 
@@ -137,7 +163,8 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "B", "C_LO", "N_WIN", "NCW"])
-def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
+def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, run_log_ptr, slot_ptr,
+                    ev_ptr, coef_ptr,
                     g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
                     X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
                     dv_ptr, pe_ptr, pc_ptr, pm_ptr, pb_ptr, pqk_ptr, pl_ptr, scratch_ptr,
@@ -166,7 +193,10 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
         b = p * NC + c
         bw = p * NCW + (c - C_LO)        # the chunk's row of the window's partial sums
         seg = b.to(tl.int64) * C * E
-        sv = (c * P + p).to(tl.int64) * C
+        # 0: the working bank back to this chunk's start state
+        _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, run_log_ptr, b.to(tl.int64) * C * W,
+                 (c * P + p).to(tl.int64) * C * W, hd, width, cols, cm, C * W, NG, QMODE)
+        tl.debug_barrier()
         mat = b.to(tl.int64) * C * C
         # 1: v - r0
         for t0 in range(0, C, TB):
@@ -174,12 +204,12 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             if AHEAD:   # the next tile's saved rows in flight while this tile is reduced
-                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, 0, 0, W, hd,
-                                             width, cols, cm, E, EW, QMODE)
+                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0,
+                                  W, hd, cols, cm, E, EW)
                 wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
                 for e0 in range(0, W, EW):
-                    rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
-                                                       0, W, hd, width, cols, cm, E, EW, QMODE)
+                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0 + EW,
+                                            W, hd, cols, cm, E, EW)
                     wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                    other=0.0)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
@@ -187,8 +217,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     wt = wt_n
             else:
                 for e0 in range(0, W, EW):
-                    rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
-                                                 width, cols, cm, E, EW, QMODE)
+                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0,
+                                      W, hd, cols, cm, E, EW)
                     wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
@@ -223,8 +253,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
             dl = tl.load(scr_d + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
             dd = tl.zeros([TB, BD], tl.float32)
             if AHEAD:   # the next tile's slots and saved rows load during this tile's gather
-                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, 0, 0, W, hd,
-                                             width, cols, cm, E, EW, QMODE)
+                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0,
+                                  W, hd, cols, cm, E, EW)
                 sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
                 for e0 in range(0, W, EW):
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
@@ -232,8 +262,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                                  other=0.0).to(tl.float32)
                     cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
-                    rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
-                                                       0, W, hd, width, cols, cm, E, EW, QMODE)
+                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0 + EW,
+                                            W, hd, cols, cm, E, EW)
                     sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                  other=-1)
                     po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
@@ -243,8 +273,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     em = em_n
             else:
                 for e0 in range(0, W, EW):
-                    rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, W, hd,
-                                                 width, cols, cm, E, EW, QMODE)
+                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0,
+                                      W, hd, cols, cm, E, EW)
                     off = seg + toks[:, None] * E + ents[None, :]
                     sl = tl.load(slot_ptr + off, mask=em, other=-1)
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
@@ -305,11 +335,11 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
             dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                           mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
             if AHEAD:
-                rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, 0, 0, E, hd,
-                                             width, cols, cm, E, EW, QMODE)
+                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0,
+                                  E, hd, cols, cm, E, EW)
                 for e0 in range(0, E, EW):
-                    rows_n, ents_n, em_n = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0 + EW,
-                                                       0, E, hd, width, cols, cm, E, EW, QMODE)
+                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0 + EW,
+                                            E, hd, cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
                     rows = rows_n
@@ -317,8 +347,8 @@ def _reverse_kernel(dB_ptr, saved_ptr, scale_ptr, slot_ptr, ev_ptr, coef_ptr,
                     em = em_n
             else:
                 for e0 in range(0, E, EW):
-                    rows, ents, em = _load_saved(saved_ptr, scale_ptr, sv, toks, tm, e0, 0, E, hd,
-                                                 width, cols, cm, E, EW, QMODE)
+                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0,
+                                      E, hd, cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
         tl.debug_barrier()
@@ -423,9 +453,9 @@ def _gate_grads_kernel(perm_ptr, gs_ptr, nw_ptr, na_ptr, dgam_ptr, dgend_ptr, dg
         tl.store(dgate_ptr + pid.to(tl.int64) * W + w, acc, mask=wm)
 
 
-def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, saved_scales: Tensor,
-             k_idx, k_val, v, beta, g, q_idx, q_val, C: int, snapshot_quant: str,
-             grad_bank_fp32: bool, config: dict):
+def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, saved_rows: Tensor,
+             saved_scales: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
+             snapshot_quant: str, grad_bank_fp32: bool, config: dict):
     """The six gradients (bank, k_val, v, beta, g, q_val). Shapes-only host code."""
     k_idx, k_val, v, beta, g, q_idx, q_val, dy = (
         x.contiguous() for x in (k_idx, k_val, v, beta, g, q_idx, q_val, grad_readings))
@@ -461,7 +491,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     sums = {k: torch.empty(P, nwin * NCW, C, n, **f32) for k, n in widths.items()}
     scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
     qmode = _QMODE[snapshot_quant]
-    rows = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
+    log = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
+    # the bank state, rebuilt chunk by chunk in reverse from the final bank and the log
+    work = final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
     scales = saved_scales if saved_scales.numel() else torch.empty(1, **f32)
@@ -470,8 +502,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor, save
     for w in range(nwin - 1, -1, -1):   # windows last to first: the chunks in reverse
         c_lo = w * NCW
         n_win = NC if nwin == 1 else max(0, min(NCW, NC - c_lo))
-        launch(_reverse_kernel, (P, NCB), dB, rows, scales, pl.slot, pl.ev, pl.coef, gr.slot,
-               gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK, pl.beta, v, dy, dv,
+        launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.runs.log,
+               pl.slot, pl.ev, pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev,
+               pl.X, pl.QK, pl.beta, v, dy, dv,
                parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
                scratch, P, T, hd, saved_rows.shape[-1], NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
                BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,

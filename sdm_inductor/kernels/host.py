@@ -77,8 +77,8 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
                     saved: Tensor | None, gate_params=None):
     """Phase 1 + the Phase 2 walk for the whole sequence; advances ``bank``, returns readings.
 
-    ``saved`` ([NC*P*C, W+R, hd], chunk-major like ``ops._saved_shapes``) receives the
-    chunk-start rows of every entry when given.
+    ``saved`` ([NC*P*C, W, hd], chunk-major like ``ops._saved_shapes``) receives the undo
+    log when given: the chunk-start value of each distinct row a chunk writes.
     """
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
@@ -96,7 +96,8 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
     ru = pl.runs
     launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
-           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved_arg, P, T, hd, pl.NC, C=C, W=W, R=R, BD=BD,
+           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, ru.log, scratch, saved_arg, P, T, hd,
+           pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
            SAVE=saved is not None, PREC=_prec(bank.dtype), PASSES=7,
            GATHER_STAGES=CONFIG["GATHER_STAGES"], ROWS_AHEAD=CONFIG["ROWS_AHEAD"], KW=CONFIG["KW"],
@@ -140,8 +141,8 @@ def _grid_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     ru = pl.runs
     nprog = grid_size(bank.device)
     launch(_walk_kernel, (nprog,), bank, pl.slot, pl.ev, pl.X, pl.QKX, v,
-           pl.beta, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter, counter,
-           saved, P, pl.T, hd, NC, NCB, NRT, C=C, W=W, R=R, BD=BD,
+           pl.beta, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, ru.log, u, inter,
+           counter, saved, P, pl.T, hd, NC, NCB, NRT, C=C, W=W, R=R, BD=BD,
            EW=min(CONFIG["EW_WALK"], pow2(W + R)), NG=NG, CP=CP, SAVE=save,
            PREC=_prec(bank.dtype), PREC_G=_prec(bank.dtype), ONE_PROGRAM=nprog == 1,
            STAGES=CONFIG["STAGES_WALK"], num_warps=CONFIG["WARPS_WALK"])
@@ -157,12 +158,12 @@ def saved_buffers(bank: Tensor, P: int, T: int, W: int, R: int, C: int, mode: st
     hd = bank.shape[1]
     dtype, width, scaled = quant.storage(mode, bank.dtype, hd)
     if not save:
-        return None, bank.new_empty(0, W + R, width, dtype=dtype), bank.new_empty(
+        return None, bank.new_empty(0, W, width, dtype=dtype), bank.new_empty(
             0, dtype=torch.float32)
-    n = -(-T // C) * P * C
-    if scaled:
-        return bank.new_empty(n, W + R, hd), None, None
-    rows = bank.new_empty(n, W + R, width, dtype=dtype)
+    n = -(-T // C) * P * C   # C * W rows per segment; those past its count stay unset
+    if scaled:   # zeros: the unset rows quantize to zeros with scale 1, not to garbage
+        return bank.new_zeros(n, W, hd), None, None
+    rows = bank.new_empty(n, W, width, dtype=dtype)
     return rows, rows, bank.new_empty(0, dtype=torch.float32)
 
 
@@ -263,10 +264,11 @@ def _record(path: str, windows: int, bank: Tensor, C: int):
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))
 
 
-def backward(grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g,
-             q_idx, q_val, chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool):
+def backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v,
+             beta, g, q_idx, q_val, chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool):
     """``IMPLS`` interface: the six gradients (bank, k_val, v, beta, g, q_val)."""
     from .. import ops
     ops.record_dispatch(backward_path="chunked-reverse", block_cols_bwd=CONFIG["BD_BWD"])
-    return bwd.backward(grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v,
-                        beta, g, q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32, CONFIG)
+    return bwd.backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
+                        k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant,
+                        grad_bank_fp32, CONFIG)

@@ -16,8 +16,9 @@ inside the kernel (a runtime loop: a new ``T`` needs no new compilation). Per ch
 ``u``, ``inter`` and ``delta`` go through a per-program scratch (L1/L2 resident)
 because a lane needs other lanes' tokens; ``tl.debug_barrier`` orders the passes. A program's rows are
 touched by no other program (streams own disjoint slots), so the walk needs no
-inter-program synchronisation. With ``SAVE`` the chunk-start rows of every entry are
-stored for the backward (cast to the snapshot dtype).
+inter-program synchronisation. With ``SAVE`` pass C also stores the old (chunk-start)
+value of each row it writes into the undo log (``quant.UndoLog``), at the run's rank:
+what the backward needs besides the final bank, at no extra gather.
 """
 from __future__ import annotations
 
@@ -67,14 +68,21 @@ def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_
 
 @triton.jit
 def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
-                cm, sc, hd, NG: tl.constexpr, KW: tl.constexpr, BD: tl.constexpr):
+                cm, sc, hd, log_ptr, run_log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
+                BD: tl.constexpr, SAVE: tl.constexpr):
     """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
     run's order. The old rows and the first ``KW`` members' deltas are gathered in one
-    round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop."""
+    round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
+    ``SAVE`` the old rows go to the undo log (``lb``: the segment's first log row; the log
+    is chunk-major, the run arrays stream-major)."""
     pos = f0 + tl.arange(0, NG)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
     old = tl.load(bank_ptr + ro, mask=wm, other=0.0)
+    if SAVE:
+        lg = tl.load(run_log_ptr + rb + pos, mask=sl >= 0, other=0)
+        tl.store(log_ptr + (lb + lg).to(tl.int64)[:, None] * hd + cols[None, :],
+                 old.to(log_ptr.dtype.element_ty), mask=wm)
     ks = tl.arange(0, KW)
     km = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
     dd = tl.load(scr_d + tk[:, :, None] * BD + sc[None, None, :], mask=km[:, :, None], other=0.0)
@@ -93,14 +101,8 @@ def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec,
 
 
 @triton.jit
-def _accumulate(rows, wt, ents, toks, tm, cols, cm, sv, saved_ptr, r0, inter, hd,
-                E: tl.constexpr, W: tl.constexpr, SAVE: tl.constexpr):
-    """Add a gathered tile [TB, EW, BD] into r0 (write entries) and inter (read entries);
-    with SAVE, store it as the snapshot."""
-    if SAVE:
-        so = ((sv + toks[:, None]) * E + ents[None, :])[:, :, None] * hd + cols[None, None, :]
-        tl.store(saved_ptr + so, rows.to(saved_ptr.dtype.element_ty),
-                 mask=(tm[:, None] & (ents < E)[None, :])[:, :, None] & cm[None, None, :])
+def _accumulate(rows, wt, ents, r0, inter, W: tl.constexpr):
+    """Add a gathered tile [TB, EW, BD] into r0 (write entries) and inter (read entries)."""
     x = wt[:, :, None] * rows.to(tl.float32)
     is_w = (ents < W)[None, :, None]
     r0 += tl.sum(tl.where(is_w, x, 0.0), axis=1)
@@ -111,7 +113,7 @@ def _accumulate(rows, wt, ents, toks, tm, cols, cm, sv, saved_ptr, r0, inter, hd
 @triton.jit(do_not_specialize=["P", "T", "NC"])
 def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr,
                     run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                    scratch_ptr, saved_ptr, P, T, hd, NC,
+                    run_log_ptr, scratch_ptr, log_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                     SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7,
@@ -136,7 +138,6 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
     while c < NC:  # runtime trip count: one compile for every T
         b = p * NC + c
         seg = b.to(tl.int64) * C * E
-        sv = (c * P + p).to(tl.int64) * C          # saved position of the chunk's token 0
         # pass A: r0 and inter from the chunk-start rows; u = beta (v - r0)
         for t0 in range(0, C * (PASSES & 1), TB):
             toks = t0 + tl.arange(0, TB)
@@ -157,8 +158,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     w_cur = wt
                     wt = wt_n
                     sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + 2 * EW, E, EW)
-                    r0, inter = _accumulate(rows, w_cur, ents, toks, tm, cols, cm, sv, saved_ptr,
-                                            r0, inter, hd, E, W, SAVE)
+                    r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
                     rows = rows_n
             elif GATHER_STAGES == 0:
                 # hand-pipelined: the next tile's slots load before this tile's rows are used
@@ -169,8 +169,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                                    mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
                     w_cur = wt
                     sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
-                    r0, inter = _accumulate(rows, w_cur, ents, toks, tm, cols, cm, sv, saved_ptr,
-                                            r0, inter, hd, E, W, SAVE)
+                    r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
             else:
                 # left to Triton's software pipeliner (cp.async ring of GATHER_STAGES tiles)
                 for e0 in tl.range(0, E, EW, num_stages=GATHER_STAGES):
@@ -178,8 +177,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0, E, EW)
                     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                                    mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                    r0, inter = _accumulate(rows, wt, ents, toks, tm, cols, cm, sv, saved_ptr,
-                                            r0, inter, hd, E, W, SAVE)
+                    r0, inter = _accumulate(rows, wt, ents, r0, inter, W)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -211,6 +209,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         tl.debug_barrier()
         # pass C: each distinct written slot once, by the lane owning its run
         rb = b.to(tl.int64) * C * W
+        lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
         if (PASSES >> 2) & 1:
             if HEAD_AHEAD:
                 sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
@@ -222,12 +221,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                         run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
                         f0 + NG, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, NG, KW, BD)
+                                cf, cols, cm, sc, hd, log_ptr, run_log_ptr, lb, NG, KW, BD, SAVE)
                     sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
                 else:
                     sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
                                                       run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, NG, KW, BD)
+                                cf, cols, cm, sc, hd, log_ptr, run_log_ptr, lb, NG, KW, BD, SAVE)
         tl.debug_barrier()
         c += 1

@@ -27,8 +27,9 @@ def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, bet
     [P, T, W]; v [P, T, hd]; beta [P, T]; g [P, T, 1 or W]; q_idx/q_val [P, T, R]);
     k_val, v, q_val in the bank dtype, beta and g fp32 (other dtypes are cast here);
     16 <= chunk_size <= 256. ``saved_rows`` / ``saved_scales`` have the shapes and dtypes
-    of ``ops._saved_shapes`` (chunk-start rows of every entry, chunk-major, stored per
-    ``snapshot_quant``; empty when ``save_for_backward`` is False) and feed
+    of ``ops._saved_shapes`` (the undo log: the chunk-start value of each distinct row a
+    chunk writes, chunk-major, stored per ``snapshot_quant``; empty when
+    ``save_for_backward`` is False) and, with the final bank, feed
     ``sdm::triton_write_read_backward``. Without a backward and with T <= 16 the decode
     kernel runs instead of the chunked path (a guard on T, not a recompilation per T).
     """
@@ -75,19 +76,19 @@ def triton_write_read_(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, be
 
 
 @torch.library.triton_op("sdm::triton_write_read_backward", mutates_args=())
-def triton_write_read_backward(grad_readings: Tensor, grad_final: Tensor, saved_rows: Tensor,
-                               saved_scales: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor,
-                               beta: Tensor, g: Tensor, q_idx: Tensor, q_val: Tensor,
+def triton_write_read_backward(grad_readings: Tensor, grad_final: Tensor,
+                               final_bank: Tensor, saved_rows: Tensor, saved_scales: Tensor,
+                               k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor, q_idx: Tensor, q_val: Tensor,
                                chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool
                                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``sdm::write_read_backward`` on CUDA: ``(d_bank, d_kval, d_v, d_beta, d_g, d_qval)``.
 
-    ``saved_rows`` / ``saved_scales`` as produced by ``triton_write_read`` with the same
-    chunk_size and snapshot_quant. d_bank, d_kval, d_v, d_qval come in the bank dtype
+    ``final_bank``, ``saved_rows`` / ``saved_scales`` as produced by ``triton_write_read``
+    with the same chunk_size and snapshot_quant. d_bank, d_kval, d_v, d_qval come in the bank dtype
     (``grad_final.dtype``), d_beta and d_g in fp32, like the op's fake impl. With
     ``grad_bank_fp32`` the bank gradient accumulates in fp32 (one cast at the end).
     """
     dt = grad_final.dtype
-    return bwd.backward(grad_readings, grad_final, saved_rows, saved_scales, k_idx,
+    return bwd.backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
                         k_val.to(dt), v.to(dt), beta.float(), g.float(), q_idx, q_val.to(dt),
                         chunk_size, snapshot_quant, grad_bank_fp32, host.CONFIG)

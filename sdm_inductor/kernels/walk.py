@@ -7,7 +7,7 @@ gathered row segment is ``BD`` columns wide (256 bytes at BD=128 in bf16). Per c
 
 - stage 1, items (stream, token, column block): gather the token's ``W + R`` chunk-start
   row segments, ``r0`` and ``inter``; ``u = beta (v - r0)`` and ``inter`` go to a small
-  fp32 buffer (L2 resident). With ``SAVE`` the gathered rows are the snapshot.
+  fp32 buffer (L2 resident).
 - grid barrier;
 - stage 2, items (stream, column block, tile of ``NG`` positions of the slot-sorted write
   order of ``phase1.Runs``): ``delta = X u`` (recomputed per item: a C x C by C x BD
@@ -44,10 +44,9 @@ def _grid_barrier(cnt_ptr, target):
 
 
 @triton.jit
-def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, saved_ptr,
+def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
                  it, c, P, T, hd, NC, NCB, C: tl.constexpr, W: tl.constexpr,
-                 R: tl.constexpr, BD: tl.constexpr, EW: tl.constexpr, CP: tl.constexpr,
-                 SAVE: tl.constexpr):
+                 R: tl.constexpr, BD: tl.constexpr, EW: tl.constexpr, CP: tl.constexpr):
     E: tl.constexpr = W + R
     cb = it % NCB
     rest = it // NCB
@@ -66,10 +65,6 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, save
         wt = tl.load(ev_ptr + base + ents, mask=em, other=0.0)
         rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
                        mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
-        if SAVE:
-            so = (((c * P + p).to(tl.int64) * C + i) * E + ents)[:, None] * hd + cols[None, :]
-            tl.store(saved_ptr + so, rows.to(saved_ptr.dtype.element_ty),
-                     mask=em[:, None] & cm[None, :])
         x = wt[:, None] * rows.to(tl.float32)
         is_w = (ents < W)[:, None]
         r0 += tl.sum(tl.where(is_w, x, 0.0), axis=0)
@@ -86,9 +81,9 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, save
 @triton.jit
 def _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr,
                 run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                it, c, T, hd, NC, NCB, NRT, C: tl.constexpr, W: tl.constexpr,
-                BD: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr,
-                PREC_G: tl.constexpr):
+                run_log_ptr, log_ptr, it, c, P, T, hd, NC, NCB, NRT, C: tl.constexpr,
+                W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
+                PREC: tl.constexpr, PREC_G: tl.constexpr, SAVE: tl.constexpr):
     rt = it % (NRT + 1)          # NRT write tiles, then the readings
     rest = it // (NRT + 1)
     cb = rest % NCB
@@ -117,6 +112,11 @@ def _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr,
         sl, ln, dec, ro, wm = _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm,
                                         cols, cm, hd)
         old = tl.load(bank_ptr + ro, mask=wm, other=0.0, cache_modifier=".cg")
+        if SAVE:   # the undo log (chunk-major): the old row at the run's rank
+            lg = tl.load(run_log_ptr + rb + pos, mask=sl >= 0, other=0)
+            lb = (c * P + p).to(tl.int64) * C * W
+            tl.store(log_ptr + (lb + lg).to(tl.int64)[:, None] * hd + cols[None, :],
+                     old.to(log_ptr.dtype.element_ty), mask=wm)
         G = tl.zeros([NG, CP], tl.float32)
         m = 0
         n_max = tl.max(ln, axis=0)
@@ -133,7 +133,7 @@ def _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr,
 @triton.jit(do_not_specialize=["P", "T", "NC", "NCB", "NRT"])
 def _walk_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr,
                  run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                 u_ptr, i_ptr, cnt_ptr, saved_ptr, P, T, hd, NC, NCB, NRT,
+                 run_log_ptr, u_ptr, i_ptr, cnt_ptr, log_ptr, P, T, hd, NC, NCB, NRT,
                  C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                  EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr, SAVE: tl.constexpr,
                  PREC: tl.constexpr, PREC_G: tl.constexpr, ONE_PROGRAM: tl.constexpr,
@@ -153,26 +153,28 @@ def _walk_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, ou
             it = 0
             while it < n1:
                 _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
-                             saved_ptr, it, c, P, T, hd, NC, NCB, C, W, R, BD, EW, CP, SAVE)
+                             it, c, P, T, hd, NC, NCB, C, W, R, BD, EW, CP)
                 it += 1
         else:
             for it in tl.range(pid, n1, nprog, num_stages=STAGES):
                 _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
-                             saved_ptr, it, c, P, T, hd, NC, NCB, C, W, R, BD, EW, CP, SAVE)
+                             it, c, P, T, hd, NC, NCB, C, W, R, BD, EW, CP)
         arrivals += nprog
         _grid_barrier(cnt_ptr, arrivals)
         if ONE_PROGRAM:
             it = 0
             while it < n2:
                 _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr, run_slot_ptr,
-                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, it, c, T,
-                            hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC, PREC_G)
+                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, run_log_ptr,
+                            log_ptr, it, c, P, T, hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC,
+                            PREC_G, SAVE)
                 it += 1
         else:
             for it in tl.range(pid, n2, nprog, num_stages=STAGES):
                 _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr, run_slot_ptr,
-                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, it, c, T,
-                            hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC, PREC_G)
+                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, run_log_ptr,
+                            log_ptr, it, c, P, T, hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC,
+                            PREC_G, SAVE)
         arrivals += nprog
         _grid_barrier(cnt_ptr, arrivals)
         c += 1

@@ -105,12 +105,12 @@ def _write_read_inplace_rule(mode, op, types, args, kwargs):
 
 
 def _backward_rule(mode, op, types, args, kwargs):
-    (grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g, q_idx, q_val,
-     chunk_size, snapshot_quant, grad_bank_fp32) = _rules.bound_args(op, args, kwargs)
+    (grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v, beta, g,
+     q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32) = _rules.bound_args(op, args, kwargs)
     with mode:
         k_val, v, beta, g, q_val = _cast_inputs(grad_final.dtype, k_val, v, beta, g, q_val)
-        args = (grad_readings, grad_final, saved_rows, saved_scales, k_idx, k_val, v, beta, g,
-                q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32)
+        args = (grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v,
+                beta, g, q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32)
         kernel = triton_op("write_read_backward", grad_final.device)
         if kernel is not None:
             return kernel(*args)
