@@ -150,11 +150,16 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     rep = order.index_select(0, group_start[:n_real])  # stable sort: first entry of each group
     group_chunk = torch.repeat_interleave(torch.arange(n_chunks, device=dev), counts)
     rep_local = rep - group_chunk * (P * C * W)
-    # undo-log row of each group: its rank among its segment's groups (slot order)
+    # undo-log row of each group: the number of active write entries (first occurrences
+    # in their token) of its segment with a smaller slot, i.e. its run's start in the slot
+    # order of the CUDA write pass
+    act = torch.zeros(group_keys.numel(), dtype=torch.long, device=dev).index_add_(
+        0, gid_sorted, active.reshape(-1).index_select(0, order).long())[:n_real]
+    before = torch.cumsum(act, 0) - act
     group_seg = torch.div(group_keys[:n_real], S, rounding_mode="floor")
     seg_first = torch.searchsorted(group_keys[:n_real], torch.arange(B, device=dev) * S)
-    log_pos = group_seg * (C * W) + torch.arange(n_real, device=dev) - seg_first.index_select(
-        0, group_seg)
+    seg_base = torch.cat([before, act.sum().view(1)]).index_select(0, seg_first)
+    log_pos = group_seg * (C * W) + before - seg_base.index_select(0, group_seg)
     gam3, gend3, gamq3 = gam.view(B, C, W), gend.view(B, C, W), gamq.view(B, C, R)
     ek, eq = k * torch.exp(gam3), q * torch.exp(gamq3)
     return _Block(

@@ -60,10 +60,12 @@ def dequantize(stored: Tensor, scales: Tensor | None, mode: str, hd: int) -> Ten
 class UndoLog:
     """What the backward keeps of a call: the chunk-start value of each row a chunk
     writes (its *undo log*), stored per ``mode``. Layout ``[n_seg * C, W, width]``, i.e.
-    ``C * W`` rows per segment (segment = chunk * P + stream, chunk-major): segment
-    ``b``'s distinct written rows in slot order at flat rows ``b * C * W + [0, n_b)``;
-    rows past ``n_b`` are unspecified and never read. With the final bank this restores
-    every chunk's start state in reverse."""
+    ``C * W`` rows per segment (segment = chunk * P + stream, chunk-major): the row of
+    slot ``s`` written in segment ``b`` is ``b * C * W + j``, ``j`` the number of the
+    segment's write entries with a smaller slot (counting each slot once per token),
+    i.e. the start of the slot's run in the slot-sorted write order; other rows are
+    unspecified and never read. With the final bank this restores every chunk's start
+    state in reverse."""
 
     def __init__(self, n: int, W: int, hd: int, bank_dtype, mode: str, device, enabled: bool):
         dtype, width, scaled = storage(mode, bank_dtype, hd)

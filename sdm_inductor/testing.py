@@ -125,12 +125,16 @@ def aoti_runtime_failure(device: str) -> str | None:
 
 def undo_log_rows_used(k_idx: Tensor, C: int) -> Tensor:
     """Mask ``[NC * P * C, W]`` of the undo-log rows a saving call fills (the rest of
-    ``saved_rows`` is unspecified): segment (chunk c, stream p) holds as many rows as
-    its chunk writes distinct slots (indices in range assumed)."""
+    ``saved_rows`` is unspecified; ``quant.UndoLog``): in segment (chunk c, stream p) the
+    start of each slot's run among the chunk's write entries sorted by slot, each slot
+    counted once per token (indices in range assumed)."""
     P, T, W = k_idx.shape
     NC = -(-T // C)
     used = torch.zeros(NC * P, C * W, dtype=torch.bool)
     for c in range(NC):
         for p in range(P):
-            used[c * P + p, :k_idx[p, c * C:(c + 1) * C].unique().numel()] = True
+            # one entry per (token, distinct slot), in slot order
+            ents = torch.cat([row.unique() for row in k_idx[p, c * C:(c + 1) * C].cpu()])
+            slots, counts = ents.sort().values.unique_consecutive(return_counts=True)
+            used[c * P + p, (torch.cumsum(counts, 0) - counts)] = True
     return used.view(NC * P * C, W).to(k_idx.device)

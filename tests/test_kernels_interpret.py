@@ -118,6 +118,21 @@ def case_snapshots():
         want = cpu.backward(dy, dM, bank, rows, scales, *args, 16, mode, False)
         for n, g, r in zip(NAMES, got, want):
             _check(f"{mode} grad {n}", g, r, 1e-5)
+    # repeated slots (in a token and across tokens): both devices put each written row at
+    # the same log row, so each backward reads the other's log
+    ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=12, repeats=True,
+                      per_write_gate=True, seed=3)
+    args = tuple(ins)[1:]
+    dy, dM = torch.randn(2, 37, 18), torch.randn_like(ins.bank)
+    bank = ins.bank.clone()
+    rows = host.forward(bank, *args, 16, "none", True)[1]
+    want_rows = cpu.forward(ins.bank.clone(), *args, 16, "none", True)[1]
+    live = undo_log_rows_used(ins.k_idx, 16)
+    _check("log rows with repeats", rows[live], want_rows[live], 1e-6)
+    got = host.backward(dy, dM, bank, want_rows, torch.empty(0), *args, 16, "none", False)
+    want = cpu.backward(dy, dM, bank, rows, torch.empty(0), *args, 16, "none", False)
+    for n, g, r in zip(NAMES, got, want):
+        _check(f"crossed logs grad {n}", g, r, 1e-5)
 
 
 def case_decode_and_masking():

@@ -67,16 +67,15 @@ def _load_log(log_ptr, scale_ptr, row, m, width, cols, cm, QMODE: tl.constexpr):
 
 
 @triton.jit
-def _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, run_log_ptr, rb, lb, hd, width, cols,
-             cm, CW: tl.constexpr, NG: tl.constexpr, QMODE: tl.constexpr):
+def _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, rb, lb, hd, width, cols, cm,
+             CW: tl.constexpr, NG: tl.constexpr, QMODE: tl.constexpr):
     """Put the chunk-start values of the chunk's written rows back into the working bank
-    (each distinct written row once: the lane of its run start)."""
+    (each distinct written row once: the lane of its run start, also its log row)."""
     for f0 in range(0, CW, NG):
         pos = f0 + tl.arange(0, NG)
         fm = pos < CW
         sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-        lg = tl.load(run_log_ptr + rb + pos, mask=sl >= 0, other=0)
-        x = _load_log(log_ptr, scale_ptr, lb + lg.to(tl.int64), sl >= 0, width, cols, cm, QMODE)
+        x = _load_log(log_ptr, scale_ptr, lb + pos, sl >= 0, width, cols, cm, QMODE)
         tl.store(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
                  x.to(work_ptr.dtype.element_ty), mask=(sl >= 0)[:, None] & cm[None, :])
 
@@ -163,8 +162,8 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "B", "C_LO", "N_WIN", "NCW"])
-def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, run_log_ptr, slot_ptr,
-                    ev_ptr, coef_ptr,
+def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr, ev_ptr,
+                    coef_ptr,
                     g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
                     X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
                     dv_ptr, pe_ptr, pc_ptr, pm_ptr, pb_ptr, pqk_ptr, pl_ptr, scratch_ptr,
@@ -194,7 +193,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, run_log_
         bw = p * NCW + (c - C_LO)        # the chunk's row of the window's partial sums
         seg = b.to(tl.int64) * C * E
         # 0: the working bank back to this chunk's start state
-        _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, run_log_ptr, b.to(tl.int64) * C * W,
+        _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, b.to(tl.int64) * C * W,
                  (c * P + p).to(tl.int64) * C * W, hd, width, cols, cm, C * W, NG, QMODE)
         tl.debug_barrier()
         mat = b.to(tl.int64) * C * C
@@ -502,8 +501,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     for w in range(nwin - 1, -1, -1):   # windows last to first: the chunks in reverse
         c_lo = w * NCW
         n_win = NC if nwin == 1 else max(0, min(NCW, NC - c_lo))
-        launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.runs.log,
-               pl.slot, pl.ev, pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev,
+        launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.slot, pl.ev, pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev,
                pl.X, pl.QK, pl.beta, v, dy, dv,
                parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
                scratch, P, T, hd, saved_rows.shape[-1], NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,

@@ -96,7 +96,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
     ru = pl.runs
     launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
-           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, ru.log, scratch, saved_arg, P, T, hd,
+           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved_arg, P, T, hd,
            pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
            SAVE=saved is not None, PREC=_prec(bank.dtype), PASSES=7,
@@ -141,7 +141,7 @@ def _grid_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     ru = pl.runs
     nprog = grid_size(bank.device)
     launch(_walk_kernel, (nprog,), bank, pl.slot, pl.ev, pl.X, pl.QKX, v,
-           pl.beta, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, ru.log, u, inter,
+           pl.beta, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
            counter, saved, P, pl.T, hd, NC, NCB, NRT, C=C, W=W, R=R, BD=BD,
            EW=min(CONFIG["EW_WALK"], pow2(W + R)), NG=NG, CP=CP, SAVE=save,
            PREC=_prec(bank.dtype), PREC_G=_prec(bank.dtype), ONE_PROGRAM=nprog == 1,

@@ -228,8 +228,7 @@ class Runs:
     decay: Tensor   # fp32 exp(gend) of the slot
     tok: Tensor     # int32 token of the entry at this position
     coef: Tensor    # fp32 coef of the entry at this position
-    log: Tensor     # int32 at a run start: the run's rank among the segment's runs, i.e.
-    # its row of the undo log (``quant.UndoLog``: distinct written rows in slot order)
+    # a run's start position is also its row of the segment's undo log (``quant.UndoLog``)
 
 
 @dataclass
@@ -255,10 +254,8 @@ def write_runs(pl: "Plan", key: Tensor) -> Runs:
     ent = (wperm // W) * E + wperm % W
     take = lambda x: x.view(B, C * E).gather(1, ent)
     slot = torch.where(start, take(pl.slot), -1)
-    real = start & (slot >= 0)
-    log = torch.cumsum(real.to(torch.int32), 1, dtype=torch.int32) - 1
-    return Runs(slot.to(torch.int32), torch.where(real, length, 0).to(torch.int32),
-                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef), log)
+    return Runs(slot.to(torch.int32), torch.where(start & (slot >= 0), length, 0).to(torch.int32),
+                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef))
 
 
 def entry_groups(pl: "Plan") -> Groups:

@@ -17,7 +17,7 @@ inside the kernel (a runtime loop: a new ``T`` needs no new compilation). Per ch
 because a lane needs other lanes' tokens; ``tl.debug_barrier`` orders the passes. A program's rows are
 touched by no other program (streams own disjoint slots), so the walk needs no
 inter-program synchronisation. With ``SAVE`` pass C also stores the old (chunk-start)
-value of each row it writes into the undo log (``quant.UndoLog``), at the run's rank:
+value of each row it writes into the undo log (``quant.UndoLog``), at its run's start:
 what the backward needs besides the final bank, at no extra gather.
 """
 from __future__ import annotations
@@ -68,20 +68,19 @@ def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_
 
 @triton.jit
 def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
-                cm, sc, hd, log_ptr, run_log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
+                cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
                 BD: tl.constexpr, SAVE: tl.constexpr):
     """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
     run's order. The old rows and the first ``KW`` members' deltas are gathered in one
     round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
-    ``SAVE`` the old rows go to the undo log (``lb``: the segment's first log row; the log
-    is chunk-major, the run arrays stream-major)."""
+    ``SAVE`` the old rows go to the undo log at the run's start position (``lb``: the
+    segment's first log row; the log is chunk-major, the run arrays stream-major)."""
     pos = f0 + tl.arange(0, NG)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
     old = tl.load(bank_ptr + ro, mask=wm, other=0.0)
     if SAVE:
-        lg = tl.load(run_log_ptr + rb + pos, mask=sl >= 0, other=0)
-        tl.store(log_ptr + (lb + lg).to(tl.int64)[:, None] * hd + cols[None, :],
+        tl.store(log_ptr + (lb + pos).to(tl.int64)[:, None] * hd + cols[None, :],
                  old.to(log_ptr.dtype.element_ty), mask=wm)
     ks = tl.arange(0, KW)
     km = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
@@ -113,7 +112,7 @@ def _accumulate(rows, wt, ents, r0, inter, W: tl.constexpr):
 @triton.jit(do_not_specialize=["P", "T", "NC"])
 def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr,
                     run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                    run_log_ptr, scratch_ptr, log_ptr, P, T, hd, NC,
+                    scratch_ptr, log_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                     SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7,
@@ -221,12 +220,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                         run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
                         f0 + NG, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, run_log_ptr, lb, NG, KW, BD, SAVE)
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE)
                     sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
                 else:
                     sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
                                                       run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, run_log_ptr, lb, NG, KW, BD, SAVE)
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE)
         tl.debug_barrier()
         c += 1

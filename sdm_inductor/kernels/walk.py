@@ -81,7 +81,7 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
 @triton.jit
 def _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr,
                 run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                run_log_ptr, log_ptr, it, c, P, T, hd, NC, NCB, NRT, C: tl.constexpr,
+                log_ptr, it, c, P, T, hd, NC, NCB, NRT, C: tl.constexpr,
                 W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                 PREC: tl.constexpr, PREC_G: tl.constexpr, SAVE: tl.constexpr):
     rt = it % (NRT + 1)          # NRT write tiles, then the readings
@@ -112,10 +112,9 @@ def _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr,
         sl, ln, dec, ro, wm = _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm,
                                         cols, cm, hd)
         old = tl.load(bank_ptr + ro, mask=wm, other=0.0, cache_modifier=".cg")
-        if SAVE:   # the undo log (chunk-major): the old row at the run's rank
-            lg = tl.load(run_log_ptr + rb + pos, mask=sl >= 0, other=0)
+        if SAVE:   # the undo log (chunk-major): the old row at its run's start
             lb = (c * P + p).to(tl.int64) * C * W
-            tl.store(log_ptr + (lb + lg).to(tl.int64)[:, None] * hd + cols[None, :],
+            tl.store(log_ptr + (lb + pos).to(tl.int64)[:, None] * hd + cols[None, :],
                      old.to(log_ptr.dtype.element_ty), mask=wm)
         G = tl.zeros([NG, CP], tl.float32)
         m = 0
@@ -133,7 +132,7 @@ def _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr,
 @triton.jit(do_not_specialize=["P", "T", "NC", "NCB", "NRT"])
 def _walk_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr,
                  run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                 run_log_ptr, u_ptr, i_ptr, cnt_ptr, log_ptr, P, T, hd, NC, NCB, NRT,
+                 u_ptr, i_ptr, cnt_ptr, log_ptr, P, T, hd, NC, NCB, NRT,
                  C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                  EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr, SAVE: tl.constexpr,
                  PREC: tl.constexpr, PREC_G: tl.constexpr, ONE_PROGRAM: tl.constexpr,
@@ -165,15 +164,15 @@ def _walk_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, ou
             it = 0
             while it < n2:
                 _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr, run_slot_ptr,
-                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, run_log_ptr,
-                            log_ptr, it, c, P, T, hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC,
+                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, log_ptr,
+                            it, c, P, T, hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC,
                             PREC_G, SAVE)
                 it += 1
         else:
             for it in tl.range(pid, n2, nprog, num_stages=STAGES):
                 _write_item(bank_ptr, X_ptr, QKX_ptr, out_ptr, u_ptr, i_ptr, run_slot_ptr,
-                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, run_log_ptr,
-                            log_ptr, it, c, P, T, hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC,
+                            run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, log_ptr,
+                            it, c, P, T, hd, NC, NCB, NRT, C, W, BD, NG, CP, PREC,
                             PREC_G, SAVE)
         arrivals += nprog
         _grid_barrier(cnt_ptr, arrivals)
