@@ -69,7 +69,7 @@ def main(dtype="bf16"):
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
-                         run_coef_ptr=f32, scratch_ptr=f32, saved_ptr=bank),
+                         run_coef_ptr=f32, scratch_ptr=f32, log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=CFG["BD"], TB=64, EW=CFG["EW"], NG=CFG["NG"], CP=CC,
                          SAVE=CC != 64, PREC="tf32", PASSES=7, GATHER_STAGES=CFG["GATHER_STAGES"],
                          ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"]),
@@ -80,16 +80,16 @@ def main(dtype="bf16"):
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
-                         run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, cnt_ptr=i32, saved_ptr=bank),
+                         run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, cnt_ptr=i32, log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=128, EW=128, NG=64, CP=CC, SAVE=True, PREC=prec,
-                         PREC_G=prec, ONE_PROGRAM=False), num_warps=8)
+                         PREC_G=prec, ONE_PROGRAM=False, STAGES=CFG["STAGES_WALK"]), num_warps=8)
     compile_one(decode._decode_kernel,
                 dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
                      beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))
     for q in (0, 1, 2):
         compile_one(backward._reverse_kernel,
-                    dict(dB_ptr=bank, saved_ptr=(bank if q == 0 else "*u8"), scale_ptr=f32,
-                         slot_ptr=i32, ev_ptr=f32, coef_ptr=f32, g_slot_ptr=i32, g_len_ptr=i32,
+                    dict(dB_ptr=bank, work_ptr=bank, log_ptr=(bank if q == 0 else "*u8"),
+                         scale_ptr=f32, run_slot_ptr=i32, slot_ptr=i32, ev_ptr=f32, coef_ptr=f32, g_slot_ptr=i32, g_len_ptr=i32,
                          g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32,
                          X_ptr=f32, QK_ptr=f32,
                          beta_ptr=f32, v_ptr=bank, dy_ptr=bank, dv_ptr=f32, pe_ptr=f32,

@@ -42,7 +42,7 @@ def main():
 
     def fwdbwd():
         y, M, rows, scales = torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True)
-        torch.ops.sdm.triton_write_read_backward(dy, dM, rows, scales, *rest, C, "none", False)
+        torch.ops.sdm.triton_write_read_backward(dy, dM, M, rows, scales, *rest, C, "none", False)
 
     torch.ops.sdm.triton_write_read_(work, *rest, C)
     fwdbwd()

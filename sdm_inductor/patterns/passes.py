@@ -26,7 +26,11 @@ from .report import Report
 __all__ = ["TorchLevelPass", "AtenLevelPass", "install", "uninstall", "installed",
            "enable_rewrites", "disable_rewrites", "rewrites", "last_report"]
 
-_SOURCES = tuple(sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*.py"))))
+# every source file of the package, not only the patterns': Inductor's FX graph cache
+# keys on this pass's uuid, and a cached graph holds the op's fake shapes and the
+# lowerings' output (a changed saved-tensor layout replayed a stale graph's size asserts)
+_SOURCES = tuple(sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                               "**", "*.py"), recursive=True)))
 
 
 class _State:
