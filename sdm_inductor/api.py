@@ -61,7 +61,7 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     """Functional form on ``[P, T, *]`` inputs: ``(readings [P, T, hd], final_bank)``.
 
     The bank is not modified. Differentiable in bank, k_val, v, beta, g and q_val. The
-    backward's snapshots are only kept when a gradient is needed.
+    backward's undo log is only kept when a gradient is needed.
     """
     save = _needs_grad(bank, k_val, v, beta, g, q_val)
     readings, final, _, _ = torch.ops.sdm.write_read(

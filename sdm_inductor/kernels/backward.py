@@ -31,7 +31,7 @@ from torch import Tensor
 from .launch import launch, pow2
 from .phase1 import entry_groups, plan
 
-# snapshot modes as the kernel decodes them
+# snapshot_quant modes as the kernel decodes the undo log
 _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
 
 

@@ -199,7 +199,7 @@ QUANT_SLICES = 16
 
 
 def _quantize_sliced(raw: Tensor, mode: str, bank_dtype: torch.dtype):
-    """``quant.quantize`` of the raw snapshot, slice by slice, into the final tensors."""
+    """``quant.quantize`` of the raw undo log, slice by slice, into the final tensors."""
     n, E, hd = raw.shape
     dtype, width, _ = quant.storage(mode, bank_dtype, hd)
     rows = raw.new_empty(n, E, width, dtype=dtype)
