@@ -76,12 +76,14 @@ class _Block:
     rep_row: Tensor  # [n_groups] the same entry's row in the chunk's gathered rows
     slot: Tensor     # [n_groups] bank row of each group
     decay: Tensor    # [n_groups] exp(gend) of each group
-    log_pos: Tensor  # [n_groups] the group's undo-log row in the block: segment * C*W + rank
+    log_pos: Tensor  # [n_groups] the group's undo-log row in the block (None: not needed)
     chunk_groups: list  # group range of chunk c: [chunk_groups[c], chunk_groups[c + 1])
 
 
-def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block:
-    """Phase 1 over segments [B, C, *] (chunk-major: segment = chunk * P + stream)."""
+def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int,
+            log: bool = True) -> _Block:
+    """Phase 1 over segments [B, C, *] (chunk-major: segment = chunk * P + stream);
+    ``log``: also the groups' undo-log rows (a saving forward, the backward)."""
     B, C, W = kidx.shape
     R = qidx.shape[-1]
     dev = kidx.device
@@ -150,16 +152,7 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
     rep = order.index_select(0, group_start[:n_real])  # stable sort: first entry of each group
     group_chunk = torch.repeat_interleave(torch.arange(n_chunks, device=dev), counts)
     rep_local = rep - group_chunk * (P * C * W)
-    # undo-log row of each group: the number of active write entries (first occurrences
-    # in their token) of its segment with a smaller slot, i.e. its run's start in the slot
-    # order of the CUDA write pass
-    act = torch.zeros(group_keys.numel(), dtype=torch.long, device=dev).index_add_(
-        0, gid_sorted, active.reshape(-1).index_select(0, order).long())[:n_real]
-    before = torch.cumsum(act, 0) - act
-    group_seg = torch.div(group_keys[:n_real], S, rounding_mode="floor")
-    seg_first = torch.searchsorted(group_keys[:n_real], torch.arange(B, device=dev) * S)
-    seg_base = torch.cat([before, act.sum().view(1)]).index_select(0, seg_first)
-    log_pos = group_seg * (C * W) + before - seg_base.index_select(0, group_seg)
+    log_pos = _log_positions(group_keys[:n_real], gid_sorted, order, active, S) if log else None
     gam3, gend3, gamq3 = gam.view(B, C, W), gend.view(B, C, W), gamq.view(B, C, R)
     ek, eq = k * torch.exp(gam3), q * torch.exp(gamq3)
     return _Block(
@@ -169,6 +162,22 @@ def _phase1(kidx, kval, g, qidx, qval, beta, v, valid, S: int, P: int) -> _Block
         torch.div(rep_local, W, rounding_mode="floor") * (W + R) + rep_local % W,
         kidx.reshape(-1).index_select(0, rep), torch.exp(gend.index_select(0, rep)), log_pos,
         bounds)
+
+
+def _log_positions(group_keys, gid_sorted, order, active, S: int) -> Tensor:
+    """Undo-log row of each (real) group: the number of active write entries (first
+    occurrences in their token) of its segment with a smaller slot, i.e. its run's start
+    in the slot order of the CUDA write pass (``quant.UndoLog``)."""
+    B, C, W = active.shape
+    n_real = group_keys.numel()
+    dev = group_keys.device
+    act = torch.zeros(gid_sorted.numel(), dtype=torch.long, device=dev).index_add_(
+        0, gid_sorted, active.reshape(-1).index_select(0, order).long())[:n_real]
+    before = torch.cumsum(act, 0) - act
+    group_seg = torch.div(group_keys, S, rounding_mode="floor")
+    seg_first = torch.searchsorted(group_keys, torch.arange(B, device=dev) * S)
+    seg_base = torch.cat([before, act.sum().view(1)]).index_select(0, seg_first)
+    return group_seg * (C * W) + before - seg_base.index_select(0, group_seg)
 
 
 def _mix(beta: Tensor, ek: Tensor, eq: Tensor) -> Tensor:
@@ -206,7 +215,7 @@ class _Inputs:
     def blocks(self):
         return range(0, self.n_chunks, self.chunks_per_block)
 
-    def block(self, c0: int) -> _Block:
+    def block(self, c0: int, log: bool = True) -> _Block:
         c1 = min(self.n_chunks, c0 + self.chunks_per_block)
         t0, t1 = c0 * self.C, min(self.T, c1 * self.C)
         n = c1 - c0
@@ -215,7 +224,7 @@ class _Inputs:
         seg = lambda x: _segments(x, self.C, n)
         return _phase1(seg(k_idx.long()), seg(k_val.float()), seg(g.float()),
                        seg(q_idx.long()), seg(q_val.float()), seg(beta.float()),
-                       seg(v.float()), seg(valid), self.S, self.P)
+                       seg(v.float()), seg(valid), self.S, self.P, log)
 
 
 def _forward_chunk(blk: _Block, s: slice, rows: Tensor):
@@ -259,12 +268,13 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     if T == 0:
         return readings, *store.tensors()
     for c0 in inp.blocks():
-        blk = inp.block(c0)
+        blk = inp.block(c0, log=save)
         for c in range(blk.n_seg // P):
             s = slice(c * P, (c + 1) * P)
             rows = bank.index_select(0, blk.rows_idx[s].reshape(-1)).view(P * C, W + R, hd)
             gid, _, rep_row, slot, decay, n_groups = _groups(blk, c, P)
-            store.put(_log_rows(blk, c, c0, P), rows.view(-1, hd).index_select(0, rep_row))
+            if save:
+                store.put(_log_rows(blk, c, c0, P), rows.view(-1, hd).index_select(0, rep_row))
             rows = rows.float()
             # one batched matmul gives beta * r0 and the readings' inter-chunk part
             r0b, inter = torch.bmm(blk.mix[s].reshape(P * C, 2, W + R), rows).view(
