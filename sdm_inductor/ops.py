@@ -30,7 +30,7 @@ from torch import Tensor
 
 from . import cpu, gates, quant
 from . import validation
-from .validation import check_call, check_gated, check_indices
+from .validation import check_backward, check_call, check_gated, check_indices
 
 __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
 
@@ -279,6 +279,13 @@ write_read_gated.register_autograd(_backward_gated, setup_context=_setup_gated)
 
 # ---------------------------------------------------------------- backward op
 
+def _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
+                    k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant):
+    check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val,
+                   v, beta, g, q_idx, q_val, chunk_size, snapshot_quant,
+                   lambda mode: _saved_shapes(grad_final, k_idx, q_idx, chunk_size, mode, True))
+
+
 @torch.library.custom_op("sdm::write_read_backward", mutates_args=())
 def write_read_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor,
                         saved_rows: Tensor, saved_scales: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor,
@@ -287,6 +294,8 @@ def write_read_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: T
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients (bank, k_val, v, beta, g, q_val) of sdm::write_read (``final_bank``: its
     final bank output; ``saved_rows`` / ``saved_scales``: its undo log)."""
+    _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
+                    k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant)
     dtype = grad_final.dtype
     return _impl(grad_final).backward(
         grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val.to(dtype),
@@ -297,6 +306,8 @@ def write_read_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: T
 @write_read_backward.register_fake
 def _(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v, beta, g,
       q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32):
+    _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
+                    k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant)
     dt = grad_final.dtype
     return (torch.empty_like(grad_final), k_val.new_empty(k_val.shape, dtype=dt),
             v.new_empty(v.shape, dtype=dt), torch.empty_like(beta, dtype=torch.float32),

@@ -27,15 +27,18 @@ def _shape(t: Tensor):
 
 def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor | None,
                g: Tensor | None, q_idx: Tensor, q_val: Tensor, chunk_size: int,
-               slots_per_stream: int, shared_bank: bool, snapshot_quant: str) -> None:
+               slots_per_stream: int, shared_bank: bool, snapshot_quant: str,
+               bank_name: str = "memory") -> None:
     """Shape, dtype, device and option checks (no data read: safe on fake tensors).
 
-    ``beta`` / ``g`` None: the caller checks its gates itself (``check_gated``)."""
+    ``beta`` / ``g`` None: the caller checks its gates itself (``check_gated``).
+    ``bank_name``: how errors name the bank argument."""
     gates = [(n, t) for n, t in (("beta", beta), ("g", g)) if t is not None]
     if not isinstance(bank, Tensor) or bank.dim() != 2:
-        _fail("memory", "a 2-D bank [S, hd]", _shape(bank) if isinstance(bank, Tensor) else type(bank))
+        _fail(bank_name, "a 2-D bank [S, hd]",
+              _shape(bank) if isinstance(bank, Tensor) else type(bank))
     if bank.dtype not in BANK_DTYPES:
-        _fail("memory", "dtype float32 or bfloat16", bank.dtype)
+        _fail(bank_name, "dtype float32 or bfloat16", bank.dtype)
     S, hd = bank.shape
     if k_idx.dim() != 3:
         _fail("k_idx", "shape [P, T, W]", _shape(k_idx))
@@ -49,7 +52,7 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     for name, t in (("k_idx", k_idx), ("k_val", k_val), ("v", v), *gates,
                     ("q_idx", q_idx), ("q_val", q_val)):
         if t.device != bank.device:
-            _fail(name, f"device {bank.device} (the bank's)", t.device)
+            _fail(name, f"device {bank.device} (the {bank_name}'s)", t.device)
     if not 1 <= W <= MAX_SLOTS_PER_TOKEN:
         _fail("k_idx", f"1..{MAX_SLOTS_PER_TOKEN} write slots per token (last dim)", W)
     if _shape(k_val) != [P, T, W]:
@@ -72,6 +75,40 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     if snapshot_quant not in quant.MODES:
         _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
     check_layout(S, P, slots_per_stream, shared_bank)
+
+
+def check_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor,
+                   saved_rows: Tensor, saved_scales: Tensor, k_idx: Tensor, k_val: Tensor,
+                   v: Tensor, beta: Tensor, g: Tensor, q_idx: Tensor, q_val: Tensor,
+                   chunk_size: int, snapshot_quant: str, saved_shapes) -> None:
+    """``sdm::write_read_backward``'s arguments (shapes only): the forward's inputs as
+    ``check_call`` checks them (``grad_final`` in the bank's place), the upstream
+    gradients, and what the forward saved: its final bank and its undo log, whose shapes
+    ``saved_shapes(snapshot_quant)`` gives as ``(rows, dtype, scales)``."""
+    check_call(grad_final, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, 0, True,
+               snapshot_quant, bank_name="grad_final")
+    P, T, _ = k_idx.shape
+    S, hd = grad_final.shape
+    for name, t in (("grad_readings", grad_readings), ("final_bank", final_bank),
+                    ("saved_rows", saved_rows), ("saved_scales", saved_scales)):
+        if not isinstance(t, Tensor):
+            _fail(name, "a tensor", type(t))
+        if t.device != grad_final.device:
+            _fail(name, f"device {grad_final.device} (grad_final's)", t.device)
+    if _shape(grad_readings) != [P, T, hd] or not grad_readings.is_floating_point():
+        _fail("grad_readings", f"a float tensor of the readings' shape [P, T, hd] = {[P, T, hd]}",
+              f"{grad_readings.dtype} {_shape(grad_readings)}")
+    if _shape(final_bank) != [S, hd] or final_bank.dtype != grad_final.dtype:
+        _fail("final_bank", f"the forward's final bank: {grad_final.dtype} {[S, hd]} like "
+              "grad_final", f"{final_bank.dtype} {_shape(final_bank)}")
+    rows, dtype, scales = saved_shapes(snapshot_quant)
+    if _shape(saved_rows) != list(rows) or saved_rows.dtype != dtype:
+        _fail("saved_rows", f"the undo log of a saving forward with chunk_size={chunk_size}, "
+              f"snapshot_quant={snapshot_quant!r}: {dtype} {list(rows)}",
+              f"{saved_rows.dtype} {_shape(saved_rows)}")
+    if _shape(saved_scales) != list(scales) or saved_scales.dtype != torch.float32:
+        _fail("saved_scales", f"float32 {list(scales)} (snapshot_quant={snapshot_quant!r})",
+              f"{saved_scales.dtype} {_shape(saved_scales)}")
 
 
 def check_gated(bank: Tensor, k_idx: Tensor, b_raw: Tensor, a_raw: Tensor, A_log: Tensor,

@@ -329,6 +329,36 @@ def test_opcheck_backward_op():
     opcheck(torch.ops.sdm.write_read_backward.default, args)
 
 
+BAD_BACKWARD = [  # (argument, index in the backward's args, replacement, message)
+    ("grad_readings", 0, lambda a: a[:, :5], "readings' shape"),
+    ("grad_final", 1, lambda a: a.double(), "float32 or bfloat16"),
+    ("final_bank", 2, lambda a: a[:7], "final bank"),
+    ("final_bank", 2, lambda a: a.bfloat16(), "final bank"),
+    # the layout of session 3's snapshot (W + R rows per token) is refused by name
+    ("saved_rows", 3, lambda a: torch.zeros(a.shape[0], 5, a.shape[2]), "undo log"),
+    ("saved_rows", 3, lambda a: a[:0], "undo log"),
+    ("saved_scales", 4, lambda a: torch.ones(3), "float32"),
+    ("v", 7, lambda a: a[..., :3], "hd"),
+    ("saved_rows", 12, lambda a: 64, "chunk_size=64"),   # chunk_size 64: another log shape
+]
+
+
+@pytest.mark.parametrize("arg,i,fix,msg", BAD_BACKWARD,
+                         ids=[f"{a}-{n}" for n, (a, *_) in enumerate(BAD_BACKWARD)])
+def test_malformed_backward_call_refused(arg, i, fix, msg):
+    """``sdm::write_read_backward`` called by hand with what no forward produced: a clear
+    error naming the argument (before any kernel reads a wrongly sized log)."""
+    ins = make_inputs(2, 20, W=3, R=2, hd=4, slots_per_stream=16)
+    _, final, rows, scales = torch.ops.sdm.write_read(*ins, 16, 16)
+    args = [torch.randn(2, 20, 4), torch.randn(32, 4), final, rows, scales, *ins[1:], 16,
+            "none", False]
+    torch.ops.sdm.write_read_backward(*args)   # the well-formed call runs
+    args[i] = fix(args[i])
+    with pytest.raises(ValueError, match=msg) as info:
+        torch.ops.sdm.write_read_backward(*args)
+    assert f"'{arg}'" in str(info.value)
+
+
 def test_opcheck_helpers():
     x = torch.randn(2, 5, 12, requires_grad=True)
     opcheck(torch.ops.sdm.split_heads.default, (x, 3))
