@@ -202,13 +202,13 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
-            if AHEAD:   # the next tile's saved rows in flight while this tile is reduced
-                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0,
-                                  W, hd, cols, cm, E, EW)
+            if AHEAD:   # the next tile's chunk-start rows in flight while this tile is reduced
+                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
+                                            cols, cm, E, EW)
                 wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
                 for e0 in range(0, W, EW):
-                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0 + EW,
-                                            W, hd, cols, cm, E, EW)
+                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                      e0 + EW, W, hd, cols, cm, E, EW)
                     wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                    other=0.0)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
@@ -216,8 +216,8 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     wt = wt_n
             else:
                 for e0 in range(0, W, EW):
-                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0,
-                                      W, hd, cols, cm, E, EW)
+                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
+                                                cols, cm, E, EW)
                     wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
@@ -251,9 +251,9 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             tv = tm & (tg < T)
             dl = tl.load(scr_d + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
             dd = tl.zeros([TB, BD], tl.float32)
-            if AHEAD:   # the next tile's slots and saved rows load during this tile's gather
-                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0,
-                                  W, hd, cols, cm, E, EW)
+            if AHEAD:   # the next tile's slots and chunk-start rows load during this tile's gather
+                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
+                                            cols, cm, E, EW)
                 sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
                 for e0 in range(0, W, EW):
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
@@ -261,8 +261,8 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                                  other=0.0).to(tl.float32)
                     cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
-                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0 + EW,
-                                            W, hd, cols, cm, E, EW)
+                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                      e0 + EW, W, hd, cols, cm, E, EW)
                     sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                  other=-1)
                     po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
@@ -272,8 +272,8 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     em = em_n
             else:
                 for e0 in range(0, W, EW):
-                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0,
-                                      W, hd, cols, cm, E, EW)
+                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
+                                                cols, cm, E, EW)
                     off = seg + toks[:, None] * E + ents[None, :]
                     sl = tl.load(slot_ptr + off, mask=em, other=-1)
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
@@ -334,11 +334,11 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                           mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
             if AHEAD:
-                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0,
-                                  E, hd, cols, cm, E, EW)
+                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, E, hd,
+                                            cols, cm, E, EW)
                 for e0 in range(0, E, EW):
-                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0 + EW,
-                                            E, hd, cols, cm, E, EW)
+                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                      e0 + EW, E, hd, cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
                     rows = rows_n
@@ -346,8 +346,8 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     em = em_n
             else:
                 for e0 in range(0, E, EW):
-                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0,
-                                      E, hd, cols, cm, E, EW)
+                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, E, hd,
+                                                cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
         tl.debug_barrier()
@@ -501,8 +501,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     for w in range(nwin - 1, -1, -1):   # windows last to first: the chunks in reverse
         c_lo = w * NCW
         n_win = NC if nwin == 1 else max(0, min(NCW, NC - c_lo))
-        launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.slot, pl.ev, pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev,
-               pl.X, pl.QK, pl.beta, v, dy, dv,
+        launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.slot, pl.ev,
+               pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK,
+               pl.beta, v, dy, dv,
                parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
                scratch, P, T, hd, saved_rows.shape[-1], NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
                BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
