@@ -5,6 +5,7 @@
 #   bash benchmarks/device_all.sh bench_cuda       # ~5 min: the kernel benchmark (issue 3)
 #   bash benchmarks/device_all.sh bench_compile bench_rewrite   # issues 4 and 5
 #   bash benchmarks/device_all.sh grid gather     # unmeasured kernel variants (NOTES.md)
+#   bash benchmarks/device_all.sh aoti_sys        # AOTI on CUDA with CXX=/usr/bin/g++ (issue 4)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -38,6 +39,10 @@ for seg in "$@"; do
       run aoti_alt 170 python3 benchmarks/aoti_alt.py ;;
     aoti_gxx)   # the image's /opt/gcc/bin/g++ wrapper vs the system compiler (NOTES.md)
       run aoti_gxx 90 python3 benchmarks/aoti_alt.py /usr/bin/g++ cpu cuda ;;
+    aoti_sys)   # AOTInductor packages built by the system compiler: the image's CXX wrapper
+      # builds .so files without libstdc++ that crash at load; /usr/bin/g++'s load (NOTES.md)
+      run aoti_sys 300 env CXX=/usr/bin/g++ python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/test_export_aoti.py tests/test_examples.py -k aoti ;;
     variants)
       run bench_variants 170 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,3,7 ;;
     cuda_tests)   # the kernels, the gated op and the layer on CUDA

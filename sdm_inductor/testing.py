@@ -104,7 +104,9 @@ def aoti_runtime_failure(device: str) -> str | None:
     process, or None when it can. The control is a plain ``nn.Linear`` package, nothing of
     SDM in it: tests use it to tell a defect of the toolchain (seen on the H200 image,
     torch 2.11+cu130: every package, plain or not, CPU or CUDA, dies with SIGSEGV in
-    ``AOTIModelPackageLoader``) from a defect of this library."""
+    ``AOTIModelPackageLoader``) from a defect of this library. On that image the packages
+    built by its default ``CXX`` (a wrapper script) crash; ``CXX=/usr/bin/g++`` builds a
+    CPU package that loads."""
     if device not in _AOTI_CONTROL:
         import os
         import subprocess
@@ -119,7 +121,8 @@ def aoti_runtime_failure(device: str) -> str | None:
                                  capture_output=True, text=True, timeout=300)
         _AOTI_CONTROL[device] = None if res.returncode == 0 else (
             f"torch {torch.__version__} cannot load even a plain nn.Linear AOTInductor package "
-            f"on {device} in a fresh process (exit {res.returncode}): a toolchain defect")
+            f"on {device} in a fresh process (exit {res.returncode}; C++ compiler "
+            f"{os.environ.get('CXX', 'default')}): a toolchain defect")
     return _AOTI_CONTROL[device]
 
 
