@@ -263,7 +263,8 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
     P, T, W, R, C = inp.P, inp.T, inp.W, inp.R, inp.C
     readings = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
-    store = quant.UndoLog(inp.n_chunks * P * C, W, hd, bank.dtype, snapshot_quant,
+    # sized like ops._saved_shapes: no rows at T = 0 (n_chunks counts one chunk there)
+    store = quant.UndoLog(-(-T // C) * P * C, W, hd, bank.dtype, snapshot_quant,
                           bank.device, enabled=save)
     if T == 0:
         return readings, *store.tensors()
