@@ -84,13 +84,14 @@ def _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, rb, lb, hd, width, cols
 def _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, e_hi, hd, cols, cm, E: tl.constexpr,
                EW: tl.constexpr):
     """Chunk-start rows [TB, EW, BD] (fp32) of entries [e0, e0+EW) below ``e_hi``, gathered
-    from the working bank (which holds the chunk-start state)."""
+    from the working bank (which holds the chunk-start state); also the entries, their
+    mask and their slots (-1: none)."""
     ents = e0 + tl.arange(0, EW)
     em = tm[:, None] & (ents < e_hi)[None, :]
     sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
     x = tl.load(work_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                 mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0).to(tl.float32)
-    return x, ents, em
+    return x, ents, em, sl
 
 
 @triton.jit
@@ -203,12 +204,12 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             if AHEAD:   # the next tile's chunk-start rows in flight while this tile is reduced
-                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                            cols, cm, E, EW)
+                rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
+                                               cols, cm, E, EW)
                 wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
                 for e0 in range(0, W, EW):
-                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                      e0 + EW, W, hd, cols, cm, E, EW)
+                    rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                         e0 + EW, W, hd, cols, cm, E, EW)
                     wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                    other=0.0)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
@@ -216,8 +217,8 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     wt = wt_n
             else:
                 for e0 in range(0, W, EW):
-                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
-                                                cols, cm, E, EW)
+                    rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
+                                                   cols, cm, E, EW)
                     wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
@@ -252,19 +253,16 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             dl = tl.load(scr_d + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
             dd = tl.zeros([TB, BD], tl.float32)
             if AHEAD:   # the next tile's slots and chunk-start rows load during this tile's gather
-                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                            cols, cm, E, EW)
-                sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
+                rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
+                                                cols, cm, E, EW)
                 for e0 in range(0, W, EW):
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                                  mask=(sl >= 0)[:, :, None] & cm[None, None, :],
                                  other=0.0).to(tl.float32)
                     cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
-                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                      e0 + EW, W, hd, cols, cm, E, EW)
-                    sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
-                                 other=-1)
+                    rows_n, ents_n, em_n, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                          e0 + EW, W, hd, cols, cm, E, EW)
                     po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
                     dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
                     rows = rows_n
@@ -272,10 +270,9 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     em = em_n
             else:
                 for e0 in range(0, W, EW):
-                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
-                                                cols, cm, E, EW)
+                    rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
+                                                    cols, cm, E, EW)
                     off = seg + toks[:, None] * E + ents[None, :]
-                    sl = tl.load(slot_ptr + off, mask=em, other=-1)
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                                  mask=(sl >= 0)[:, :, None] & cm[None, None, :],
                                  other=0.0).to(tl.float32)
@@ -334,11 +331,11 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                           mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
             if AHEAD:
-                rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, E, hd,
-                                            cols, cm, E, EW)
+                rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, E, hd,
+                                               cols, cm, E, EW)
                 for e0 in range(0, E, EW):
-                    rows_n, ents_n, em_n = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                      e0 + EW, E, hd, cols, cm, E, EW)
+                    rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                         e0 + EW, E, hd, cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
                     rows = rows_n
@@ -346,8 +343,8 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     em = em_n
             else:
                 for e0 in range(0, E, EW):
-                    rows, ents, em = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, E, hd,
-                                                cols, cm, E, EW)
+                    rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, E, hd,
+                                                   cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
         tl.debug_barrier()
