@@ -74,19 +74,15 @@ class UndoLog:
         self.rows = torch.zeros(shape, dtype=dtype, device=device)
         self.scales = torch.ones(shape[:2] if (scaled and enabled) else (0,),
                                  dtype=torch.float32, device=device)
-        self.enabled = enabled
 
     @classmethod
     def from_tensors(cls, rows: Tensor, scales: Tensor, hd: int, mode: str):
         self = cls.__new__(cls)
         self.rows, self.scales, self.mode, self.hd = rows, scales, mode, hd
-        self.enabled = True
         return self
 
     def put(self, pos: Tensor, rows: Tensor):
-        """Store ``rows [n, hd]`` at flat log positions ``pos [n]``."""
-        if not self.enabled:
-            return
+        """Store ``rows [n, hd]`` at flat log positions ``pos [n]`` (of an enabled log)."""
         q, s = quantize(rows, self.mode, self.bank_dtype)
         self.rows.view(-1, self.rows.shape[-1]).index_copy_(0, pos, q)
         if s is not None:
