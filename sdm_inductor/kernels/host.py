@@ -32,8 +32,8 @@ NAME = "cuda-triton-chunked"
 # 2): members of each run gathered with its header (longer runs loop); ROWS_AHEAD /
 # HEAD_AHEAD: the next gather tile's rows / write tile's headers load during this tile.
 # The kernel measured in session 2: NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0 (and
-# NG_BWD=512, KW_BWD=1, AHEAD_BWD=0). AHEAD_BWD: the backward's next saved-row tile loads
-# while this one is reduced. BWD_WINDOWS: the backward runs the chunks in this many
+# NG_BWD=512, KW_BWD=1, AHEAD_BWD=0). AHEAD_BWD: the backward's next tile of chunk-start
+# rows loads while this one is reduced. BWD_WINDOWS: the backward runs the chunks in this many
 # launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
@@ -148,7 +148,7 @@ def _grid_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
            STAGES=CONFIG["STAGES_WALK"], num_warps=CONFIG["WARPS_WALK"])
 
 
-def saved_buffers(bank: Tensor, P: int, T: int, W: int, R: int, C: int, mode: str, save: bool):
+def saved_buffers(bank: Tensor, P: int, T: int, W: int, C: int, mode: str, save: bool):
     """(buffer the kernel writes or None, final rows or None, scales or None).
 
     The final tensors have the layout of ``ops._saved_shapes``. Modes with per-row scales
@@ -179,8 +179,7 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     else:
         gate_params = _contig(*gate_params)
     P, T, W = k_idx.shape
-    R = q_idx.shape[2]
-    raw, rows, scales = saved_buffers(bank, P, T, W, R, chunk_size, snapshot_quant, save)
+    raw, rows, scales = saved_buffers(bank, P, T, W, chunk_size, snapshot_quant, save)
     if T == 0:
         out = bank.new_empty(P, 0, bank.shape[1])
     elif not save and T <= DECODE_MAX_T:
@@ -233,8 +232,8 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
         readings[:, sl] = forward_once(bank, k_idx[:, sl], k_val[:, sl], v[:, sl], beta[:, sl],
                                        g[:, sl], q_idx[:, sl], q_val[:, sl], C, "none", False,
                                        gate_params)[0]
-    _, empty_rows, empty_scales = saved_buffers(bank, P, T, k_idx.shape[2], q_idx.shape[2], C,
-                                                snapshot_quant, False)
+    _, empty_rows, empty_scales = saved_buffers(bank, P, T, k_idx.shape[2], C, snapshot_quant,
+                                                False)
     return readings, empty_rows, empty_scales
 
 
