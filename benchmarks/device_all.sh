@@ -52,6 +52,8 @@ for seg in "$@"; do
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     bench_compile)
       run bench_compile 300 python3 benchmarks/bench_compile.py --reps 5 --json "$OUT/bench_compile.json" ;;
+    bench_model)   # bench_compile part 2 alone: the 4-layer model, eager vs compiled
+      run bench_model 400 python3 benchmarks/bench_compile.py --configs "" --reps 5 --json "$OUT/bench_model.json" ;;
     bench_rewrite_inproc)   # one process: the sdm kernels' binaries are built once (warm-up)
       run bench_rewrite_inproc 300 python3 benchmarks/bench_rewrite.py --device cuda --T 64 256 1024 \
         --modes dynamo rewrite explicit scan --inprocess --reps 10 --json "$OUT/bench_rewrite.json" ;;
