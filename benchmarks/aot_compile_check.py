@@ -58,8 +58,13 @@ def main(dtype="bf16"):
                     dict(kidx_ptr=i64, kval_ptr=bank, g_ptr=bank if gated else f32,
                          qidx_ptr=i64, qval_ptr=bank, beta_ptr=bank if gated else f32,
                          alog_ptr=f32, dtb_ptr=f32, slot_ptr=i32, val_ptr=f32, gate_ptr=f32,
-                         key_ptr=i64, first_ptr=i32, bout_ptr=f32),
+                         key_ptr=i32 if gated else i64, first_ptr=i32, bout_ptr=f32),
                     dict(W=W, R=R, G=1, WP=64, RP=64, GATED=gated))
+    for kt in (i32, i64):   # sort keys: int32 when they fit, else int64
+        compile_one(phase1._groups_kernel,
+                    dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
+                         na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32, rwid_ptr=i32,
+                         wex_ptr=i32, gsp_ptr=i32), dict(W=W, E=W + R, BLK=1024))
     compile_one(phase1._pairs_kernel,
                 dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                      gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
@@ -69,10 +74,12 @@ def main(dtype="bf16"):
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
-                         run_coef_ptr=f32, scratch_ptr=f32, log_ptr=bank),
+                         run_coef_ptr=f32, run_widx_ptr=i32, scratch_ptr=f32, stash_ptr=bank,
+                         log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=CFG["BD"], TB=64, EW=CFG["EW"], NG=CFG["NG"], CP=CC,
                          SAVE=CC != 64, PREC="tf32", PASSES=7, GATHER_STAGES=CFG["GATHER_STAGES"],
-                         ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"]),
+                         ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"],
+                         STASH=CFG["STASH"]),
                     num_warps=CFG["WARPS"])
     prec = "tf32" if dtype == "bf16" else "ieee"
     for CC in (64, 128):   # the grid walk (C <= 128: shared memory)

@@ -29,7 +29,7 @@ def _run(case: str):
 
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
-                                  "column_walk"])
+                                  "column_walk", "phase1_scans"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -215,11 +215,40 @@ def case_column_walk():
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=19), 16)
     host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512, AHEAD_BWD=0,
-                       BWD_WINDOWS=1)   # session 2's kernels
+                       BWD_WINDOWS=1, STASH=0)   # session 2's kernels (old rows from the bank)
     _train(make_inputs(P=1, T=40, W=3, R=2, hd=16, slots_per_stream=12, repeats=True, seed=20), 16)
     host.CONFIG.update(GATHER_STAGES=3, EW=2)   # the gather loop left to Triton's pipeliner
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
                        repeats=True, seed=18), 16)
+
+
+def case_phase1_scans():
+    """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) gives
+    exactly what the binary searches and the second sort give, with int32 and int64
+    keys, blocks of the scan that split groups, repeated and out-of-range slots."""
+    import torch
+    from sdm_inductor.kernels import phase1
+    from sdm_inductor.testing import make_inputs
+    cases = [dict(P=2, T=37, W=4, R=3, slots_per_stream=11, C=8, repeats=True),
+             dict(P=1, T=300, W=16, R=4, slots_per_stream=600, C=64, repeats=True)]
+    for kw, key_dtype in zip(cases, (torch.int64, torch.int32)):
+        C = kw.pop("C")
+        ins = make_inputs(hd=4, per_write_gate=True, seed=3, **kw)
+        ins.k_idx[0, 1, 1] = -1                     # a write that touches nothing
+        ins.q_idx[0, 2, 0] = ins.bank.shape[0] + 3   # an out-of-range read
+        args = (ins.bank.shape[0], ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx,
+                ins.q_val, C)
+        phase1._key_dtype = lambda S, C, E, dt=key_dtype: dt
+        phase1.SCAN_GROUPS = False
+        want = phase1.plan(*args)
+        phase1.SCAN_GROUPS = True
+        got = phase1.plan(*args)
+        for f in ("perm", "gs", "nw", "na"):
+            assert torch.equal(getattr(got, f), getattr(want, f)), f
+        for f in ("slot", "length", "decay", "tok", "coef", "widx"):
+            x, y = getattr(got.runs, f), getattr(want.runs, f)
+            assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
+        print(f"{key_dtype}: scans == searches")
 
 
 if __name__ == "__main__":

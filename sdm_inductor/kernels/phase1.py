@@ -121,6 +121,84 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
 
 
 @triton.jit
+def _max_fn(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_fn(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
+                   rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, rwid_ptr, wex_ptr, gsp_ptr,
+                   CE, CW, W: tl.constexpr, E: tl.constexpr, BLK: tl.constexpr):
+    """Groups and write runs of one segment from its sorted keys, by two scans (no
+    binary searches, no second sort). A group is a run of equal ``key >> 1`` (one slot);
+    its write members (even keys) come first. Filtering the stably sorted entries to the
+    writes is the stable sort of the writes alone, so a write's place in the runs
+    order is its exclusive rank among the writes of the sorted order."""
+    b = tl.program_id(0).to(tl.int64)
+    seg = b * CE
+    rseg = b * CW
+    # forward: each sorted position's group start (running max of the starts) and its
+    # exclusive write rank (running count), with carries across blocks
+    carry_g = 0
+    carry_w = 0
+    j0 = 0
+    while j0 < CE:  # runtime trip count
+        j = j0 + tl.arange(0, BLK)
+        m = j < CE
+        k = tl.load(skey_ptr + seg + j, mask=m, other=0)
+        kp = tl.load(skey_ptr + seg + j - 1, mask=m & (j > 0), other=0)
+        start = (j == 0) | ((k >> 1) != (kp >> 1))
+        isw = (m & ((k & 1) == 0)).to(tl.int32)
+        wex = carry_w + tl.cumsum(isw, 0) - isw
+        gst = tl.maximum(tl.associative_scan(tl.where(start & m, j, -1), 0, _max_fn), carry_g)
+        tl.store(wex_ptr + seg + j, wex, mask=m)
+        tl.store(gsp_ptr + seg + j, gst, mask=m)
+        carry_w += tl.sum(isw, 0)
+        carry_g = tl.maximum(carry_g, tl.max(gst, 0))
+        j0 += BLK
+    tl.debug_barrier()
+    # reverse: each position's group end (running min of the ends from the right); then
+    # the group's sizes go to every member (entry order) and each write to its run place
+    carry_e = CE
+    j0 = CE - BLK
+    while j0 > -BLK:  # runtime trip count, blocks from the last
+        j = j0 + tl.arange(0, BLK)
+        m = j >= 0
+        jn = tl.where(m, j, 0)
+        k = tl.load(skey_ptr + seg + jn, mask=m, other=0)
+        kn = tl.load(skey_ptr + seg + jn + 1, mask=m & (jn + 1 < CE), other=0)
+        end = (jn == CE - 1) | ((k >> 1) != (kn >> 1))
+        gen = tl.minimum(tl.associative_scan(tl.where(end & m, jn, CE), 0, _min_fn,
+                                             reverse=True), carry_e)
+        carry_e = tl.minimum(carry_e, tl.min(gen, 0))
+        gst = tl.load(gsp_ptr + seg + jn, mask=m, other=0)
+        w_lo = tl.load(wex_ptr + seg + gst, mask=m, other=0)
+        w_hi = tl.load(wex_ptr + seg + gen, mask=m, other=0)
+        k_end = tl.load(skey_ptr + seg + gen, mask=m, other=1)
+        nw = w_hi + ((k_end & 1) == 0).to(tl.int32) - w_lo
+        na = gen - gst + 1
+        ent = tl.load(perm_ptr + seg + jn, mask=m, other=0)
+        tl.store(gs_ptr + seg + ent, gst.to(tl.int32), mask=m)
+        tl.store(nw_ptr + seg + ent, nw, mask=m)
+        tl.store(na_ptr + seg + ent, na.to(tl.int32), mask=m)
+        isw = m & ((k & 1) == 0)
+        dest = tl.load(wex_ptr + seg + jn, mask=isw, other=0)
+        sl = tl.load(slot_ptr + seg + ent, mask=isw, other=-1)
+        lead = (jn == gst) & (sl >= 0)
+        tl.store(rslot_ptr + rseg + dest, tl.where(lead, sl, -1), mask=isw)
+        tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
+        tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
+        tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
+        tl.store(rwid_ptr + rseg + dest, ((ent // E) * W + ent % E).to(tl.int32), mask=isw)
+        j0 -= BLK
+
+
+@triton.jit
 def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
                   gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
                   C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr):
@@ -228,6 +306,7 @@ class Runs:
     decay: Tensor   # fp32 exp(gend) of the slot
     tok: Tensor     # int32 token of the entry at this position
     coef: Tensor    # fp32 coef of the entry at this position
+    widx: Tensor    # int32 write index ``token * W + w`` of the entry at this position
     # a run's start position is also its row of the segment's undo log (``quant.UndoLog``)
 
 
@@ -243,6 +322,41 @@ class Groups:
     ev: Tensor      # fp32 ev of the entry at this position
 
 
+# Group starts/sizes and the write runs by two scans over each segment's sorted keys
+# (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``write_runs``);
+# ``False`` selects the searches (kept as the reference the tests compare against).
+SCAN_GROUPS = True
+
+
+def _search_groups(key: Tensor, skey: Tensor):
+    """``gs, nw, na`` (entry order) by binary searches of the sorted keys."""
+    even = key & ~1
+    gs = torch.searchsorted(skey, even)
+    nw = torch.searchsorted(skey, even, right=True) - gs
+    na = torch.searchsorted(skey, even + 1, right=True) - gs
+    return gs.to(torch.int32), nw.to(torch.int32), na.to(torch.int32)
+
+
+def _scan_groups(skey: Tensor, perm: Tensor, slot: Tensor, C: int, W: int, R: int):
+    """``gs, nw, na`` (entry order) and the write runs' ``slot, length, tok``, entry index
+    and write index (run order) of every segment, by ``_groups_kernel``."""
+    B, CE = skey.shape
+    CW = C * W
+    dev = skey.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
+    rslot, rlen, rtok, rent, rwid = (torch.empty(B, CW, **i32) for _ in range(5))
+    launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent, rwid,
+           wex, gsp, CE, CW, W=W, E=W + R, BLK=1024, num_warps=4)
+    return gs, nw, na, (rslot, rlen, rtok, rent, rwid)
+
+
+def _key_dtype(S, C: int, E: int) -> torch.dtype:
+    """int32 sort keys when every key fits (``2 * (S + C*E) + 1 < 2**31``): the radix
+    sort then makes half the passes. A symbolic bank size keeps int64 (no guard on S)."""
+    return torch.int32 if isinstance(S, int) and S + C * E < 2 ** 30 else torch.int64
+
+
 def write_runs(pl: "Plan", key: Tensor) -> Runs:
     B, C, E, W = pl.B, pl.C, pl.E, pl.W
     wkey = key.view(B, C, E)[:, :, :W].reshape(B, C * W)
@@ -255,7 +369,7 @@ def write_runs(pl: "Plan", key: Tensor) -> Runs:
     take = lambda x: x.view(B, C * E).gather(1, ent)
     slot = torch.where(start, take(pl.slot), -1)
     return Runs(slot.to(torch.int32), torch.where(start & (slot >= 0), length, 0).to(torch.int32),
-                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef))
+                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef), wperm.to(torch.int32))
 
 
 def entry_groups(pl: "Plan") -> Groups:
@@ -289,7 +403,7 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
     slot = torch.empty(P, Tp, E, dtype=torch.int32, device=dev)
     val = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
     gate = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
-    key = torch.empty(P, Tp, E, dtype=torch.int64, device=dev)
+    key = torch.empty(P, Tp, E, dtype=_key_dtype(S, C, E), device=dev)
     first = torch.empty(P, Tp, W, dtype=torch.int32, device=dev)
     bout = torch.empty(P, Tp, dtype=torch.float32, device=dev)
     if gate_params is None:
@@ -320,12 +434,11 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     dev = k_idx.device
     key = key.view(B, C * E)
     skey, perm = torch.sort(key, dim=-1, stable=True)
-    even = key & ~1
-    gs = torch.searchsorted(skey, even)
-    nw = torch.searchsorted(skey, even, right=True) - gs
-    na = torch.searchsorted(skey, even + 1, right=True) - gs
-    gs, nw, na, perm = (x.to(torch.int32) for x in (gs, nw, na, perm))
-
+    perm = perm.to(torch.int32)
+    if SCAN_GROUPS:
+        gs, nw, na, runs = _scan_groups(skey, perm, slot.view(B, C * E), C, W, R)
+    else:
+        gs, nw, na = _search_groups(key, skey)
     gam = torch.empty_like(val)
     ev = torch.empty_like(val)
     coef = torch.empty_like(val)
@@ -340,5 +453,10 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     X, QKX = inverse(A, QK, bp)
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)
-    pl.runs = write_runs(pl, key)
+    if SCAN_GROUPS:   # the runs' entries are known; their weights are Phase 1's
+        rslot, rlen, rtok, rent, rwid = runs
+        take = lambda x: x.view(B, C * E).gather(1, rent.long())
+        pl.runs = Runs(rslot, rlen, take(pl.decay), rtok, take(pl.coef), rwid)
+    else:
+        pl.runs = write_runs(pl, key)
     return pl
