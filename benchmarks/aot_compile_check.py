@@ -101,9 +101,10 @@ def main(dtype="bf16"):
                          X_ptr=f32, QK_ptr=f32,
                          beta_ptr=f32, v_ptr=bank, dy_ptr=bank, dv_ptr=f32, pe_ptr=f32,
                          pc_ptr=f32, pm_ptr=f32, pb_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
-                         scratch_ptr=f32),
+                         scratch_ptr=f32, stash_ptr=bank),
                     dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
-                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"]),
+                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"], AHEAD=CFG["AHEAD_BWD"],
+                         STASH=CFG["STASH_BWD"]),
                     num_warps=CFG["WARPS_BWD"])
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,

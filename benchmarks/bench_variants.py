@@ -22,13 +22,24 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_cuda import CONFIGS, make_inputs as cuda_inputs  # noqa: E402
 
 import sdm_inductor  # noqa: E402,F401
-from sdm_inductor.kernels import host  # noqa: E402
+from sdm_inductor.kernels import host, phase1  # noqa: E402
+
+key_dtype = phase1._key_dtype
+
+
+def key_dtype_int64(S, C, E):
+    return torch.int64
 
 SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16, AHEAD_BWD=0,
                 BWD_WINDOWS=1)
 NEW = dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, EW=16, AHEAD_BWD=1,
            BWD_WINDOWS=4)
+SESSION4 = dict(NEW, STASH=0, STASH_BWD=0, PHASE1="search")
 VARIANTS = [
+    ("session 4 default: Phase 1 searches, int64 keys, no stash", SESSION4),
+    ("session 5 default: Phase 1 scans + int32 keys, stash fwd + bwd", NEW),
+    ("  ... stash in the forward only", dict(NEW, STASH_BWD=0)),
+    ("  ... no stash (Phase 1 scans only)", dict(NEW, STASH=0, STASH_BWD=0)),
     ("session 2 kernels", SESSION2),
     ("inline members (KW=4), rows + headers ahead, bwd rows ahead", NEW),
     ("  ... gather tiles EW=8", dict(NEW, EW=8)),
@@ -96,6 +107,11 @@ def main():
     ref = None
     for i in chosen:
         name, over = VARIANTS[i]
+        over = dict(over)
+        # Phase 1 by binary searches and int64 keys (session 4) or scans (default)
+        search = over.pop("PHASE1", "scan") == "search"
+        phase1.SCAN_GROUPS = not search
+        phase1._key_dtype = key_dtype_int64 if search else key_dtype
         host.CONFIG.clear()
         host.CONFIG.update(keep, **over)
         work = bank.clone()

@@ -44,7 +44,8 @@ for seg in "$@"; do
       run aoti_sys 300 env CXX=/usr/bin/g++ python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py tests/test_examples.py -k aoti ;;
     variants)
-      run bench_variants 170 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,3,7 ;;
+      run bench_variants 170 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,2,3
+      run bench_variants_B 120 python3 benchmarks/bench_variants.py --config B --chunk 64 --only 1 ;;
     cuda_tests)   # the kernels, the gated op and the layer on CUDA
       run cuda_tests 260 python3 -m pytest -v -p no:cacheprovider tests/test_cuda.py tests/test_gated.py \
         tests/test_nn.py -m cuda ;;

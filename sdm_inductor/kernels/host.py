@@ -38,7 +38,8 @@ NAME = "cuda-triton-chunked"
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
-              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4, STASH=1)
+              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4, STASH=1,
+              STASH_BWD=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
