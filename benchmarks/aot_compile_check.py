@@ -63,8 +63,8 @@ def main(dtype="bf16"):
     for kt in (i32, i64):   # sort keys: int32 when they fit, else int64
         compile_one(phase1._groups_kernel,
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
-                         na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32, rwid_ptr=i32,
-                         wex_ptr=i32, gsp_ptr=i32), dict(W=W, E=W + R, BLK=1024))
+                         na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
+                         wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=1024))
     compile_one(phase1._pairs_kernel,
                 dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                      gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
@@ -74,12 +74,10 @@ def main(dtype="bf16"):
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
-                         run_coef_ptr=f32, run_widx_ptr=i32, scratch_ptr=f32, stash_ptr=bank,
-                         log_ptr=bank),
+                         run_coef_ptr=f32, scratch_ptr=f32, log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=CFG["BD"], TB=64, EW=CFG["EW"], NG=CFG["NG"], CP=CC,
                          SAVE=CC != 64, PREC="tf32", PASSES=7, GATHER_STAGES=CFG["GATHER_STAGES"],
-                         ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"],
-                         STASH=CFG["STASH"]),
+                         ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"]),
                     num_warps=CFG["WARPS"])
     prec = "tf32" if dtype == "bf16" else "ieee"
     for CC in (64, 128):   # the grid walk (C <= 128: shared memory)
@@ -101,10 +99,9 @@ def main(dtype="bf16"):
                          X_ptr=f32, QK_ptr=f32,
                          beta_ptr=f32, v_ptr=bank, dy_ptr=bank, dv_ptr=f32, pe_ptr=f32,
                          pc_ptr=f32, pm_ptr=f32, pb_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
-                         scratch_ptr=f32, stash_ptr=bank),
+                         scratch_ptr=f32),
                     dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
-                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"], AHEAD=CFG["AHEAD_BWD"],
-                         STASH=CFG["STASH_BWD"]),
+                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"], AHEAD=CFG["AHEAD_BWD"]),
                     num_warps=CFG["WARPS_BWD"])
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,

@@ -34,12 +34,10 @@ SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, 
                 BWD_WINDOWS=1)
 NEW = dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, EW=16, AHEAD_BWD=1,
            BWD_WINDOWS=4)
-SESSION4 = dict(NEW, STASH=0, STASH_BWD=0, PHASE1="search")
+SESSION4 = dict(NEW, PHASE1="search")
 VARIANTS = [
-    ("session 4 default: Phase 1 searches, int64 keys, no stash", SESSION4),
-    ("session 5 default: Phase 1 scans + int32 keys, stash fwd + bwd", NEW),
-    ("  ... stash in the forward only", dict(NEW, STASH_BWD=0)),
-    ("  ... no stash (Phase 1 scans only)", dict(NEW, STASH=0, STASH_BWD=0)),
+    ("session 4 default: Phase 1 by searches, int64 keys", SESSION4),
+    ("session 5 default: Phase 1 by scans, int32 keys", NEW),
     ("session 2 kernels", SESSION2),
     ("inline members (KW=4), rows + headers ahead, bwd rows ahead", NEW),
     ("  ... gather tiles EW=8", dict(NEW, EW=8)),

@@ -21,15 +21,13 @@ def forward_kernel_only(bank, pl, v, C, BD=16, EW=8, WARPS=8, NG=512, TB=64, PAS
     NCB = -(-hd // BD)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
-    stash = torch.empty(P * NCB * C * pl.W * BD, dtype=bank.dtype, device=bank.device)
     ru = pl.runs
 
     def run():
         _forward_kernel[(P, NCB)](bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out, ru.slot,
-                                  ru.length, ru.decay, ru.tok, ru.coef, ru.widx, scratch, stash,
-                                  bank, P, T, hd,
+                                  ru.length, ru.decay, ru.tok, ru.coef, scratch, bank, P, T, hd,
                                   pl.NC, C=C, W=pl.W, R=pl.R, BD=BD, TB=min(TB, CP), EW=EW,
-                                  NG=NG, CP=CP, SAVE=False, PREC="tf32", PASSES=PASSES, STASH=1,
+                                  NG=NG, CP=CP, SAVE=False, PREC="tf32", PASSES=PASSES,
                                   num_warps=WARPS)
     return bench(run, rep=200)
 

@@ -215,7 +215,7 @@ def case_column_walk():
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=19), 16)
     host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512, AHEAD_BWD=0,
-                       BWD_WINDOWS=1, STASH=0)   # session 2's kernels (old rows from the bank)
+                       BWD_WINDOWS=1)   # session 2's kernels
     _train(make_inputs(P=1, T=40, W=3, R=2, hd=16, slots_per_stream=12, repeats=True, seed=20), 16)
     host.CONFIG.update(GATHER_STAGES=3, EW=2)   # the gather loop left to Triton's pipeliner
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
@@ -245,7 +245,7 @@ def case_phase1_scans():
         got = phase1.plan(*args)
         for f in ("perm", "gs", "nw", "na"):
             assert torch.equal(getattr(got, f), getattr(want, f)), f
-        for f in ("slot", "length", "decay", "tok", "coef", "widx"):
+        for f in ("slot", "length", "decay", "tok", "coef"):
             x, y = getattr(got.runs, f), getattr(want.runs, f)
             assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
         print(f"{key_dtype}: scans == searches")

@@ -82,36 +82,16 @@ def _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, rb, lb, hd, width, cols
 
 @triton.jit
 def _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, e_hi, hd, cols, cm, E: tl.constexpr,
-               EW: tl.constexpr, stash, sc, W: tl.constexpr, BD: tl.constexpr,
-               FROM_STASH: tl.constexpr):
+               EW: tl.constexpr):
     """Chunk-start rows [TB, EW, BD] (fp32) of entries [e0, e0+EW) below ``e_hi``, gathered
     from the working bank (which holds the chunk-start state); also the entries, their
-    mask and their slots (-1: none). ``FROM_STASH``: the write entries' rows come from
-    the copy pass 1 stashed (contiguous) instead of a second random gather."""
+    mask and their slots (-1: none)."""
     ents = e0 + tl.arange(0, EW)
     em = tm[:, None] & (ents < e_hi)[None, :]
     sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
-    if FROM_STASH:
-        isw = (ents < W)[None, :]
-        x = tl.load(stash + ((toks[:, None] * W + ents[None, :]) * BD)[:, :, None]
-                    + sc[None, None, :], mask=(em & isw)[:, :, None], other=0.0).to(tl.float32)
-        x += tl.load(work_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                     mask=((sl >= 0) & (~isw))[:, :, None] & cm[None, None, :],
-                     other=0.0).to(tl.float32)
-    else:
-        x = tl.load(work_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                    mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0).to(tl.float32)
+    x = tl.load(work_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0).to(tl.float32)
     return x, ents, em, sl
-
-
-@triton.jit
-def _stash_rows(stash, rows, toks, tm, ents, sc, W: tl.constexpr, BD: tl.constexpr,
-                STASH: tl.constexpr):
-    """Pass 1 keeps the write entries' chunk-start rows for passes 3 and 4."""
-    if STASH:
-        tl.store(stash + ((toks[:, None] * W + ents[None, :]) * BD)[:, :, None]
-                 + sc[None, None, :], rows.to(stash.dtype.element_ty),
-                 mask=(tm[:, None] & (ents < W)[None, :])[:, :, None])
 
 
 @triton.jit
@@ -188,11 +168,11 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
                     X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
                     dv_ptr, pe_ptr, pc_ptr, pm_ptr, pb_ptr, pqk_ptr, pl_ptr, scratch_ptr,
-                    stash_ptr, P, T, hd, width, NC, B, C_LO, N_WIN, NCW,
+                    P, T, hd, width, NC, B, C_LO, N_WIN, NCW,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                     QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1,
-                    AHEAD: tl.constexpr = 0, STASH: tl.constexpr = 0):
+                    AHEAD: tl.constexpr = 0):
     # one window of chunks, [C_LO, C_LO + N_WIN), in reverse; the partial sums hold NCW
     # chunks per stream (the window), indexed by the chunk's place in the window
     p = tl.program_id(0)
@@ -207,8 +187,6 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
     scr_dd = scr + 2 * CP * BD       # d delta
     scr_dr = scr + 3 * CP * BD       # d r0
     part = cb.to(tl.int64) * B       # this program's slice of the partial sums (B = P * NCW)
-    # pass 1's write rows [C, W, BD] for passes 3 and 4 (STASH; the bank dtype, exact)
-    stash = stash_ptr + (p * tl.num_programs(1) + cb).to(tl.int64) * (C * W * BD) * STASH
     cc = 0
     while cc < N_WIN:  # chunks in reverse; runtime trip count
         c = C_LO + N_WIN - 1 - cc
@@ -227,25 +205,22 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             r0 = tl.zeros([TB, BD], tl.float32)
             if AHEAD:   # the next tile's chunk-start rows in flight while this tile is reduced
                 rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                               cols, cm, E, EW, stash, sc, W, BD, 0)
+                                               cols, cm, E, EW)
                 wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
                 for e0 in range(0, W, EW):
                     rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                         e0 + EW, W, hd, cols, cm, E, EW,
-                                                         stash, sc, W, BD, 0)
+                                                         e0 + EW, W, hd, cols, cm, E, EW)
                     wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                    other=0.0)
-                    _stash_rows(stash, rows, toks, tm, e0 + tl.arange(0, EW), sc, W, BD, STASH)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
                     rows = rows_n
                     wt = wt_n
             else:
                 for e0 in range(0, W, EW):
                     rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
-                                                   cols, cm, E, EW, stash, sc, W, BD, 0)
+                                                   cols, cm, E, EW)
                     wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
-                    _stash_rows(stash, rows, toks, tm, ents, sc, W, BD, STASH)
                     r0 += tl.sum(wt[:, :, None] * rows, axis=1)
             tg = c * C + toks
             tv = tm & (tg < T)
@@ -279,7 +254,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             dd = tl.zeros([TB, BD], tl.float32)
             if AHEAD:   # the next tile's slots and chunk-start rows load during this tile's gather
                 rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                                cols, cm, E, EW, stash, sc, W, BD, STASH)
+                                                cols, cm, E, EW)
                 for e0 in range(0, W, EW):
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                                  mask=(sl >= 0)[:, :, None] & cm[None, None, :],
@@ -287,8 +262,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                                  other=0.0)
                     rows_n, ents_n, em_n, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                          e0 + EW, W, hd, cols, cm, E, EW,
-                                                          stash, sc, W, BD, STASH)
+                                                          e0 + EW, W, hd, cols, cm, E, EW)
                     po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
                     dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
                     rows = rows_n
@@ -297,7 +271,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             else:
                 for e0 in range(0, W, EW):
                     rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
-                                                    cols, cm, E, EW, stash, sc, W, BD, STASH)
+                                                    cols, cm, E, EW)
                     off = seg + toks[:, None] * E + ents[None, :]
                     Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                                  mask=(sl >= 0)[:, :, None] & cm[None, None, :],
@@ -358,11 +332,10 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                           mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
             if AHEAD:
                 rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, E, hd,
-                                               cols, cm, E, EW, stash, sc, W, BD, STASH)
+                                               cols, cm, E, EW)
                 for e0 in range(0, E, EW):
                     rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                         e0 + EW, E, hd, cols, cm, E, EW,
-                                                         stash, sc, W, BD, STASH)
+                                                         e0 + EW, E, hd, cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
                     rows = rows_n
@@ -371,7 +344,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             else:
                 for e0 in range(0, E, EW):
                     rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, E, hd,
-                                                   cols, cm, E, EW, stash, sc, W, BD, STASH)
+                                                   cols, cm, E, EW)
                     _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                               ents, em, dr0, dyt, W)
         tl.debug_barrier()
@@ -513,8 +486,6 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     # the reduced sums, padded to whole windows so every window's slice has one width
     sums = {k: torch.empty(P, nwin * NCW, C, n, **f32) for k, n in widths.items()}
     scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
-    stash = torch.empty(P * NCB * C * W * BD if config["STASH_BWD"] else 1, dtype=bank_dtype,
-                        device=dev)
     qmode = _QMODE[snapshot_quant]
     log = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
     # the bank state, rebuilt chunk by chunk in reverse from the final bank and the log
@@ -531,11 +502,10 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
                pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK,
                pl.beta, v, dy, dv,
                parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
-               scratch, stash, P, T, hd, saved_rows.shape[-1], NC, BW, c_lo, n_win, NCW, C=C, W=W,
-               R=R,
+               scratch, P, T, hd, saved_rows.shape[-1], NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
                BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
                QMODE=qmode, PREC=prec, KW=config["KW_BWD"], AHEAD=config["AHEAD_BWD"],
-               STASH=config["STASH_BWD"], num_warps=config["WARPS_BWD"])
+               num_warps=config["WARPS_BWD"])
         # cross-column sums of the window, in a fixed order (rows past the window's chunks
         # land in the padding)
         for k, part in parts.items():

@@ -38,8 +38,7 @@ NAME = "cuda-triton-chunked"
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
-              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4, STASH=1,
-              STASH_BWD=1)
+              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync)
 
@@ -95,18 +94,14 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     BD, CP = CONFIG["BD"], pow2(C)
     NCB = -(-hd // BD)
     scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
-    # per program, the chunk's write-entry rows as gathered (C*W*BD: T-independent)
-    stash = (torch.empty(P * NCB * C * W * BD, dtype=bank.dtype, device=bank.device)
-             if CONFIG["STASH"] else _dummy(bank))
     ru = pl.runs
     launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
-           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, ru.widx, scratch, stash, saved_arg,
-           P, T, hd,
+           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved_arg, P, T, hd,
            pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
            SAVE=saved is not None, PREC=_prec(bank.dtype), PASSES=7,
            GATHER_STAGES=CONFIG["GATHER_STAGES"], ROWS_AHEAD=CONFIG["ROWS_AHEAD"], KW=CONFIG["KW"],
-           HEAD_AHEAD=CONFIG["HEAD_AHEAD"], STASH=CONFIG["STASH"], num_warps=CONFIG["WARPS"])
+           HEAD_AHEAD=CONFIG["HEAD_AHEAD"], num_warps=CONFIG["WARPS"])
     return out
 
 

@@ -132,8 +132,8 @@ def _min_fn(a, b):
 
 @triton.jit
 def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
-                   rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, rwid_ptr, wex_ptr, gsp_ptr,
-                   CE, CW, W: tl.constexpr, E: tl.constexpr, BLK: tl.constexpr):
+                   rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr,
+                   CE, CW, E: tl.constexpr, BLK: tl.constexpr):
     """Groups and write runs of one segment from its sorted keys, by two scans (no
     binary searches, no second sort). A group is a run of equal ``key >> 1`` (one slot);
     its write members (even keys) come first. Filtering the stably sorted entries to the
@@ -194,7 +194,6 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
         tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
         tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
         tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
-        tl.store(rwid_ptr + rseg + dest, ((ent // E) * W + ent % E).to(tl.int32), mask=isw)
         j0 -= BLK
 
 
@@ -306,7 +305,6 @@ class Runs:
     decay: Tensor   # fp32 exp(gend) of the slot
     tok: Tensor     # int32 token of the entry at this position
     coef: Tensor    # fp32 coef of the entry at this position
-    widx: Tensor    # int32 write index ``token * W + w`` of the entry at this position
     # a run's start position is also its row of the segment's undo log (``quant.UndoLog``)
 
 
@@ -338,17 +336,17 @@ def _search_groups(key: Tensor, skey: Tensor):
 
 
 def _scan_groups(skey: Tensor, perm: Tensor, slot: Tensor, C: int, W: int, R: int):
-    """``gs, nw, na`` (entry order) and the write runs' ``slot, length, tok``, entry index
-    and write index (run order) of every segment, by ``_groups_kernel``."""
+    """``gs, nw, na`` (entry order) and the write runs' ``slot, length, tok`` and entry
+    index (run order) of every segment, by ``_groups_kernel``."""
     B, CE = skey.shape
     CW = C * W
     dev = skey.device
     i32 = dict(dtype=torch.int32, device=dev)
     gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
-    rslot, rlen, rtok, rent, rwid = (torch.empty(B, CW, **i32) for _ in range(5))
-    launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent, rwid,
-           wex, gsp, CE, CW, W=W, E=W + R, BLK=1024, num_warps=4)
-    return gs, nw, na, (rslot, rlen, rtok, rent, rwid)
+    rslot, rlen, rtok, rent = (torch.empty(B, CW, **i32) for _ in range(4))
+    launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
+           wex, gsp, CE, CW, E=W + R, BLK=1024, num_warps=4)
+    return gs, nw, na, (rslot, rlen, rtok, rent)
 
 
 def _key_dtype(S, C: int, E: int) -> torch.dtype:
@@ -369,7 +367,7 @@ def write_runs(pl: "Plan", key: Tensor) -> Runs:
     take = lambda x: x.view(B, C * E).gather(1, ent)
     slot = torch.where(start, take(pl.slot), -1)
     return Runs(slot.to(torch.int32), torch.where(start & (slot >= 0), length, 0).to(torch.int32),
-                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef), wperm.to(torch.int32))
+                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef))
 
 
 def entry_groups(pl: "Plan") -> Groups:
@@ -454,9 +452,9 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)
     if SCAN_GROUPS:   # the runs' entries are known; their weights are Phase 1's
-        rslot, rlen, rtok, rent, rwid = runs
+        rslot, rlen, rtok, rent = runs
         take = lambda x: x.view(B, C * E).gather(1, rent.long())
-        pl.runs = Runs(rslot, rlen, take(pl.decay), rtok, take(pl.coef), rwid)
+        pl.runs = Runs(rslot, rlen, take(pl.decay), rtok, take(pl.coef))
     else:
         pl.runs = write_runs(pl, key)
     return pl

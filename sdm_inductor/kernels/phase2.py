@@ -49,43 +49,36 @@ def _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm, cols, cm, h
 
 
 @triton.jit
-def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                run_widx_ptr, rb, f0, CW: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
+def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb, f0,
+                CW: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
     """Everything a write tile needs before its gathers, in loads that depend on nothing:
-    the run headers of positions [f0, f0 + NG) (slot, length, decay, the first member's
-    write index) and the first ``KW`` members of each run (token and coefficient; members
-    past a run's end are masked when used)."""
+    the run headers of positions [f0, f0 + NG) and the first ``KW`` members of each run
+    (token and coefficient; members past a run's end are masked when used)."""
     pos = f0 + tl.arange(0, NG)
     fm = pos < CW
     sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-    wi = tl.load(run_widx_ptr + rb + pos, mask=fm, other=0)
     ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
     dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
     mpos = pos[:, None] + tl.arange(0, KW)[None, :]
     mm = fm[:, None] & (mpos < CW)
     tk = tl.load(run_tok_ptr + rb + mpos, mask=mm, other=0)
     cf = tl.load(run_coef_ptr + rb + mpos, mask=mm, other=0.0)
-    return sl, ln, dec, tk, cf, wi
+    return sl, ln, dec, tk, cf
 
 
 @triton.jit
-def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, wi,
-                stash, cols, cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
-                BD: tl.constexpr, SAVE: tl.constexpr, STASH: tl.constexpr):
+def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
+                cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
+                BD: tl.constexpr, SAVE: tl.constexpr):
     """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
     run's order. The old rows and the first ``KW`` members' deltas are gathered in one
     round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
     ``SAVE`` the old rows go to the undo log at the run's start position (``lb``: the
-    segment's first log row; the log is chunk-major, the run arrays stream-major). With
-    ``STASH`` the old row is the copy pass A stashed for the run's first member (the
-    bank still holds chunk-start values here) instead of a second random bank read."""
+    segment's first log row; the log is chunk-major, the run arrays stream-major)."""
     pos = f0 + tl.arange(0, NG)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
-    if STASH:
-        old = tl.load(stash + wi[:, None] * BD + sc[None, :], mask=wm, other=0.0)
-    else:
-        old = tl.load(bank_ptr + ro, mask=wm, other=0.0)
+    old = tl.load(bank_ptr + ro, mask=wm, other=0.0)
     if SAVE:
         tl.store(log_ptr + (lb + pos).to(tl.int64)[:, None] * hd + cols[None, :],
                  old.to(log_ptr.dtype.element_ty), mask=wm)
@@ -107,16 +100,6 @@ def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec,
 
 
 @triton.jit
-def _stash_rows(stash, rows, toks, tm, ents, sc, W: tl.constexpr, BD: tl.constexpr,
-                STASH: tl.constexpr):
-    """Keep a gathered tile's write-entry rows (chunk-start values) in the program's
-    stash ``[C, W, BD]`` (contiguous: L2-resident until pass C reads them)."""
-    if STASH:
-        tl.store(stash + ((toks[:, None] * W + ents[None, :]) * BD)[:, :, None]
-                 + sc[None, None, :], rows, mask=(tm[:, None] & (ents < W)[None, :])[:, :, None])
-
-
-@triton.jit
 def _accumulate(rows, wt, ents, r0, inter, W: tl.constexpr):
     """Add a gathered tile [TB, EW, BD] into r0 (write entries) and inter (read entries)."""
     x = wt[:, :, None] * rows.to(tl.float32)
@@ -129,20 +112,18 @@ def _accumulate(rows, wt, ents, r0, inter, W: tl.constexpr):
 @triton.jit(do_not_specialize=["P", "T", "NC"])
 def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr, out_ptr,
                     run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                    run_widx_ptr, scratch_ptr, stash_ptr, log_ptr, P, T, hd, NC,
+                    scratch_ptr, log_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
                     SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7,
                     GATHER_STAGES: tl.constexpr = 0, ROWS_AHEAD: tl.constexpr = 0,
-                    KW: tl.constexpr = 1, HEAD_AHEAD: tl.constexpr = 0,
-                    STASH: tl.constexpr = 0):
+                    KW: tl.constexpr = 1, HEAD_AHEAD: tl.constexpr = 0):
     # PASSES (profiling only): bit 1 gathers, 2 matmuls, 4 row writes. GATHER_STAGES: 0 is
     # the hand-pipelined gather (slots one tile ahead; with ROWS_AHEAD the rows of the next
     # tile are in flight too, slots two tiles ahead); >= 2 hands the gather loop to Triton's
     # software pipeliner (compiles to cp.async on sm_90). KW: run members gathered with the
     # run header in the write pass; HEAD_AHEAD: the next write tile's headers load while
-    # this tile's rows are gathered. STASH: pass A keeps the write entries' rows in the
-    # program's stash and pass C reads old rows from there (see _write_tile).
+    # this tile's rows are gathered.
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -152,7 +133,6 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
     scr_u = scratch_ptr + (p * tl.num_programs(1) + cb).to(tl.int64) * (3 * CP * BD)
     scr_i = scr_u + CP * BD
     scr_d = scr_u + 2 * CP * BD
-    stash = stash_ptr + (p * tl.num_programs(1) + cb).to(tl.int64) * (C * W * BD) * STASH
     c = 0
     while c < NC:  # runtime trip count: one compile for every T
         b = p * NC + c
@@ -177,7 +157,6 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     w_cur = wt
                     wt = wt_n
                     sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + 2 * EW, E, EW)
-                    _stash_rows(stash, rows, toks, tm, ents, sc, W, BD, STASH)
                     r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
                     rows = rows_n
             elif GATHER_STAGES == 0:
@@ -189,7 +168,6 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                                    mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
                     w_cur = wt
                     sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
-                    _stash_rows(stash, rows, toks, tm, ents, sc, W, BD, STASH)
                     r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
             else:
                 # left to Triton's software pipeliner (cp.async ring of GATHER_STAGES tiles)
@@ -198,7 +176,6 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0, E, EW)
                     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                                    mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                    _stash_rows(stash, rows, toks, tm, ents, sc, W, BD, STASH)
                     r0, inter = _accumulate(rows, wt, ents, r0, inter, W)
             tg = c * C + toks
             tv = tm & (tg < T)
@@ -234,25 +211,21 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
         if (PASSES >> 2) & 1:
             if HEAD_AHEAD:
-                sl, ln, dec, tk, cf, wi = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                                      run_tok_ptr, run_coef_ptr, run_widx_ptr, rb,
-                                                      0, C * W, NG, KW)
+                sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                                  run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
             for f0 in range(0, C * W, NG):
                 if HEAD_AHEAD:
                     # the next tile's headers are in flight while this tile gathers
-                    sl_n, ln_n, dec_n, tk_n, cf_n, wi_n = _write_head(
-                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                        run_widx_ptr, rb, f0 + NG, C * W, NG, KW)
+                    sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
+                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
+                        f0 + NG, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, wi, stash, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE,
-                                STASH)
-                    sl, ln, dec, tk, cf, wi = sl_n, ln_n, dec_n, tk_n, cf_n, wi_n
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE)
+                    sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
                 else:
-                    sl, ln, dec, tk, cf, wi = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                                          run_tok_ptr, run_coef_ptr, run_widx_ptr,
-                                                          rb, f0, C * W, NG, KW)
+                    sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                                      run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, wi, stash, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE,
-                                STASH)
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE)
         tl.debug_barrier()
         c += 1
