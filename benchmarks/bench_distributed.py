@@ -66,9 +66,13 @@ class Net(torch.nn.Module):
         return self.out(h)
 
 
-def _device():
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", 0))
+def _device(kind: str = "auto"):
+    """One GPU per rank (NCCL) when there are GPUs, unless ``--device cpu`` (gloo)."""
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        local, n = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if local >= n:
+            sys.exit(f"bench_distributed: local rank {local} needs GPU {local}, this machine "
+                     f"has {n}; use --nproc-per-node <= {n} or --device cpu")
         torch.cuda.set_device(local)
         return torch.device("cuda", local), "nccl"
     return torch.device("cpu"), "gloo"
@@ -167,7 +171,7 @@ def _measure(a, mode, device, mesh) -> dict:
 def run(a):
     from torch.distributed.tensor import init_device_mesh
 
-    device, backend = _device()
+    device, backend = _device(a.device)
     dist.init_process_group(backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(device.type, (n,))
@@ -233,6 +237,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tiny", action="store_true", help="seconds-long CPU check configuration")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto: one GPU per rank when there are GPUs, else CPU processes")
     ap.add_argument("--json", help="write rank 0's result here")
     ap.add_argument("--table", nargs="+", metavar="JSON",
                     help="print one table from the JSON files of several runs (no torchrun)")

@@ -482,7 +482,8 @@ def test_bench_distributed_runs_under_torchrun(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
            "--master-addr", "127.0.0.1", "--master-port", str(port),
-           str(REPO / "benchmarks" / "bench_distributed.py"), "--tiny", "--json", str(out)]
+           str(REPO / "benchmarks" / "bench_distributed.py"), "--tiny", "--device", "cpu",
+           "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
