@@ -321,7 +321,7 @@ class Groups:
 
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
-# (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``write_runs``);
+# (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
 # ``False`` selects the searches (kept as the reference the tests compare against).
 SCAN_GROUPS = True
 
@@ -355,8 +355,10 @@ def _key_dtype(S, C: int, E: int) -> torch.dtype:
     return torch.int32 if isinstance(S, int) and S + C * E < 2 ** 30 else torch.int64
 
 
-def write_runs(pl: "Plan", key: Tensor) -> Runs:
-    B, C, E, W = pl.B, pl.C, pl.E, pl.W
+def _search_runs(key: Tensor, slot: Tensor, C: int, W: int, R: int):
+    """The write runs' ``slot, length, tok`` and entry index (run order) by a second sort
+    of the write keys and a binary search (the reference of ``_groups_kernel``)."""
+    B, E = key.shape[0], W + R
     wkey = key.view(B, C, E)[:, :, :W].reshape(B, C * W)
     skey, wperm = torch.sort(wkey, dim=-1, stable=True)
     start = torch.ones_like(skey, dtype=torch.bool)
@@ -364,10 +366,9 @@ def write_runs(pl: "Plan", key: Tensor) -> Runs:
     pos = torch.arange(C * W, device=key.device)
     length = torch.searchsorted(skey, skey, right=True) - pos
     ent = (wperm // W) * E + wperm % W
-    take = lambda x: x.view(B, C * E).gather(1, ent)
-    slot = torch.where(start, take(pl.slot), -1)
-    return Runs(slot.to(torch.int32), torch.where(start & (slot >= 0), length, 0).to(torch.int32),
-                take(pl.decay), (wperm // W).to(torch.int32), take(pl.coef))
+    rslot = torch.where(start, slot.gather(1, ent), -1)
+    return (rslot.to(torch.int32), torch.where(start & (rslot >= 0), length, 0).to(torch.int32),
+            (wperm // W).to(torch.int32), ent.to(torch.int32))
 
 
 def entry_groups(pl: "Plan") -> Groups:
@@ -437,6 +438,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
         gs, nw, na, runs = _scan_groups(skey, perm, slot.view(B, C * E), C, W, R)
     else:
         gs, nw, na = _search_groups(key, skey)
+        runs = _search_runs(key, slot.view(B, C * E), C, W, R)
     gam = torch.empty_like(val)
     ev = torch.empty_like(val)
     coef = torch.empty_like(val)
@@ -451,10 +453,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     X, QKX = inverse(A, QK, bp)
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)
-    if SCAN_GROUPS:   # the runs' entries are known; their weights are Phase 1's
-        rslot, rlen, rtok, rent = runs
-        take = lambda x: x.view(B, C * E).gather(1, rent.long())
-        pl.runs = Runs(rslot, rlen, take(pl.decay), rtok, take(pl.coef))
-    else:
-        pl.runs = write_runs(pl, key)
+    rslot, rlen, rtok, rent = runs   # the runs' weights are the pairs kernel's
+    take = lambda x: x.view(B, C * E).gather(1, rent.long())
+    pl.runs = Runs(rslot, rlen, take(pl.decay), rtok, take(pl.coef))
     return pl
