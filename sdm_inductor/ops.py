@@ -113,10 +113,9 @@ def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_qua
         bank_dtype=str(bank.dtype), snapshot_quant=snapshot_quant)
 
 
-def _saved_shapes(bank: Tensor, k_idx: Tensor, q_idx: Tensor, chunk_size: int,
-                  snapshot_quant: str, save: bool):
+def _saved_shapes(bank: Tensor, k_idx: Tensor, chunk_size: int, snapshot_quant: str,
+                  save: bool):
     P, T, W = k_idx.shape
-    R = q_idx.shape[2]
     hd = bank.shape[1]
     dtype, width, scaled = quant.storage(snapshot_quant, bank.dtype, hd)
     # segments x C: never 1, so traced code gets no size-1 guard on a symbolic length
@@ -143,12 +142,12 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     return readings, final, rows, scales
 
 
-def _fake_outputs(bank, k_idx, q_idx, chunk_size, snapshot_quant, save_for_backward):
+def _fake_outputs(bank, k_idx, chunk_size, snapshot_quant, save_for_backward):
     """(readings, final bank, saved rows, saved scales) of ``write_read`` and its gated
     form, by shape only."""
     P, T, _ = k_idx.shape
     readings = bank.new_empty(P, T, bank.shape[1])
-    rows, dtype, scales = _saved_shapes(bank, k_idx, q_idx, chunk_size, snapshot_quant,
+    rows, dtype, scales = _saved_shapes(bank, k_idx, chunk_size, snapshot_quant,
                                         save_for_backward)
     return (readings, torch.empty_like(bank), bank.new_empty(rows, dtype=dtype),
             bank.new_empty(scales, dtype=torch.float32))
@@ -159,7 +158,7 @@ def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_str
       shared_bank=False, snapshot_quant="none", grad_bank_fp32=False, save_for_backward=True):
     check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
                shared_bank, snapshot_quant)
-    return _fake_outputs(bank, k_idx, q_idx, chunk_size, snapshot_quant, save_for_backward)
+    return _fake_outputs(bank, k_idx, chunk_size, snapshot_quant, save_for_backward)
 
 
 def _setup_context(ctx, inputs, output):
@@ -240,7 +239,7 @@ def _(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_s
       save_for_backward=True):
     _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
                       chunk_size, slots_per_stream, shared_bank, snapshot_quant)
-    return _fake_outputs(bank, k_idx, q_idx, chunk_size, snapshot_quant, save_for_backward)
+    return _fake_outputs(bank, k_idx, chunk_size, snapshot_quant, save_for_backward)
 
 
 def _setup_gated(ctx, inputs, output):
@@ -283,7 +282,7 @@ def _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_sca
                     k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant):
     check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val,
                    v, beta, g, q_idx, q_val, chunk_size, snapshot_quant,
-                   lambda mode: _saved_shapes(grad_final, k_idx, q_idx, chunk_size, mode, True))
+                   lambda mode: _saved_shapes(grad_final, k_idx, chunk_size, mode, True))
 
 
 @torch.library.custom_op("sdm::write_read_backward", mutates_args=())

@@ -62,8 +62,8 @@ def _write_read_rule(mode, op, types, args, kwargs):
             final = bank.clone()
             readings = torch.ops.sdm.write_read_(final, k_idx, k_val, v, beta, g, q_idx, q_val,
                                                  chunk_size, slots_per_stream, shared_bank)
-            rows, dtype, scales = ops._saved_shapes(bank, k_idx, q_idx, chunk_size,
-                                                    snapshot_quant, False)
+            rows, dtype, scales = ops._saved_shapes(bank, k_idx, chunk_size, snapshot_quant,
+                                                    False)
             return (readings, final, bank.new_empty(rows, dtype=dtype),
                     bank.new_empty(scales, dtype=torch.float32))
     args = (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
