@@ -15,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sdm_inductor.kernels import backward, decode, phase1, phase2, walk
+from sdm_inductor.kernels import backward, decode, phase1, phase2, step, walk
 from sdm_inductor.kernels.host import CONFIG as CFG
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -88,6 +88,18 @@ def main(dtype="bf16"):
                          run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, cnt_ptr=i32, log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=128, EW=128, NG=64, CP=CC, SAVE=True, PREC=prec,
                          PREC_G=prec, ONE_PROGRAM=False, STAGES=CFG["STAGES_WALK"]), num_warps=8)
+    for CC in (64, 128, 256):   # the step walk: a gather and a write launch per chunk
+        compile_one(step._step_gather_kernel,
+                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
+                         X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
+                         cnt_ptr=i32),
+                    dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=CC,
+                         MB=CFG["MB_STEP"], TB=64, PREC=prec), num_warps=CFG["WARPS_STEP"])
+        compile_one(step._step_write_kernel,
+                    dict(bank_ptr=bank, d_ptr=f32, run_slot_ptr=i32, run_len_ptr=i32,
+                         run_decay_ptr=f32, run_tok_ptr=i32, run_coef_ptr=f32, log_ptr=bank),
+                    dict(C=CC, W=W, BD=CFG["BD_STEP_W"], NG=CFG["NG_STEP"], KW=CFG["KW_STEP"],
+                         CP=CC, SAVE=CC == 64), num_warps=CFG["WARPS_STEP_W"])
     compile_one(decode._decode_kernel,
                 dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
                      beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))

@@ -74,6 +74,15 @@ for seg in "$@"; do
     bench_rewrite)
       run bench_rewrite 420 python3 benchmarks/bench_rewrite.py --device cuda --T 64 256 1024 \
         --plain-max-T 64 --plain-timeout 150 --reps 10 --json "$OUT/bench_rewrite.json" ;;
+    step)   # the step walk (kernels/step.py) against the column walk
+      SDM_INDUCTOR_WALK=step run test_cuda_step 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
+      run bench_step 300 python3 benchmarks/bench_cuda.py --configs A,B --chunks 64,128,256 \
+        --walks step,column --no-extras --quick
+      (cd benchmarks && SDM_INDUCTOR_WALK=step run profile_step 120 python3 profile_cuda.py 64 --tables-only) ;;
+    step_variants)
+      run variants_step_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 11,12,13,14,15,16,17,18
+      run variants_step_A128 200 python3 benchmarks/bench_variants.py --config A --chunk 128 --only 11,12,13,15,16
+      run variants_step_B128 120 python3 benchmarks/bench_variants.py --config B --chunk 128 --only 11,12,15 ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

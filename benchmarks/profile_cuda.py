@@ -1,6 +1,7 @@
 """Where the time goes (config A of SDM_SPEC section 5): per-kernel CUDA time from
 torch.profiler, and the Phase 2 forward kernel alone with passes switched off and under
-other launch parameters. Usage: python benchmarks/profile_cuda.py [C]
+other launch parameters. Usage: python benchmarks/profile_cuda.py [C] [--tables-only]
+(``SDM_INDUCTOR_WALK=step`` profiles the step walk's launches.)
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def forward_kernel_only(bank, pl, v, C, BD=16, EW=8, WARPS=8, NG=512, TB=64, PAS
 
 
 def main():
-    C = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    nums = [a for a in sys.argv[1:] if not a.startswith("--")]
+    C = int(nums[0]) if nums else 64
     cfg = CONFIGS["A"]
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**cfg)
     rest = (k_idx, k_val, v, beta, g, q_idx, q_val)
@@ -58,6 +60,8 @@ def main():
                                         max_name_column_width=60))
     plan_ms = bench(lambda: phase1.plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C))
     print(f"phase 1 (plan) alone: {plan_ms:.3f} ms")
+    if "--tables-only" in sys.argv:
+        return
     pl = phase1.plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C)
     for passes in (7, 1, 2, 4, 0):
         ms = forward_kernel_only(work, pl, v, C, PASSES=passes)

@@ -29,7 +29,7 @@ def _run(case: str):
 
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
-                                  "column_walk", "phase1_scans"])
+                                  "column_walk", "step_walk", "phase1_scans"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -220,6 +220,28 @@ def case_column_walk():
     host.CONFIG.update(GATHER_STAGES=3, EW=2)   # the gather loop left to Triton's pipeliner
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
                        repeats=True, seed=18), 16)
+
+
+def case_step_walk():
+    """The step walk of ``step.py`` (two launches per chunk): several column blocks of
+    both launches (the last partial), several write tiles per chunk, runs longer than
+    the inline members, token blocks of the delta product, the undo log, and the
+    ticket that picks the last gather program of each (stream, column block)."""
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import make_inputs, reference_outputs
+    host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1)
+    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
+                       repeats=True, seed=22), 16)
+    assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
+    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128)
+    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_STEP=32)
+    ins = make_inputs(P=2, T=40, W=3, R=2, hd=40, slots_per_stream=16, repeats=True, seed=24)
+    y_ref, M_ref, _ = reference_outputs(ins)
+    bank = ins.bank.clone()
+    y = host.forward(bank, *tuple(ins)[1:], 16, "none", False)[0]
+    _check("no-grad readings", y, y_ref, 1e-5)
+    _check("no-grad bank", bank, M_ref, 1e-5)
 
 
 def case_phase1_scans():

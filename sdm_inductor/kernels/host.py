@@ -10,6 +10,7 @@ import os
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake as _is_fake
 
 from .. import quant
 from . import backward as bwd
@@ -17,7 +18,13 @@ from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import launch, pow2
 from .phase1 import plan, prep
 from .phase2 import _forward_kernel
+from .step import _step_gather_kernel, _step_write_kernel
 from .walk import _walk_kernel
+
+
+def is_fake(t: Tensor) -> bool:
+    """A tensor of a traced call (fake or functional-over-fake), not real data."""
+    return _is_fake(t)
 
 
 def _dummy(like: torch.Tensor) -> torch.Tensor:
@@ -38,9 +45,14 @@ NAME = "cuda-triton-chunked"
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
-              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4)
-# WALK: "grid" (walk.py, every SM in every chunk step, grid barriers) or "column"
-# (phase2.py, one program per stream and 16-column block, no inter-program sync)
+              NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
+              BD_STEP=128, WARPS_STEP=8, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
+              WARPS_STEP_W=8)
+# WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
+# (phase2.py, one program per stream and 16-column block, no inter-program sync) or
+# "step" (step.py, two launches per chunk over the whole GPU; eager calls only: a traced
+# call takes the column walk). *_STEP: the step walk's gather launch (columns per
+# program, warps, column slice of its delta product); *_STEP_W: its write launch.
 
 # The eager no-grad forward runs the sequence in windows of about this many tokens, so
 # its working memory (Phase 1 of a window) does not grow with T. Traced calls (one
@@ -88,8 +100,12 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    if walk_kind(C) == "grid":
+    kind = walk_kind(C, traced=is_fake(bank))
+    if kind == "grid":
         _grid_walk(bank, pl, v, out, saved_arg, saved is not None)
+        return out
+    if kind == "step":
+        _step_walk(bank, pl, v, out, saved_arg, saved is not None)
         return out
     BD, CP = CONFIG["BD"], pow2(C)
     NCB = -(-hd // BD)
@@ -110,8 +126,34 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
 GRID_WALK_MAX_C = 128
 
 
-def walk_kind(C: int) -> str:
-    return "grid" if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C else "column"
+def walk_kind(C: int, traced: bool = False) -> str:
+    if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C:
+        return "grid"
+    if CONFIG["WALK"] == "step" and not traced:
+        return "step"
+    return "column"
+
+
+def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool):
+    """The step walk (``step.py``): two launches per chunk, in chunk order."""
+    P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
+    hd = bank.shape[1]
+    CP = pow2(C)
+    BD, BDW, NG = CONFIG["BD_STEP"], CONFIG["BD_STEP_W"], CONFIG["NG_STEP"]
+    NCB, NCBW = -(-hd // BD), -(-hd // BDW)
+    nrt = -(-C * W // NG)
+    f32 = dict(dtype=torch.float32, device=bank.device)
+    u, inter, delta = (torch.empty(P, CP, hd, **f32) for _ in range(3))
+    tickets = torch.zeros(NC * P * NCB, dtype=torch.int32, device=bank.device)
+    ru = pl.runs
+    for c in range(NC):
+        launch(_step_gather_kernel, (P * C, NCB), bank, pl.slot, pl.ev, v, pl.beta, pl.X,
+               pl.QKX, out, u, inter, delta, tickets, c, P, pl.T, hd, NC, C=C, W=W, R=R, BD=BD,
+               WP=pow2(W), RP=pow2(R), CP=CP, MB=min(CONFIG["MB_STEP"], BD), TB=min(64, CP),
+               PREC=_prec(bank.dtype), num_warps=CONFIG["WARPS_STEP"], num_stages=1)
+        launch(_step_write_kernel, (P * nrt, NCBW), bank, delta, ru.slot, ru.length, ru.decay,
+               ru.tok, ru.coef, saved, c, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
+               KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, num_warps=CONFIG["WARPS_STEP_W"], num_stages=1)
 
 
 def _walk_block_cols(hd: int) -> int:
@@ -257,8 +299,8 @@ def raw_gate_layout(x: Tensor) -> Tensor:
 
 def _record(path: str, windows: int, bank: Tensor, C: int):
     from .. import ops
-    walk = walk_kind(C) if path == "chunked" else None
-    bd = _walk_block_cols(bank.shape[1]) if walk == "grid" else CONFIG["BD"]
+    walk = walk_kind(C, traced=is_fake(bank)) if path == "chunked" else None
+    bd = {"grid": _walk_block_cols(bank.shape[1]), "step": CONFIG["BD_STEP"]}.get(walk, CONFIG["BD"])
     ops.record_dispatch(kernel_path=path, windows=windows, walk=walk, block_cols=bd,
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))
 

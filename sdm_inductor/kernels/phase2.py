@@ -69,12 +69,13 @@ def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_
 @triton.jit
 def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
                 cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
-                BD: tl.constexpr, SAVE: tl.constexpr):
+                BD: tl.constexpr, SAVE: tl.constexpr, DS):
     """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
     run's order. The old rows and the first ``KW`` members' deltas are gathered in one
     round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
     ``SAVE`` the old rows go to the undo log at the run's start position (``lb``: the
-    segment's first log row; the log is chunk-major, the run arrays stream-major)."""
+    segment's first log row; the log is chunk-major, the run arrays stream-major).
+    ``scr_d + tok * DS + sc`` holds token ``tok``'s delta for the tile's columns."""
     pos = f0 + tl.arange(0, NG)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
@@ -84,7 +85,7 @@ def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec,
                  old.to(log_ptr.dtype.element_ty), mask=wm)
     ks = tl.arange(0, KW)
     km = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
-    dd = tl.load(scr_d + tk[:, :, None] * BD + sc[None, None, :], mask=km[:, :, None], other=0.0)
+    dd = tl.load(scr_d + tk[:, :, None] * DS + sc[None, None, :], mask=km[:, :, None], other=0.0)
     acc = tl.sum(cf[:, :, None] * dd, axis=1)
     m = KW
     n_max = tl.max(ln, axis=0)  # longest run of the tile
@@ -92,7 +93,7 @@ def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec,
         mm = m < ln
         tkm = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
         cfm = tl.load(run_coef_ptr + rb + pos + m, mask=mm, other=0.0)
-        acc += cfm[:, None] * tl.load(scr_d + tkm[:, None] * BD + sc[None, :], mask=mm[:, None],
+        acc += cfm[:, None] * tl.load(scr_d + tkm[:, None] * DS + sc[None, :], mask=mm[:, None],
                                       other=0.0)
         m += 1
     new = dec[:, None] * old.to(tl.float32) + acc
@@ -220,12 +221,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                         run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
                         f0 + NG, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE)
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
                     sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
                 else:
                     sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
                                                       run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
                     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE)
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
         tl.debug_barrier()
         c += 1

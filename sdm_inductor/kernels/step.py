@@ -1,0 +1,132 @@
+"""Phase 2 as two launches per chunk step, each spread over the whole GPU (the step walk).
+
+The column walk (``phase2.py``) runs ~100 programs that each walk every chunk: a step is
+a chain of 32-byte gathers inside one program per SM at most, and measured ~50 us per
+step at config A against ~8 us of memory time (``benchmarks/NOTES.md``). The grid walk
+(``walk.py``) spreads a step over every SM but, with one resident program per SM,
+serialises the items of each program. Here the hardware schedules the items: a step is
+
+- ``_step_gather_kernel``, one program per (stream, token, column block): gather the
+  token's ``W + R`` chunk-start row segments (``BD`` columns: 256 bytes at BD = 128),
+  ``u = beta (v - r0)`` and ``inter`` to small fp32 buffers. The last program to finish
+  a (stream, column block) -- an integer ticket, acquire/release -- computes that
+  block's ``delta = X u`` and the readings ``inter + QKX u`` for all the chunk's tokens:
+  one program, a fixed order, so the result does not depend on which one came last;
+- ``_step_write_kernel``, one program per (stream, tile of ``NG`` positions of the
+  slot-sorted write order, column block): each distinct written row once,
+  ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the run's order (``phase2._write_tile``),
+  the old row to the undo log with ``SAVE``.
+
+Kernel boundaries order the steps (chunk c + 1 gathers what chunk c wrote). No float
+atomics: bitwise reproducible. The host loops over the chunks (shapes only), so this
+walk serves eager calls and CUDA graphs; a traced call keeps the single-launch column
+walk, whose one compilation covers every ``T`` (SDM_SPEC section 6).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .phase2 import _write_head, _write_tile
+
+
+@triton.jit
+def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr, cols, cm,
+                 hd):
+    """sum_e ev_e M0[slot_e, cols] over ``n`` entries from ``base`` (slot -1: nothing)."""
+    e = tl.arange(0, NP)
+    em = e < n
+    sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
+    wt = tl.load(ev_ptr + base + e, mask=em, other=0.0)
+    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0)
+    return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
+
+
+@triton.jit
+def _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb,
+         C: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+         CP: tl.constexpr, PREC: tl.constexpr):
+    """``delta = X u`` and ``y = inter + QKX u`` of one (stream, column block), in column
+    slices of ``MB`` and token blocks of ``TB`` (both matrices are lower triangular)."""
+    for m0 in range(0, BD, MB):
+        cols = cb * BD + m0 + tl.arange(0, MB)
+        cm = cols < hd
+        for t0 in range(0, CP, TB):
+            toks = t0 + tl.arange(0, TB)
+            tm = toks < C
+            buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+            y = tl.load(i_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0,
+                        cache_modifier=".cg")
+            d = tl.zeros([TB, MB], tl.float32)
+            for k0 in range(0, t0 + TB, TB):
+                ks = k0 + tl.arange(0, TB)
+                km = ks < C
+                uk = tl.load(u_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                             mask=km[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
+                xo = b.to(tl.int64) * C * C + toks[:, None] * C + ks[None, :]
+                xm = tm[:, None] & km[None, :]
+                d += tl.dot(tl.load(X_ptr + xo, mask=xm, other=0.0), uk, input_precision=PREC)
+                y += tl.dot(tl.load(QKX_ptr + xo, mask=xm, other=0.0), uk, input_precision=PREC)
+            tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
+            tg = c * C + toks
+            tl.store(out_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                     y.to(out_ptr.dtype.element_ty), mask=(tm & (tg < T))[:, None] & cm[None, :])
+
+
+@triton.jit(do_not_specialize=["c", "P", "T", "NC"])
+def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_ptr, out_ptr,
+                        u_ptr, i_ptr, d_ptr, cnt_ptr, c, P, T, hd, NC,
+                        C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+                        WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
+                        MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr):
+    pid = tl.program_id(0)       # p * C + i
+    cb = tl.program_id(1)
+    p = pid // C
+    i = pid % C
+    b = p * NC + c
+    E: tl.constexpr = W + R
+    cols = cb * BD + tl.arange(0, BD)
+    cm = cols < hd
+    base = (b.to(tl.int64) * C + i) * E
+    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
+    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd)
+    tg = c * C + i
+    vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
+                 other=0.0).to(tl.float32)
+    bt = tl.load(beta_ptr + b.to(tl.int64) * C + i)
+    buf = (p.to(tl.int64) * CP + i) * hd + cols
+    tl.store(u_ptr + buf, bt * (vv - r0), mask=cm)
+    tl.store(i_ptr + buf, inter, mask=cm)
+    # every thread's stores are issued before the ticket is taken (release); the last
+    # taker sees them all (acquire, then .cg loads from L2)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1, sem="acq_rel",
+                           scope="gpu")
+    if ticket == C - 1:
+        tl.debug_barrier()
+        _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb, C, BD, MB, TB,
+             CP, PREC)
+
+
+@triton.jit(do_not_specialize=["c", "P", "NC"])
+def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
+                       run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
+                       BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
+                       SAVE: tl.constexpr):
+    NRT: tl.constexpr = (C * W + NG - 1) // NG
+    pid = tl.program_id(0)       # p * NRT + tile
+    cb = tl.program_id(1)
+    p = pid // NRT
+    f0 = (pid % NRT) * NG
+    b = p * NC + c
+    cols = cb * BD + tl.arange(0, BD)
+    cm = cols < hd
+    sc = tl.arange(0, BD)
+    rb = b.to(tl.int64) * C * W
+    lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
+    sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
+                                      run_coef_ptr, rb, f0, C * W, NG, KW)
+    scr_d = d_ptr + p.to(tl.int64) * CP * hd + cb * BD
+    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
+                cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd)
