@@ -94,7 +94,11 @@ def main(dtype="bf16"):
                          X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
                          cnt_ptr=i32),
                     dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=CC,
-                         MB=CFG["MB_STEP"], TB=64, PREC=prec), num_warps=CFG["WARPS_STEP"])
+                         MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"]),
+                    num_warps=CFG["WARPS_STEP"])
+        compile_one(step._step_mix_kernel,
+                    dict(X_ptr=f32, QKX_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=f32, out_ptr=bank),
+                    dict(C=CC, MB=CFG["MB_MIX"], TB=64, CP=CC, PREC=prec))
         compile_one(step._step_write_kernel,
                     dict(bank_ptr=bank, d_ptr=f32, run_slot_ptr=i32, run_len_ptr=i32,
                          run_decay_ptr=f32, run_tok_ptr=i32, run_coef_ptr=f32, log_ptr=bank),

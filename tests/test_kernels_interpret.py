@@ -226,16 +226,22 @@ def case_step_walk():
     """The step walk of ``step.py`` (two launches per chunk): several column blocks of
     both launches (the last partial), several write tiles per chunk, runs longer than
     the inline members, token blocks of the delta product, the undo log, and the
-    ticket that picks the last gather program of each (stream, column block)."""
+    delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
+    each (stream, column block), picked by a ticket."""
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs, reference_outputs
-    host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1)
+    host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
+                       MIX_STEP=0, MB_MIX=16)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128)
-    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_STEP=32)
+    host.CONFIG.update(MIX_STEP=1)
+    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
+                       repeats=True, seed=25), 16)
+    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=26), 128)
+    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_STEP=32, MIX_STEP=0, MB_MIX=32)
     ins = make_inputs(P=2, T=40, W=3, R=2, hd=40, slots_per_stream=16, repeats=True, seed=24)
     y_ref, M_ref, _ = reference_outputs(ins)
     bank = ins.bank.clone()

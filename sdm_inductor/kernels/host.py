@@ -15,10 +15,10 @@ from torch._subclasses.fake_tensor import is_fake as _is_fake
 from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import launch, pow2
+from .launch import direct_launches, launch, pow2
 from .phase1 import plan, prep
 from .phase2 import _forward_kernel
-from .step import _step_gather_kernel, _step_write_kernel
+from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
 from .walk import _walk_kernel
 
 
@@ -47,12 +47,14 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
               BD_STEP=128, WARPS_STEP=8, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
-              WARPS_STEP_W=8)
+              WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync) or
 # "step" (step.py, two launches per chunk over the whole GPU; eager calls only: a traced
 # call takes the column walk). *_STEP: the step walk's gather launch (columns per
-# program, warps, column slice of its delta product); *_STEP_W: its write launch.
+# program, warps, column slice of its delta product); *_STEP_W: its write launch;
+# MIX_STEP=1: the gather launch's last programs compute delta (no mix launch), else the
+# mix launch does, in column slices of MB_MIX.
 
 # The eager no-grad forward runs the sequence in windows of about this many tokens, so
 # its working memory (Phase 1 of a window) does not grow with T. Traced calls (one
@@ -135,7 +137,7 @@ def walk_kind(C: int, traced: bool = False) -> str:
 
 
 def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool):
-    """The step walk (``step.py``): two launches per chunk, in chunk order."""
+    """The step walk (``step.py``): two or three launches per chunk, in chunk order."""
     P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     hd = bank.shape[1]
     CP = pow2(C)
@@ -144,13 +146,21 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     nrt = -(-C * W // NG)
     f32 = dict(dtype=torch.float32, device=bank.device)
     u, inter, delta = (torch.empty(P, CP, hd, **f32) for _ in range(3))
-    tickets = torch.zeros(NC * P * NCB, dtype=torch.int32, device=bank.device)
     ru = pl.runs
+    mix_in_gather = bool(CONFIG["MIX_STEP"])
+    tickets = torch.zeros(NC * P * NCB if mix_in_gather else 1, dtype=torch.int32,
+                          device=bank.device)
+    TB, MBM = min(64, CP), CONFIG["MB_MIX"]
     for c in range(NC):
         launch(_step_gather_kernel, (P * C, NCB), bank, pl.slot, pl.ev, v, pl.beta, pl.X,
                pl.QKX, out, u, inter, delta, tickets, c, P, pl.T, hd, NC, C=C, W=W, R=R, BD=BD,
-               WP=pow2(W), RP=pow2(R), CP=CP, MB=min(CONFIG["MB_STEP"], BD), TB=min(64, CP),
-               PREC=_prec(bank.dtype), num_warps=CONFIG["WARPS_STEP"], num_stages=1)
+               WP=pow2(W), RP=pow2(R), CP=CP, MB=min(CONFIG["MB_STEP"], BD), TB=TB,
+               PREC=_prec(bank.dtype), MIX=mix_in_gather, num_warps=CONFIG["WARPS_STEP"],
+               num_stages=1)
+        if not mix_in_gather:
+            launch(_step_mix_kernel, (P * (CP // TB), -(-hd // MBM)), pl.X, pl.QKX, u, inter,
+                   delta, out, c, pl.T, hd, NC, C=C, MB=MBM, TB=TB, CP=CP,
+                   PREC=_prec(bank.dtype), num_warps=4, num_stages=1)
         launch(_step_write_kernel, (P * nrt, NCBW), bank, delta, ru.slot, ru.length, ru.decay,
                ru.tok, ru.coef, saved, c, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
                KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, num_warps=CONFIG["WARPS_STEP_W"], num_stages=1)
@@ -254,6 +264,7 @@ def _quantize_sliced(raw: Tensor, mode: str, bank_dtype: torch.dtype):
     return rows, scales
 
 
+@direct_launches
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
             snapshot_quant: str, save: bool, gate_params=None):
     """``IMPLS`` interface: advance ``bank`` in place; (readings, saved rows, saved scales).
@@ -279,6 +290,7 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     return readings, empty_rows, empty_scales
 
 
+@direct_launches
 def forward_gated(bank: Tensor, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
                   chunk_size: int, snapshot_quant: str, save: bool):
     """``IMPLS`` interface of ``sdm::write_read_gated``: like ``forward``, with the raw gate
@@ -305,6 +317,7 @@ def _record(path: str, windows: int, bank: Tensor, C: int):
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))
 
 
+@direct_launches
 def backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v,
              beta, g, q_idx, q_val, chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool):
     """``IMPLS`` interface: the six gradients (bank, k_val, v, beta, g, q_val)."""

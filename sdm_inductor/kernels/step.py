@@ -1,4 +1,4 @@
-"""Phase 2 as two launches per chunk step, each spread over the whole GPU (the step walk).
+"""Phase 2 as two or three launches per chunk step, each spread over the whole GPU (the step walk).
 
 The column walk (``phase2.py``) runs ~100 programs that each walk every chunk: a step is
 a chain of 32-byte gathers inside one program per SM at most, and measured ~50 us per
@@ -8,10 +8,12 @@ serialises the items of each program. Here the hardware schedules the items: a s
 
 - ``_step_gather_kernel``, one program per (stream, token, column block): gather the
   token's ``W + R`` chunk-start row segments (``BD`` columns: 256 bytes at BD = 128),
-  ``u = beta (v - r0)`` and ``inter`` to small fp32 buffers. The last program to finish
-  a (stream, column block) -- an integer ticket, acquire/release -- computes that
-  block's ``delta = X u`` and the readings ``inter + QKX u`` for all the chunk's tokens:
-  one program, a fixed order, so the result does not depend on which one came last;
+  ``u = beta (v - r0)`` and ``inter`` to small fp32 buffers;
+- ``_step_mix_kernel``, one program per (stream, token block, column slice): the
+  block's ``delta = X u`` and readings ``inter + QKX u``. Or (``MIX``) no launch of its
+  own: the last gather program to finish a (stream, column block) -- an integer
+  ticket, acquire/release -- computes that block's products for all the chunk's
+  tokens (one program, a fixed order: the result does not depend on which came last);
 - ``_step_write_kernel``, one program per (stream, tile of ``NG`` positions of the
   slot-sorted write order, column block): each distinct written row once,
   ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the run's order (``phase2._write_tile``),
@@ -44,34 +46,59 @@ def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.const
 
 
 @triton.jit
+def _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm,
+               C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+               PREC: tl.constexpr):
+    """``delta = X u`` and ``y = inter + QKX u`` for tokens ``[t0, t0 + TB)`` and columns
+    ``cols`` of one stream (both matrices are lower triangular: blocks up to the diagonal)."""
+    toks = t0 + tl.arange(0, TB)
+    tm = toks < C
+    buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    y = tl.load(i_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
+    d = tl.zeros([TB, MB], tl.float32)
+    k0 = 0
+    while k0 < t0 + TB:   # t0 may be a runtime value (the interpreter's range() refuses it)
+        ks = k0 + tl.arange(0, TB)
+        km = ks < C
+        uk = tl.load(u_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                     mask=km[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
+        xo = b.to(tl.int64) * C * C + toks[:, None] * C + ks[None, :]
+        xm = tm[:, None] & km[None, :]
+        d += tl.dot(tl.load(X_ptr + xo, mask=xm, other=0.0), uk, input_precision=PREC)
+        y += tl.dot(tl.load(QKX_ptr + xo, mask=xm, other=0.0), uk, input_precision=PREC)
+        k0 += TB
+    tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
+    tg = c * C + toks
+    tl.store(out_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+             y.to(out_ptr.dtype.element_ty), mask=(tm & (tg < T))[:, None] & cm[None, :])
+
+
+@triton.jit
 def _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb,
          C: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
          CP: tl.constexpr, PREC: tl.constexpr):
-    """``delta = X u`` and ``y = inter + QKX u`` of one (stream, column block), in column
-    slices of ``MB`` and token blocks of ``TB`` (both matrices are lower triangular)."""
+    """``_mix_block`` over a whole (stream, column block), in column slices of ``MB``."""
     for m0 in range(0, BD, MB):
         cols = cb * BD + m0 + tl.arange(0, MB)
         cm = cols < hd
         for t0 in range(0, CP, TB):
-            toks = t0 + tl.arange(0, TB)
-            tm = toks < C
-            buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
-            y = tl.load(i_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0,
-                        cache_modifier=".cg")
-            d = tl.zeros([TB, MB], tl.float32)
-            for k0 in range(0, t0 + TB, TB):
-                ks = k0 + tl.arange(0, TB)
-                km = ks < C
-                uk = tl.load(u_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
-                             mask=km[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
-                xo = b.to(tl.int64) * C * C + toks[:, None] * C + ks[None, :]
-                xm = tm[:, None] & km[None, :]
-                d += tl.dot(tl.load(X_ptr + xo, mask=xm, other=0.0), uk, input_precision=PREC)
-                y += tl.dot(tl.load(QKX_ptr + xo, mask=xm, other=0.0), uk, input_precision=PREC)
-            tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
-            tg = c * C + toks
-            tl.store(out_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
-                     y.to(out_ptr.dtype.element_ty), mask=(tm & (tg < T))[:, None] & cm[None, :])
+            _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
+                       cm, C, MB, TB, CP, PREC)
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC"])
+def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
+                     C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+                     PREC: tl.constexpr):
+    """``_mix_block`` as a launch of its own: one program per (stream, token block,
+    column slice), so the chunk's small products run on many SMs at once."""
+    NTB: tl.constexpr = CP // TB
+    pid = tl.program_id(0)       # p * NTB + token block
+    p = pid // NTB
+    t0 = (pid % NTB) * TB
+    cols = tl.program_id(1) * MB + tl.arange(0, MB)
+    _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, p * NC + c, p, c, T, hd, t0,
+               cols, cols < hd, C, MB, TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
@@ -79,7 +106,10 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         u_ptr, i_ptr, d_ptr, cnt_ptr, c, P, T, hd, NC,
                         C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                        MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr):
+                        MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
+                        MIX: tl.constexpr):
+    # MIX: the last program of each (stream, column block) computes its delta and
+    # readings (else ``_step_mix_kernel`` does, as a third launch)
     pid = tl.program_id(0)       # p * C + i
     cb = tl.program_id(1)
     p = pid // C
@@ -98,15 +128,16 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     tl.store(u_ptr + buf, bt * (vv - r0), mask=cm)
     tl.store(i_ptr + buf, inter, mask=cm)
-    # every thread's stores are issued before the ticket is taken (release); the last
-    # taker sees them all (acquire, then .cg loads from L2)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1, sem="acq_rel",
-                           scope="gpu")
-    if ticket == C - 1:
+    if MIX:
+        # every thread's stores are issued before the ticket is taken (release); the
+        # last taker sees them all (acquire, then .cg loads from L2)
         tl.debug_barrier()
-        _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb, C, BD, MB, TB,
-             CP, PREC)
+        ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1,
+                               sem="acq_rel", scope="gpu")
+        if ticket == C - 1:
+            tl.debug_barrier()
+            _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb, C, BD, MB,
+                 TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
