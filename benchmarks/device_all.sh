@@ -80,9 +80,9 @@ for seg in "$@"; do
         --walks step,column --no-extras --quick
       (cd benchmarks && SDM_INDUCTOR_WALK=step run profile_step 120 python3 profile_cuda.py 64 --tables-only) ;;
     step_variants)
-      run variants_step_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,11,12,13,14,15,16,17,18,19,20
-      run variants_step_A128 200 python3 benchmarks/bench_variants.py --config A --chunk 128 --only 1,11,12,13,16,17
-      run variants_step_B128 120 python3 benchmarks/bench_variants.py --config B --chunk 128 --only 1,11,12,13,16 ;;
+      run variants_step_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,11,12,13,14,15,17,19
+      run variants_step_A128 200 python3 benchmarks/bench_variants.py --config A --chunk 128 --only 1,11,13,14
+      run variants_step_B128 120 python3 benchmarks/bench_variants.py --config B --chunk 256 --only 1,11,13,14 ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import is_fake as _is_fake
 from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import direct_launches, launch, pow2
+from .launch import Relaunch, direct_launches, launch, pow2
 from .phase1 import plan, prep
 from .phase2 import _forward_kernel
 from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
@@ -151,19 +151,24 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     tickets = torch.zeros(NC * P * NCB if mix_in_gather else 1, dtype=torch.int32,
                           device=bank.device)
     TB, MBM = min(64, CP), CONFIG["MB_MIX"]
-    for c in range(NC):
-        launch(_step_gather_kernel, (P * C, NCB), bank, pl.slot, pl.ev, v, pl.beta, pl.X,
-               pl.QKX, out, u, inter, delta, tickets, c, P, pl.T, hd, NC, C=C, W=W, R=R, BD=BD,
-               WP=pow2(W), RP=pow2(R), CP=CP, MB=min(CONFIG["MB_STEP"], BD), TB=TB,
-               PREC=_prec(bank.dtype), MIX=mix_in_gather, num_warps=CONFIG["WARPS_STEP"],
-               num_stages=1)
+    prec = _prec(bank.dtype)
+    gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
+                      pl.X, pl.QKX, out, u, inter, delta, tickets, 0, P, pl.T, hd, NC, C=C, W=W,
+                      R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
+                      MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
+                      num_warps=CONFIG["WARPS_STEP"], num_stages=1)
+    mix = Relaunch(_step_mix_kernel, (P * (CP // TB), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
+                   inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TB, CP=CP, PREC=prec,
+                   num_warps=4, num_stages=1)
+    write = Relaunch(_step_write_kernel, (P * nrt, NCBW), "c", bank, delta, ru.slot, ru.length,
+                     ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
+                     KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, num_warps=CONFIG["WARPS_STEP_W"],
+                     num_stages=1)
+    for c in range(NC):   # kernel boundaries order the chunks
+        gather(c)
         if not mix_in_gather:
-            launch(_step_mix_kernel, (P * (CP // TB), -(-hd // MBM)), pl.X, pl.QKX, u, inter,
-                   delta, out, c, pl.T, hd, NC, C=C, MB=MBM, TB=TB, CP=CP,
-                   PREC=_prec(bank.dtype), num_warps=4, num_stages=1)
-        launch(_step_write_kernel, (P * nrt, NCBW), bank, delta, ru.slot, ru.length, ru.decay,
-               ru.tok, ru.coef, saved, c, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
-               KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, num_warps=CONFIG["WARPS_STEP_W"], num_stages=1)
+            mix(c)
+        write(c)
 
 
 def _walk_block_cols(hd: int) -> int:

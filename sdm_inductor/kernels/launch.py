@@ -5,8 +5,11 @@ from __future__ import annotations
 import functools
 
 import triton
+from torch._library.triton import is_wrap_triton_enabled as _wrap_triton_enabled
 from torch._library.triton import set_wrap_triton_enabled
 from torch.library import wrap_triton
+from triton import knobs
+from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
@@ -36,3 +39,42 @@ def direct_launches(fn):
         with set_wrap_triton_enabled(False):
             return fn(*args, **kwargs)
     return run
+
+
+class Relaunch:
+    """Launches of one kernel, one grid and one argument list in which only ``var`` (a
+    scalar the kernel does not specialize on) changes: the step walk's hundreds of
+    launches per call. The first launch goes through ``kernel[grid]`` (compiling if
+    needed); later ones call the compiled kernel's launcher with the bound arguments of
+    the first, as ``JITFunction.run`` itself does after its cache lookup, skipping the
+    ~20-30 us of argument binding and specialization per launch on the host. Every
+    other case (the interpreter, traced calls) takes ``launch``."""
+
+    def __init__(self, kernel, grid, var: str, *args, **meta):
+        self.kernel, self.grid, self.args, self.meta = kernel, tuple(grid), list(args), meta
+        self.grid3 = self.grid + (1,) * (3 - len(self.grid))
+        self.fast = isinstance(kernel, JITFunction) and not _wrap_triton_enabled()
+        self.var = list(kernel.arg_names).index(var)
+        self.compiled = None
+
+    def __call__(self, value):
+        if self.compiled is not None:
+            vals = list(self.vals)
+            vals[self.var] = value
+            ck, rt = self.compiled, knobs.runtime
+            ck.run(*self.grid3, self.stream, ck.function, ck.packed_metadata,
+                   ck.launch_metadata(self.grid, self.stream, *vals), rt.launch_enter_hook,
+                   rt.launch_exit_hook, *vals)
+            return
+        args = list(self.args)
+        args[self.var] = value
+        if not self.fast:
+            launch(self.kernel, self.grid, *args, **self.meta)
+            return
+        ck = self.kernel[self.grid](*args, **self.meta)
+        device = driver.active.get_current_device()
+        binder = self.kernel.device_caches[device][4]
+        bound = binder(*args, **self.meta)[0]
+        self.vals = list(bound.values())
+        self.stream = driver.active.get_current_stream(device)
+        self.compiled = ck
