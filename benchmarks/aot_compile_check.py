@@ -15,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sdm_inductor.kernels import backward, decode, phase1, phase2, step, walk
+from sdm_inductor.kernels import backward, decode, phase1, phase2, step, step_backward, walk
 from sdm_inductor.kernels.host import CONFIG as CFG
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -119,6 +119,27 @@ def main(dtype="bf16"):
                     dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
                          CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"], AHEAD=CFG["AHEAD_BWD"]),
                     num_warps=CFG["WARPS_BWD"])
+    sb = step_backward
+    BDB, MBB, BDW, NGS = CFG["BD_STEP_B"], CFG["MB_MIX_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]
+    wg, ww = CFG["WARPS_STEP"], CFG["WARPS_STEP_W"]
+    for q in (0, 1):
+        compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
+                    scale_ptr=f32, run_slot_ptr=i32), dict(C=C, W=W, BD=BDW, NG=NGS, QMODE=q), ww)
+    compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, slot_ptr=i32, ev_ptr=f32,
+                v_ptr=bank, vmr_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C), wg)
+    compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
+                dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
+    compile_one(sb._step_bwd_dw_kernel, dict(dB_ptr=bank, work_ptr=bank, slot_ptr=i32,
+                coef_ptr=f32, d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
+                dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C), wg)
+    compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
+                dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
+                pb_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
+    compile_one(sb._step_bwd_dev_kernel, dict(work_ptr=bank, slot_ptr=i32, dr_ptr=f32,
+                dy_ptr=bank, pe_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C), wg)
+    compile_one(sb._step_bwd_group_kernel, dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32,
+                g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32,
+                dy_ptr=bank), dict(C=C, E=W + R, BD=BDW, NG=NGS, KW=CFG["KW_STEP"], CP=C), ww)
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,

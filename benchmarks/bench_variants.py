@@ -30,13 +30,13 @@ key_dtype = phase1._key_dtype
 def key_dtype_int64(S, C, E):
     return torch.int64
 
-SESSION2 = dict(NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16, AHEAD_BWD=0,
+SESSION2 = dict(WALK="column", NG=512, KW=1, ROWS_AHEAD=0, HEAD_AHEAD=0, NG_BWD=512, KW_BWD=1, EW=16, AHEAD_BWD=0,
                 BWD_WINDOWS=1)
-NEW = dict(NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, EW=16, AHEAD_BWD=1,
+NEW = dict(WALK="column", NG=256, KW=4, ROWS_AHEAD=1, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, EW=16, AHEAD_BWD=1,
            BWD_WINDOWS=4)
 SESSION4 = dict(NEW, PHASE1="search")
-STEP = dict(NEW, WALK="step", BD_STEP=128, WARPS_STEP=8, MB_STEP=32, BD_STEP_W=64, NG_STEP=32,
-            KW_STEP=2, WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32)
+STEP = dict(NEW, WALK="step", BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32,
+            KW_STEP=2, WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=64, MB_MIX_B=32)
 VARIANTS = [
     ("session 4 default: Phase 1 by searches, int64 keys", SESSION4),
     ("session 5 default: Phase 1 by scans, int32 keys", NEW),
@@ -49,18 +49,16 @@ VARIANTS = [
     ("  ... bwd saved-row tiles EW_BWD=4", dict(NEW, EW_BWD=4)),
     ("  ... backward in one window (BWD_WINDOWS=1)", dict(NEW, BWD_WINDOWS=1)),
     ("session 2 + pipeliner GATHER_STAGES=3", dict(SESSION2, GATHER_STAGES=3)),
-    # 11-: the step walk (step.py: gather, mix and write launches per chunk over the GPU)
-    ("step walk (gather BD 128, 8 warps; mix launch MB 32; write BD 64, NG 32, KW 2, 8 warps)",
-     STEP),
+    # 11-: the step walks (step.py / step_backward.py: launches per chunk over the GPU)
+    ("step walks (gather BD 128, 4 warps; mix MB 32; write BD 64, NG 32, KW 2, 8 warps; "
+     "bwd rows BD 64, products MB 32)", STEP),
+    ("  ... gather 8 warps", dict(STEP, WARPS_STEP=8)),
     ("  ... mix in the last gather program (MIX_STEP=1)", dict(STEP, MIX_STEP=1)),
-    ("  ... gather BD=256", dict(STEP, BD_STEP=256)),
-    ("  ... gather 4 warps", dict(STEP, WARPS_STEP=4)),
-    ("  ... gather BD=64, 4 warps", dict(STEP, BD_STEP=64, WARPS_STEP=4)),
-    ("  ... write BD=128", dict(STEP, BD_STEP_W=128)),
-    ("  ... write NG=64", dict(STEP, NG_STEP=64)),
-    ("  ... write BD=32, NG=64, 4 warps", dict(STEP, BD_STEP_W=32, NG_STEP=64, WARPS_STEP_W=4)),
-    ("  ... mix MB=16", dict(STEP, MB_MIX=16)),
-    ("  ... mix MB=64", dict(STEP, MB_MIX=64)),
+    ("  ... bwd rows BD=128", dict(STEP, BD_STEP_B=128)),
+    ("  ... bwd rows BD=32", dict(STEP, BD_STEP_B=32)),
+    ("  ... bwd products MB=64", dict(STEP, MB_MIX_B=64)),
+    ("  ... write / restore / dB tiles NG=64", dict(STEP, NG_STEP=64)),
+    ("  ... write / restore / dB BD=128", dict(STEP, BD_STEP_W=128)),
 ]
 
 

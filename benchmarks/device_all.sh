@@ -60,7 +60,7 @@ for seg in "$@"; do
         --ignore tests/test_fuzz.py --ignore tests/test_ops.py --ignore tests/test_host_tracing.py &
       wait ;;
     cuda_tests)   # the kernels, the gated op and the layer on CUDA
-      run cuda_tests 260 python3 -m pytest -v -p no:cacheprovider tests/test_cuda.py tests/test_gated.py \
+      run cuda_tests 330 python3 -m pytest -v -p no:cacheprovider tests/test_cuda.py tests/test_gated.py \
         tests/test_nn.py -m cuda ;;
     bench_cuda)
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
@@ -74,15 +74,13 @@ for seg in "$@"; do
     bench_rewrite)
       run bench_rewrite 420 python3 benchmarks/bench_rewrite.py --device cuda --T 64 256 1024 \
         --plain-max-T 64 --plain-timeout 150 --reps 10 --json "$OUT/bench_rewrite.json" ;;
-    step)   # the step walk (kernels/step.py) against the column walk
-      SDM_INDUCTOR_WALK=step run test_cuda_step 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
+    step)   # the step walks (kernels/step.py, step_backward.py) against the column walks
       run bench_step 300 python3 benchmarks/bench_cuda.py --configs A,B --chunks 64,128,256 \
-        --walks step,column --no-extras --quick
-      (cd benchmarks && SDM_INDUCTOR_WALK=step run profile_step 120 python3 profile_cuda.py 64 --tables-only) ;;
+        --walks auto,column --no-extras --quick
+      (cd benchmarks && run profile_step 120 python3 profile_cuda.py 64 --tables-only) ;;
     step_variants)
-      run variants_step_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,11,12,13,14,15,17,19
-      run variants_step_A128 200 python3 benchmarks/bench_variants.py --config A --chunk 128 --only 1,11,13,14
-      run variants_step_B128 120 python3 benchmarks/bench_variants.py --config B --chunk 256 --only 1,11,13,14 ;;
+      run variants_step_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,11,12,13,14,15,16,17,18
+      run variants_step_B128 120 python3 benchmarks/bench_variants.py --config B --chunk 128 --only 1,11,14,16 ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

@@ -3,7 +3,9 @@
 fp32 banks: relative error <= 1e-4; bf16 banks: <= 2e-2. Gradients against autograd
 through the oracle. Plus: every snapshot mode, grad_bank_fp32, P > 1, shared bank,
 per-write gates, T not a multiple of C, repeated slots, the decode path, bitwise
-determinism, CUDA-graph capture and no kernel recompilation for a new T.
+determinism, CUDA-graph capture and no kernel recompilation for a new T. The Phase 2
+walks: eager calls take the step walk (``kernels/step.py``), traced ones the column walk
+(``kernels/phase2.py``); the oracle and determinism tests run both in eager.
 """
 from __future__ import annotations
 
@@ -41,6 +43,16 @@ def _grads(ins, C, dy, dM, **kw):
     return y, M, torch.autograd.grad(loss, [leaves[i] for i in FLOAT_INPUTS])
 
 
+@pytest.fixture(params=["auto", "column"])
+def walk(request):
+    """The Phase 2 walk of eager calls: the default (the step walk) and the column walk."""
+    from sdm_inductor.kernels import host
+    old = host.CONFIG["WALK"]
+    host.CONFIG["WALK"] = request.param
+    yield request.param
+    host.CONFIG["WALK"] = old
+
+
 def _check(name, got, want, tol):
     err = rel_err(got, want)
     assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.0e}"
@@ -57,7 +69,7 @@ CASES = [  # (dtype, P, T, W, R, hd, sph, C, kwargs)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_forward_backward_vs_oracle(case):
+def test_forward_backward_vs_oracle(case, walk):
     dtype, P, T, W, R, hd, sph, C, kw = CASES[case]
     ins = _inputs(dtype, P=P, T=T, W=W, R=R, hd=hd, slots_per_stream=sph, **kw)
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -67,6 +79,8 @@ def test_forward_backward_vs_oracle(case):
     shared = kw.get("shared_bank", False)
     y, M, grads = _grads(ins, C, dy, dM, shared=shared)
     assert ops.last_dispatch()["impl"] == "cuda-triton-chunked"
+    if T > 16:   # not the decode path
+        assert ops.last_dispatch()["walk"] == ("step" if walk == "auto" else walk)
     tol = TOL[dtype]
     _check("readings", y, y_ref, tol)
     _check("final bank", M, M_ref, tol)
@@ -150,7 +164,7 @@ def test_out_of_range_indices_are_masked():
     assert torch.isfinite(bank).all()
 
 
-def test_deterministic_bitwise():
+def test_deterministic_bitwise(walk):
     ins = _inputs(torch.bfloat16, P=2, T=200, W=16, R=16, hd=128, slots_per_stream=64,
                   per_write_gate=True, repeats=True)  # small bank: many slots shared by tokens
     dy = torch.randn(2, 200, 128, device="cuda").bfloat16()
@@ -162,8 +176,9 @@ def test_deterministic_bitwise():
 
 
 def test_cuda_graph_capture_and_no_recompile():
-    from sdm_inductor.kernels import phase1, phase2, backward
+    from sdm_inductor.kernels import backward, phase1, phase2, step
     kernels = (phase1._prep_kernel, phase1._pairs_kernel, phase2._forward_kernel,
+               step._step_gather_kernel, step._step_mix_kernel, step._step_write_kernel,
                backward._reverse_kernel)
 
     def n_compiled():

@@ -223,16 +223,17 @@ def case_column_walk():
 
 
 def case_step_walk():
-    """The step walk of ``step.py`` (two launches per chunk): several column blocks of
-    both launches (the last partial), several write tiles per chunk, runs longer than
-    the inline members, token blocks of the delta product, the undo log, and the
+    """The step walks of ``step.py`` and ``step_backward.py`` (launches per chunk):
+    several column blocks of every launch (the last partial), several write and group
+    tiles per chunk, runs and groups longer than the inline members, token blocks of the
+    products, the undo log, and the
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket."""
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs, reference_outputs
     host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
-                       MIX_STEP=0, MB_MIX=16)
+                       MIX_STEP=0, MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import launch, pow2
+from .launch import is_fake, launch, pow2
 from .phase1 import entry_groups, plan
 
 # snapshot_quant modes as the kernel decodes the undo log
@@ -114,12 +114,13 @@ def _dev_tile(pe_ptr, off, rows, ents, em, dr0, dyt, W: tl.constexpr):
 @triton.jit
 def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
                 dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, CE: tl.constexpr, NG: tl.constexpr,
-                KW: tl.constexpr, BD: tl.constexpr):
+                KW: tl.constexpr, BD: tl.constexpr, DS):
     """dB at the chunk start of the groups starting in positions [f0, f0 + NG): decay of a
     written slot plus the members' terms (``d r0`` of write members, ``dy`` of read
     members) in the group's order. The first ``KW`` members load with the group header, so
     their gathers share one round trip with the old rows; only groups longer than ``KW``
-    (rare for sparse slots) take the loop, one member per round trip."""
+    (rare for sparse slots) take the loop, one member per round trip. ``scr_dr + tok * DS
+    + sc`` holds token ``tok``'s ``d r0`` for the tile's columns."""
     pos = f0 + tl.arange(0, NG)
     fm = pos < CE
     sl = tl.load(g_slot_ptr + gb + pos, mask=fm, other=-1)
@@ -136,7 +137,7 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
     old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
     mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
     isw = ks[None, :] < nw[:, None]
-    dr = tl.load(scr_dr + tf[:, :, None] * BD + sc[None, None, :], mask=(mk & isw)[:, :, None],
+    dr = tl.load(scr_dr + tf[:, :, None] * DS + sc[None, None, :], mask=(mk & isw)[:, :, None],
                  other=0.0)
     fg = c * C + tf
     dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, :, None] * hd + cols[None, None, :],
@@ -150,7 +151,7 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
         tfm = tl.load(g_tok_ptr + gb + pos + m, mask=mm, other=0)
         wtm = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)
         is_w = m < nw
-        drm = tl.load(scr_dr + tfm[:, None] * BD + sc[None, :], mask=(mm & is_w)[:, None],
+        drm = tl.load(scr_dr + tfm[:, None] * DS + sc[None, :], mask=(mm & is_w)[:, None],
                       other=0.0)
         fgm = c * C + tfm
         dym = tl.load(dy_ptr + (p.to(tl.int64) * T + fgm)[:, None] * hd + cols[None, :],
@@ -352,7 +353,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
         gb = b.to(tl.int64) * C * E
         for f0 in range(0, C * E, NG):
             _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
-                        scr_dr, dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG, KW, BD)
+                        scr_dr, dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG, KW, BD, BD)
         tl.debug_barrier()
         cc += 1
 
@@ -469,23 +470,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
                 torch.zeros_like(g, dtype=torch.float32), torch.zeros_like(q_val, dtype=bank_dtype))
     pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
     NC, B = pl.NC, pl.B
-    BD, CP = config["BD_BWD"], pow2(C)
-    NCB = -(-hd // BD)
     f32 = dict(dtype=torch.float32, device=dev)
     dv = torch.empty(P, T, hd, **f32)
-    # per-column-block partial sums of one window of NCW chunks per stream (a fixed number
-    # of windows, so traced code has no length-dependent loop): their memory is 1/windows
-    # of the whole sequence's, reduced over the column blocks after each window
-    # traced (symbolic T): one window, as padded window slices would put guards on T
-    nwin = config["BWD_WINDOWS"] if isinstance(NC, int) else 1
-    NCW = NC if nwin == 1 else -(-NC // nwin)
-    BW = P * NCW
-    widths = dict(ev=E, coef=W, m=W, b=1, qk=C, L=C)   # d ev (d r0 . M0w, dy . M0q), d coef,
-    # Dw . M0w, (v - r0) . du, dQK, dL
-    parts = {k: torch.empty(NCB, BW, C, n, **f32) for k, n in widths.items()}
-    # the reduced sums, padded to whole windows so every window's slice has one width
-    sums = {k: torch.empty(P, nwin * NCW, C, n, **f32) for k, n in widths.items()}
-    scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
     qmode = _QMODE[snapshot_quant]
     log = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
     # the bank state, rebuilt chunk by chunk in reverse from the final bank and the log
@@ -495,25 +481,14 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     scales = saved_scales if saved_scales.numel() else torch.empty(1, **f32)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
     gr = entry_groups(pl)
-    for w in range(nwin - 1, -1, -1):   # windows last to first: the chunks in reverse
-        c_lo = w * NCW
-        n_win = NC if nwin == 1 else max(0, min(NCW, NC - c_lo))
-        launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.slot, pl.ev,
-               pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK,
-               pl.beta, v, dy, dv,
-               parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
-               scratch, P, T, hd, saved_rows.shape[-1], NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
-               BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
-               QMODE=qmode, PREC=prec, KW=config["KW_BWD"], AHEAD=config["AHEAD_BWD"],
-               num_warps=config["WARPS_BWD"])
-        # cross-column sums of the window, in a fixed order (rows past the window's chunks
-        # land in the padding)
-        for k, part in parts.items():
-            sums[k][:, c_lo:c_lo + NCW] = part.sum(0).view(P, NCW, C, -1)
-    # contiguous: with one chunk (T <= C) the narrowed [P, 1, C, n] reshapes to a strided
-    # view, and the kernels below index these sums as dense [B, C, n]
-    sums = {k: (x if nwin == 1 else x.narrow(1, 0, NC)).reshape(B, C, n).contiguous()
-            for (k, x), n in zip(sums.items(), widths.values())}
+    if config["WALK"] in ("step", "auto") and not is_fake(dB):
+        # eager: the step walk (step_backward.py), launches per chunk over the whole GPU
+        from .step_backward import step_reverse
+        sums = step_reverse(dB, work, log, scales, saved_rows.shape[-1], pl, gr, v, dy, dv,
+                            qmode, prec, config)
+    else:
+        sums = _column_reverse(dB, work, log, scales, saved_rows.shape[-1], pl, gr, v, dy, dv,
+                               qmode, prec, config)
     dL = sums["L"]
     dQK = sums["qk"]
     dA = pl.beta[:, :, None] * dL
@@ -547,3 +522,50 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     dg = dgw if g.shape[2] == W else dgw.sum(-1, keepdim=True)
     return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype),
             dbeta.view(P, Tp).index_select(1, tok), dg, dq.to(bank_dtype))
+
+
+def _column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int,
+                    prec: str, config: dict) -> dict:
+    """The chunks in reverse by ``_reverse_kernel`` (one launch per window of chunks, one
+    program per stream and column block; the only form a traced call can take): advances
+    ``dB`` and ``work`` in place, writes ``dv``, returns the cross-column sums
+    ``[B, C, n]``."""
+    P, C, W, R, NC, B, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B, pl.T
+    E = W + R
+    hd = dB.shape[1]
+    BD, CP = config["BD_BWD"], pow2(C)
+    NCB = -(-hd // BD)
+    f32 = dict(dtype=torch.float32, device=dB.device)
+    # per-column-block partial sums of one window of NCW chunks per stream (a fixed number
+    # of windows, so traced code has no length-dependent loop): their memory is 1/windows
+    # of the whole sequence's, reduced over the column blocks after each window
+    # traced (symbolic T): one window, as padded window slices would put guards on T
+    nwin = config["BWD_WINDOWS"] if isinstance(NC, int) else 1
+    NCW = NC if nwin == 1 else -(-NC // nwin)
+    BW = P * NCW
+    widths = dict(ev=E, coef=W, m=W, b=1, qk=C, L=C)   # d ev (d r0 . M0w, dy . M0q), d coef,
+    # Dw . M0w, (v - r0) . du, dQK, dL
+    parts = {k: torch.empty(NCB, BW, C, n, **f32) for k, n in widths.items()}
+    # the reduced sums, padded to whole windows so every window's slice has one width
+    sums = {k: torch.empty(P, nwin * NCW, C, n, **f32) for k, n in widths.items()}
+    scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
+    for w in range(nwin - 1, -1, -1):   # windows last to first: the chunks in reverse
+        c_lo = w * NCW
+        n_win = NC if nwin == 1 else max(0, min(NCW, NC - c_lo))
+        launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.slot, pl.ev,
+               pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK,
+               pl.beta, v, dy, dv,
+               parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
+               scratch, P, T, hd, width, NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
+               BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
+               QMODE=qmode, PREC=prec, KW=config["KW_BWD"], AHEAD=config["AHEAD_BWD"],
+               num_warps=config["WARPS_BWD"])
+        # cross-column sums of the window, in a fixed order (rows past the window's chunks
+        # land in the padding)
+        for k, part in parts.items():
+            sums[k][:, c_lo:c_lo + NCW] = part.sum(0).view(P, NCW, C, -1)
+    # contiguous: with one chunk (T <= C) the narrowed [P, 1, C, n] reshapes to a strided
+    # view, and the kernels below index these sums as dense [B, C, n]
+    sums = {k: (x if nwin == 1 else x.narrow(1, 0, NC)).reshape(B, C, n).contiguous()
+            for (k, x), n in zip(sums.items(), widths.values())}
+    return sums

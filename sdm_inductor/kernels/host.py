@@ -10,21 +10,15 @@ import os
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import is_fake as _is_fake
 
 from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import Relaunch, direct_launches, launch, pow2
+from .launch import Relaunch, direct_launches, is_fake, launch, pow2
 from .phase1 import plan, prep
 from .phase2 import _forward_kernel
 from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
 from .walk import _walk_kernel
-
-
-def is_fake(t: Tensor) -> bool:
-    """A tensor of a traced call (fake or functional-over-fake), not real data."""
-    return _is_fake(t)
 
 
 def _dummy(like: torch.Tensor) -> torch.Tensor:
@@ -43,18 +37,21 @@ NAME = "cuda-triton-chunked"
 # rows loads while this one is reduced. BWD_WINDOWS: the backward runs the chunks in this many
 # launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
-              WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "column"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
+              WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
-              BD_STEP=128, WARPS_STEP=8, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
-              WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32)
+              BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
+              WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=64, MB_MIX_B=32)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
-# (phase2.py, one program per stream and 16-column block, no inter-program sync) or
-# "step" (step.py, two launches per chunk over the whole GPU; eager calls only: a traced
-# call takes the column walk). *_STEP: the step walk's gather launch (columns per
+# (phase2.py, one program per stream and 16-column block, no inter-program sync),
+# "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
+# call takes the column walk) or "auto" (the default: step when eager, column when
+# traced; measured in benchmarks/NOTES.md run 7). *_STEP: the step walk's gather launch (columns per
 # program, warps, column slice of its delta product); *_STEP_W: its write launch;
 # MIX_STEP=1: the gather launch's last programs compute delta (no mix launch), else the
-# mix launch does, in column slices of MB_MIX.
+# mix launch does, in column slices of MB_MIX. The backward's step walk
+# (step_backward.py): BD_STEP_B columns per program of its row passes, MB_MIX_B of its
+# products; its restore and dB passes take the write launch's BD_STEP_W / NG_STEP / KW_STEP.
 
 # The eager no-grad forward runs the sequence in windows of about this many tokens, so
 # its working memory (Phase 1 of a window) does not grow with T. Traced calls (one
@@ -129,9 +126,12 @@ GRID_WALK_MAX_C = 128
 
 
 def walk_kind(C: int, traced: bool = False) -> str:
+    """The Phase 2 walk of a call. A traced call (Inductor's generated code, AOTInductor)
+    needs one launch whose compilation serves every ``T``: the column walk; eager calls
+    (and CUDA graphs of them) loop over the chunks on the host: the step walk."""
     if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C:
         return "grid"
-    if CONFIG["WALK"] == "step" and not traced:
+    if CONFIG["WALK"] in ("step", "auto") and not traced:
         return "step"
     return "column"
 

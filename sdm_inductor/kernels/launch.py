@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 
+import torch
 import triton
 from torch._library.triton import is_wrap_triton_enabled as _wrap_triton_enabled
 from torch._library.triton import set_wrap_triton_enabled
+from torch._subclasses.fake_tensor import is_fake as _is_fake
 from torch.library import wrap_triton
 from triton import knobs
 from triton.runtime import driver
@@ -17,6 +19,12 @@ from triton.runtime.jit import JITFunction
 def pow2(n: int) -> int:
     """Smallest power of two >= n (Triton block sizes)."""
     return triton.next_power_of_2(max(1, int(n)))
+
+
+def is_fake(t) -> bool:
+    """A tensor of a traced call (fake, or functional over fake), not real data: such a
+    call must launch one kernel per walk (its compilation serves every ``T``)."""
+    return _is_fake(t)
 
 
 def launch(kernel, grid, *args, **meta):
@@ -30,12 +38,14 @@ def launch(kernel, grid, *args, **meta):
 
 
 def direct_launches(fn):
-    """Run ``fn`` (an eager implementation, called with real tensors only) with
+    """Run ``fn`` (an eager implementation, called with real tensors) with
     ``wrap_triton`` switched off, as ``triton_op`` does for its own eager calls: every
     launch then goes straight to the kernel instead of through the higher-order op's
     dispatch, which costs ~100 us per launch on the host (the step walk makes hundreds)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):
+            return fn(*args, **kwargs)   # traced (e.g. make_fx of the host code): keep the HOP
         with set_wrap_triton_enabled(False):
             return fn(*args, **kwargs)
     return run

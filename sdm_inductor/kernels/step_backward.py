@@ -1,0 +1,297 @@
+"""The backward's chunk walk in steps: launches per chunk over the whole GPU, in reverse.
+
+The same computation as ``backward._reverse_kernel`` (whose docstring numbers the
+passes), cut where one pass needs another's results for all the chunk's tokens, so each
+piece is one launch with many programs (as the forward's ``step.py``):
+
+1. ``_step_restore_kernel`` (write positions x column blocks): the rows chunk c wrote
+   get their chunk-start values back from the undo log, in the working bank;
+2. ``_step_bwd_gather_kernel`` (tokens x column blocks): ``v - r0``;
+3. ``_step_bwd_mix1_kernel`` (token blocks x column slices): ``delta = X u`` and the
+   ``QK^T dy`` part of ``d delta``;
+4. ``_step_bwd_dw_kernel`` (tokens x column blocks): ``Dw = dB[written slots]``: the
+   ``d coef`` and ``Dw . M0w`` partial sums, ``d delta += sum coef Dw``;
+5. ``_step_bwd_mix2_kernel`` (token blocks x column slices): ``du = X^T d delta``:
+   ``dv``, ``d r0``, and the ``dL``, ``dQK``, ``d beta`` partial sums;
+6. ``_step_bwd_dev_kernel`` (tokens x column blocks): the ``d ev`` partial sums;
+7. ``_step_bwd_group_kernel`` (entry positions x column blocks): the new ``dB`` of every
+   distinct touched slot, once, in its group's order (``backward._group_tile``).
+
+Partial sums over columns go to ``[blocks, B, C, n]`` buffers that the host reduces in a
+fixed order, as for the column walk. Every element has one writer: deterministic.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .backward import _group_tile, _load_log
+from .step import _gather_half
+
+
+@triton.jit(do_not_specialize=["c", "P", "NC"])
+def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, width, NC,
+                         C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
+                         QMODE: tl.constexpr):
+    NRT: tl.constexpr = (C * W + NG - 1) // NG
+    pid = tl.program_id(0)       # p * NRT + tile
+    p = pid // NRT
+    pos = (pid % NRT) * NG + tl.arange(0, NG)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cm = cols < hd
+    b = p * NC + c
+    sl = tl.load(run_slot_ptr + b.to(tl.int64) * C * W + pos, mask=pos < C * W, other=-1)
+    x = _load_log(log_ptr, scale_ptr, (c * P + p).to(tl.int64) * C * W + pos, sl >= 0, width,
+                  cols, cm, QMODE)
+    tl.store(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+             x.to(work_ptr.dtype.element_ty), mask=(sl >= 0)[:, None] & cm[None, :])
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC"])
+def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd, NC,
+                            C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+                            WP: tl.constexpr, CP: tl.constexpr):
+    pid = tl.program_id(0)       # p * C + i
+    p = pid // C
+    i = pid % C
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cm = cols < hd
+    base = ((p * NC + c).to(tl.int64) * C + i) * (W + R)
+    r0 = _gather_half(work_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
+    tg = c * C + i
+    vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
+                 other=0.0).to(tl.float32)
+    tl.store(vmr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, vv - r0, mask=cm)
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC"])
+def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
+                          NC, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+                          CP: tl.constexpr, PREC: tl.constexpr):
+    NTB: tl.constexpr = CP // TB
+    pid = tl.program_id(0)       # p * NTB + token block
+    p = pid // NTB
+    t0 = (pid % NTB) * TB
+    cols = tl.program_id(1) * MB + tl.arange(0, MB)
+    cm = cols < hd
+    b = p * NC + c
+    mat = b.to(tl.int64) * C * C
+    toks = t0 + tl.arange(0, TB)
+    tm = toks < C
+    buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    d = tl.zeros([TB, MB], tl.float32)
+    k0 = 0
+    while k0 < t0 + TB:   # X is lower triangular
+        ks = k0 + tl.arange(0, TB)
+        km = ks < C
+        bk = tl.load(beta_ptr + b.to(tl.int64) * C + ks, mask=km, other=0.0)
+        uk = bk[:, None] * tl.load(vmr_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                                   mask=km[:, None] & cm[None, :], other=0.0)
+        xk = tl.load(X_ptr + mat + toks[:, None] * C + ks[None, :],
+                     mask=tm[:, None] & km[None, :], other=0.0)
+        d += tl.dot(xk, uk, input_precision=PREC)
+        k0 += TB
+    tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
+    # QK^T dy, the part of d delta that needs no dB
+    qd = tl.zeros([TB, MB], tl.float32)
+    k0 = 0
+    while k0 < C:
+        ks = k0 + tl.arange(0, TB)
+        km = ks < C
+        kg = c * C + ks
+        dyk = tl.load(dy_ptr + (p.to(tl.int64) * T + kg)[:, None] * hd + cols[None, :],
+                      mask=(km & (kg < T))[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        qkt = tl.load(QK_ptr + mat + ks[None, :] * C + toks[:, None],
+                      mask=tm[:, None] & km[None, :], other=0.0)
+        qd += tl.dot(qkt, dyk, input_precision=PREC)
+        k0 += TB
+    tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
+
+
+@triton.jit(do_not_specialize=["c", "NC", "NB"])
+def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
+                        hd, NC, NB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr):
+    pid = tl.program_id(0)       # p * C + i
+    p = pid // C
+    i = pid % C
+    cb = tl.program_id(1)
+    cols = cb * BD + tl.arange(0, BD)
+    cm = cols < hd
+    b = p * NC + c
+    base = (b.to(tl.int64) * C + i) * (W + R)
+    w = tl.arange(0, WP)
+    wm = w < W
+    sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
+    cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
+    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+    m2 = (sl >= 0)[:, None] & cm[None, :]
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0).to(tl.float32)
+    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0).to(tl.float32)
+    buf = (p.to(tl.int64) * CP + i) * hd + cols
+    dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
+    po = ((cb * NB + b).to(tl.int64) * C + i) * W + w
+    tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
+    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
+    dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
+    tl.store(dd_ptr + buf, dd, mask=cm)
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB"])
+def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
+                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, C: tl.constexpr,
+                          MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+                          PREC: tl.constexpr):
+    NTB: tl.constexpr = CP // TB
+    pid = tl.program_id(0)       # p * NTB + token block
+    p = pid // NTB
+    t0 = (pid % NTB) * TB
+    ms = tl.program_id(1)
+    cols = ms * MB + tl.arange(0, MB)
+    cm = cols < hd
+    b = p * NC + c
+    mat = b.to(tl.int64) * C * C
+    toks = t0 + tl.arange(0, TB)
+    tm = toks < C
+    tg = c * C + toks
+    tv = tm & (tg < T)
+    du = tl.zeros([TB, MB], tl.float32)
+    k0 = t0
+    while k0 < C:   # X[k, t] = 0 for k < t
+        ks = k0 + tl.arange(0, TB)
+        km = ks < C
+        xt = tl.load(X_ptr + mat + ks[None, :] * C + toks[:, None],
+                     mask=tm[:, None] & km[None, :], other=0.0)
+        ddk = tl.load(dd_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                      mask=km[:, None] & cm[None, :], other=0.0)
+        du += tl.dot(xt, ddk, input_precision=PREC)
+        k0 += TB
+    dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                  mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    prow = ((ms * NB + b).to(tl.int64) * C + toks)[:, None] * C
+    k0 = 0
+    while k0 < C:
+        ks = k0 + tl.arange(0, TB)
+        km = ks < C
+        dlk = tl.load(d_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                      mask=km[:, None] & cm[None, :], other=0.0)
+        sm = tm[:, None] & km[None, :]
+        gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
+        tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0),
+                 mask=sm)
+        gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
+        tl.store(pqk_ptr + prow + ks[None, :], tl.where(ks[None, :] <= toks[:, None], gq, 0.0),
+                 mask=sm)
+        k0 += TB
+    buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    vmr = tl.load(vmr_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0)
+    tl.store(pb_ptr + (ms * NB + b).to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
+    bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
+    tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+             bt[:, None] * du, mask=tv[:, None] & cm[None, :])
+    tl.store(dr_ptr + buf, -bt[:, None] * du, mask=tm[:, None] & cm[None, :])
+
+
+@triton.jit
+def _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, vec, n: tl.constexpr, NP: tl.constexpr, cols,
+              cm, hd):
+    """The ``d ev`` partials ``vec . M0[slot_e]`` of ``n`` entries from ``base``."""
+    e = tl.arange(0, NP)
+    em = e < n
+    sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
+    rows = tl.load(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    tl.store(pe_ptr + po + e, tl.sum(rows * vec[None, :], axis=1), mask=em)
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB"])
+def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB,
+                         C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr):
+    E: tl.constexpr = W + R
+    pid = tl.program_id(0)       # p * C + i
+    p = pid // C
+    i = pid % C
+    cb = tl.program_id(1)
+    cols = cb * BD + tl.arange(0, BD)
+    cm = cols < hd
+    b = p * NC + c
+    base = (b.to(tl.int64) * C + i) * E
+    po = ((cb * NB + b).to(tl.int64) * C + i) * E
+    dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
+    tg = c * C + i
+    dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
+                  other=0.0).to(tl.float32)
+    _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, dr0, W, WP, cols, cm, hd)
+    _dev_half(work_ptr, slot_ptr, pe_ptr, base + W, po + W, dyt, R, RP, cols, cm, hd)
+
+
+@triton.jit(do_not_specialize=["c", "P", "T", "NC"])
+def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
+                           g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
+                           E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
+                           KW: tl.constexpr, CP: tl.constexpr):
+    NGT: tl.constexpr = (C * E + NG - 1) // NG
+    pid = tl.program_id(0)       # p * NGT + tile
+    p = pid // NGT
+    f0 = (pid % NGT) * NG
+    cb = tl.program_id(1)
+    cols = cb * BD + tl.arange(0, BD)
+    cm = cols < hd
+    sc = tl.arange(0, BD)
+    gb = (p * NC + c).to(tl.int64) * C * E
+    scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
+    _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
+                dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG, KW, BD, hd)
+
+
+def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
+                 config: dict) -> dict:
+    """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
+    ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
+    cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s)."""
+    import torch
+
+    from .launch import Relaunch, pow2
+    P, C, W, R, NC, B = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B
+    E, T = W + R, pl.T
+    hd = dB.shape[1]
+    CP = pow2(C)
+    TB = min(64, CP)
+    BD, BDW, NG, KW = (config["BD_STEP_B"], config["BD_STEP_W"], config["NG_STEP"],
+                       config["KW_STEP"])
+    MB = config["MB_MIX_B"]
+    NCB, NCBW, NMB = -(-hd // BD), -(-hd // BDW), -(-hd // MB)
+    f32 = dict(dtype=torch.float32, device=dB.device)
+    vmr, delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(4))
+    parts = dict(ev=torch.empty(NCB, B, C, E, **f32), coef=torch.empty(NCB, B, C, W, **f32),
+                 m=torch.empty(NCB, B, C, W, **f32), b=torch.empty(NMB, B, C, 1, **f32),
+                 qk=torch.empty(NMB, B, C, C, **f32), L=torch.empty(NMB, B, C, C, **f32))
+    wg, ww = config["WARPS_STEP"], config["WARPS_STEP_W"]
+    g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
+    steps = [
+        Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
+                 pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
+                 num_warps=ww, num_stages=1),
+        Relaunch(_step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd,
+                 NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, num_warps=wg, num_stages=1),
+        Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
+                 0, T, hd, NC, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1),
+        Relaunch(_step_bwd_dw_kernel, g_rows, "c", dB, work, pl.slot, pl.coef, delta, ddelta,
+                 parts["coef"], parts["m"], 0, hd, NC, B, C=C, W=W, R=R, BD=BD, WP=pow2(W),
+                 CP=CP, num_warps=wg, num_stages=1),
+        Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
+                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, B, C=C, MB=MB, TB=TB,
+                 CP=CP, PREC=prec, num_warps=4, num_stages=1),
+        Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
+                 NC, B, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, num_warps=wg,
+                 num_stages=1),
+        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NG), NCBW), "c", dB, gr.slot,
+                 gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC, C=C, E=E,
+                 BD=BDW, NG=NG, KW=KW, CP=CP, num_warps=ww, num_stages=1),
+    ]
+    for c in range(NC - 1, -1, -1):   # kernel boundaries order the passes and the chunks
+        for step in steps:
+            step(c)
+    # cross-column sums in a fixed order
+    return {k: x.sum(0) for k, x in parts.items()}
