@@ -59,6 +59,10 @@ for seg in "$@"; do
         --ignore tests/test_kernels_interpret.py \
         --ignore tests/test_fuzz.py --ignore tests/test_ops.py --ignore tests/test_host_tracing.py &
       wait ;;
+    cuda_marked)   # the CUDA tests outside test_cuda.py: lowerings, layer, examples, AOTI
+      export CXX=/usr/bin/g++
+      run cuda_marked 330 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
+        tests/test_lowerings.py tests/test_nn.py tests/test_examples.py tests/test_export_aoti.py ;;
     cuda_tests)   # the kernels, the gated op and the layer on CUDA
       run cuda_tests 330 python3 -m pytest -v -p no:cacheprovider tests/test_cuda.py tests/test_gated.py \
         tests/test_nn.py -m cuda ;;

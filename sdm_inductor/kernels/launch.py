@@ -51,6 +51,11 @@ def direct_launches(fn):
     return run
 
 
+def _idle(hook) -> bool:
+    """A launch hook that does nothing: unset, or an empty ``knobs.HookChain``."""
+    return hook is None or not getattr(hook, "calls", True)
+
+
 class Relaunch:
     """Launches of one kernel, one grid and one argument list in which only ``var`` (a
     scalar the kernel does not specialize on) changes: the step walk's hundreds of
@@ -71,10 +76,15 @@ class Relaunch:
         if self.compiled is not None:
             vals = list(self.vals)
             vals[self.var] = value
-            ck, rt = self.compiled, knobs.runtime
-            ck.run(*self.grid3, self.stream, ck.function, ck.packed_metadata,
-                   ck.launch_metadata(self.grid, self.stream, *vals), rt.launch_enter_hook,
-                   rt.launch_exit_hook, *vals)
+            rt = knobs.runtime
+            enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+            if _idle(enter) and _idle(leave):   # no profiler hooks: no metadata to build
+                self.run(*self.grid3, self.stream, self.function, self.packed, None, None, None,
+                         *vals)
+            else:
+                ck = self.compiled
+                self.run(*self.grid3, self.stream, self.function, self.packed,
+                         ck.launch_metadata(self.grid, self.stream, *vals), enter, leave, *vals)
             return
         args = list(self.args)
         args[self.var] = value
@@ -87,4 +97,5 @@ class Relaunch:
         bound = binder(*args, **self.meta)[0]
         self.vals = list(bound.values())
         self.stream = driver.active.get_current_stream(device)
+        self.run, self.function, self.packed = ck.run, ck.function, ck.packed_metadata
         self.compiled = ck
