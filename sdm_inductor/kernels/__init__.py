@@ -8,9 +8,11 @@ Importing this package registers, when Triton is importable (no GPU needed to im
   put into Inductor's code.
 
 Modules: ``phase1`` (dense keys, groups of equal slots, decays, Gram matrices, solve),
-``phase2`` (the forward walk over the chunks), ``decode`` (short sequences),
-``backward`` (the reverse walk and Phase 1 backwards), ``host`` (buffers, launch
-parameters, the IMPLS interface), ``triton_ops``.
+``step`` / ``step_backward`` (the walks over the chunks as launches per chunk: eager
+calls), ``phase2`` (the forward walk in one launch: traced calls), ``walk`` (the grid
+walk, opt-in), ``decode`` (short sequences), ``backward`` (the reverse column walk and
+Phase 1 backwards), ``launch`` (traceable launches, ``Relaunch``), ``host`` (buffers,
+launch parameters, the IMPLS interface), ``triton_ops``.
 """
 try:
     import triton  # noqa: F401
