@@ -6,6 +6,10 @@
 #   bash benchmarks/device_all.sh bench_compile bench_rewrite   # issues 4 and 5
 #   bash benchmarks/device_all.sh grid gather     # unmeasured kernel variants (NOTES.md)
 #   bash benchmarks/device_all.sh aoti_sys        # AOTI on CUDA with CXX=/usr/bin/g++ (issue 4)
+#   bash benchmarks/device_all.sh cuda_tests step  # ~4 min: kernels/gated/layer CUDA tests, step
+#                                                  # walks against column walks + a profile
+#   bash benchmarks/device_all.sh step_variants    # ~1.5 min: step-walk launch parameters
+#   bash benchmarks/device_all.sh cuda_marked      # > 5.5 min: lowerings/examples/AOTI on CUDA
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
