@@ -46,6 +46,31 @@ def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.const
 
 
 @triton.jit
+def _token_program(NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr):
+    """A program of a (stream, token, column block) grid: ``p``, ``i``, the segment ``b``,
+    the first entry of token ``i`` in the segment arrays, the columns and their mask."""
+    pid = tl.program_id(0)       # p * C + i
+    p = pid // C
+    i = pid % C
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    b = p * NC + c
+    return p, i, b, (b.to(tl.int64) * C + i) * E, cols, cols < hd
+
+
+@triton.jit
+def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm,
+                   C: tl.constexpr, CP: tl.constexpr):
+    """``u = beta (v - r0)`` and ``inter`` of token ``i`` into the ``[P, CP, hd]`` buffers."""
+    tg = c * C + i
+    vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
+                 other=0.0).to(tl.float32)
+    bt = tl.load(beta_ptr + b.to(tl.int64) * C + i)
+    buf = (p.to(tl.int64) * CP + i) * hd + cols
+    tl.store(u_ptr + buf, bt * (vv - r0), mask=cm)
+    tl.store(i_ptr + buf, inter, mask=cm)
+
+
+@triton.jit
 def _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm,
                C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
                PREC: tl.constexpr):
@@ -110,28 +135,15 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         MIX: tl.constexpr):
     # MIX: the last program of each (stream, column block) computes its delta and
     # readings (else ``_step_mix_kernel`` does, as a third launch)
-    pid = tl.program_id(0)       # p * C + i
-    cb = tl.program_id(1)
-    p = pid // C
-    i = pid % C
-    b = p * NC + c
-    E: tl.constexpr = W + R
-    cols = cb * BD + tl.arange(0, BD)
-    cm = cols < hd
-    base = (b.to(tl.int64) * C + i) * E
+    p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
     inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd)
-    tg = c * C + i
-    vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
-                 other=0.0).to(tl.float32)
-    bt = tl.load(beta_ptr + b.to(tl.int64) * C + i)
-    buf = (p.to(tl.int64) * CP + i) * hd + cols
-    tl.store(u_ptr + buf, bt * (vv - r0), mask=cm)
-    tl.store(i_ptr + buf, inter, mask=cm)
+    _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm, C, CP)
     if MIX:
         # every thread's stores are issued before the ticket is taken (release); the
         # last taker sees them all (acquire, then .cg loads from L2)
         tl.debug_barrier()
+        cb = tl.program_id(1)
         ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1,
                                sem="acq_rel", scope="gpu")
         if ticket == C - 1:

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .backward import _group_tile, _load_log
-from .step import _gather_half
+from .step import _gather_half, _token_program
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
@@ -51,12 +51,7 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
 def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd, NC,
                             C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                             WP: tl.constexpr, CP: tl.constexpr):
-    pid = tl.program_id(0)       # p * C + i
-    p = pid // C
-    i = pid % C
-    cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    cm = cols < hd
-    base = ((p * NC + c).to(tl.int64) * C + i) * (W + R)
+    p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     r0 = _gather_half(work_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
@@ -112,14 +107,8 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
                         hd, NC, NB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                         BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr):
-    pid = tl.program_id(0)       # p * C + i
-    p = pid // C
-    i = pid % C
+    p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     cb = tl.program_id(1)
-    cols = cb * BD + tl.arange(0, BD)
-    cm = cols < hd
-    b = p * NC + c
-    base = (b.to(tl.int64) * C + i) * (W + R)
     w = tl.arange(0, WP)
     wm = w < W
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
@@ -209,14 +198,8 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
                          C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                          WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr):
     E: tl.constexpr = W + R
-    pid = tl.program_id(0)       # p * C + i
-    p = pid // C
-    i = pid % C
+    p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
     cb = tl.program_id(1)
-    cols = cb * BD + tl.arange(0, BD)
-    cm = cols < hd
-    b = p * NC + c
-    base = (b.to(tl.int64) * C + i) * E
     po = ((cb * NB + b).to(tl.int64) * C + i) * E
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
     tg = c * C + i

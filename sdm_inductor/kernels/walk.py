@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .phase2 import _run_tile
+from .step import _store_u_inter
 
 
 @triton.jit
@@ -69,13 +70,7 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
         is_w = (ents < W)[:, None]
         r0 += tl.sum(tl.where(is_w, x, 0.0), axis=0)
         inter += tl.sum(tl.where(is_w, 0.0, x), axis=0)
-    tg = c * C + i
-    vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
-                 other=0.0).to(tl.float32)
-    bt = tl.load(beta_ptr + b.to(tl.int64) * C + i)
-    buf = (p.to(tl.int64) * CP + i) * hd + cols
-    tl.store(u_ptr + buf, bt * (vv - r0), mask=cm)
-    tl.store(i_ptr + buf, inter, mask=cm)
+    _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm, C, CP)
 
 
 @triton.jit
