@@ -51,3 +51,22 @@ def test_traced_host_code_serves_other_lengths(which):
         assert shape_env.evaluate_guards_for_args(fakes, list(make(T))), (
             f"the {which} traced at T=37 would recompile for T={T}: "
             + "; ".join(str(g.expr) for g in shape_env.guards))
+
+
+def test_eager_implementations_launch_without_the_hop():
+    """The eager implementations switch ``wrap_triton`` off for real tensors (each launch
+    through the higher-order op costs ~100 us of host time) and keep it for traced ones."""
+    from torch._library.triton import is_wrap_triton_enabled
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sdm_inductor.kernels.launch import direct_launches
+
+    seen = []
+    probe = direct_launches(lambda x: seen.append(is_wrap_triton_enabled()))
+    probe(torch.zeros(2))
+    with FakeTensorMode() as mode:
+        probe(mode.from_tensor(torch.zeros(2)))
+    assert seen == [False, True]
+    assert is_wrap_triton_enabled()
+    for name in ("forward", "forward_gated", "backward"):
+        assert getattr(host, name).__wrapped__ is not None, name
