@@ -17,15 +17,18 @@ piece is one launch with many programs (as the forward's ``step.py``):
 7. ``_step_bwd_group_kernel`` (entry positions x column blocks): the new ``dB`` of every
    distinct touched slot, once, in its group's order (``backward._group_tile``).
 
-Partial sums over columns go to ``[blocks, B, C, n]`` buffers that the host reduces in a
-fixed order, as for the column walk. Every element has one writer: deterministic.
+Partial sums over columns go to ``[blocks, P * NCW, C, n]`` buffers (a window of ``NCW``
+chunks per stream) that the host reduces in a fixed order after each window, as for the
+column walk. Every element has one writer: deterministic.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from .backward import _group_tile, _load_log
+from .launch import Relaunch, pow2
 from .step import _gather_half, _token_program
 
 
@@ -103,9 +106,9 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
     tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["c", "NC", "NB"])
+@triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
-                        hd, NC, NB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                        hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                         BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr):
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     cb = tl.program_id(1)
@@ -119,16 +122,16 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     M0 = tl.load(work_ptr + ro, mask=m2, other=0.0).to(tl.float32)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
-    po = ((cb * NB + b).to(tl.int64) * C + i) * W + w
+    po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
     tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
     dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
     tl.store(dd_ptr + buf, dd, mask=cm)
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC", "NB"])
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
 def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
-                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, C: tl.constexpr,
+                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, C: tl.constexpr,
                           MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
                           PREC: tl.constexpr):
     NTB: tl.constexpr = CP // TB
@@ -157,7 +160,8 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
         k0 += TB
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                   mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    prow = ((ms * NB + b).to(tl.int64) * C + toks)[:, None] * C
+    prt = ms * NB + p * NCW + c % NCW     # the chunk's row of this slice's partials
+    prow = (prt.to(tl.int64) * C + toks)[:, None] * C
     k0 = 0
     while k0 < C:
         ks = k0 + tl.arange(0, TB)
@@ -174,7 +178,7 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
         k0 += TB
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     vmr = tl.load(vmr_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0)
-    tl.store(pb_ptr + (ms * NB + b).to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
+    tl.store(pb_ptr + prt.to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
     bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
     tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
              bt[:, None] * du, mask=tv[:, None] & cm[None, :])
@@ -193,14 +197,14 @@ def _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, vec, n: tl.constexpr, NP: tl
     tl.store(pe_ptr + po + e, tl.sum(rows * vec[None, :], axis=1), mask=em)
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC", "NB"])
-def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB,
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
+def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB, NCW,
                          C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                          WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr):
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
     cb = tl.program_id(1)
-    po = ((cb * NB + b).to(tl.int64) * C + i) * E
+    po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * E
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
     tg = c * C + i
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
@@ -232,10 +236,11 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  config: dict) -> dict:
     """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
     ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
-    cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s)."""
-    import torch
+    cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s).
 
-    from .launch import Relaunch, pow2
+    The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
+    the last chunks first), reduced over the column blocks after each window, so their
+    memory is a fraction of the whole sequence's (the row of chunk c is ``c % NCW``)."""
     P, C, W, R, NC, B = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B
     E, T = W + R, pl.T
     hd = dB.shape[1]
@@ -245,11 +250,13 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                        config["KW_STEP"])
     MB = config["MB_MIX_B"]
     NCB, NCBW, NMB = -(-hd // BD), -(-hd // BDW), -(-hd // MB)
+    NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
+    NBW = P * NCW
     f32 = dict(dtype=torch.float32, device=dB.device)
     vmr, delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(4))
-    parts = dict(ev=torch.empty(NCB, B, C, E, **f32), coef=torch.empty(NCB, B, C, W, **f32),
-                 m=torch.empty(NCB, B, C, W, **f32), b=torch.empty(NMB, B, C, 1, **f32),
-                 qk=torch.empty(NMB, B, C, C, **f32), L=torch.empty(NMB, B, C, C, **f32))
+    widths = dict(ev=(NCB, E), coef=(NCB, W), m=(NCB, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
+    parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
+    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP"], config["WARPS_STEP_W"]
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     steps = [
@@ -261,20 +268,24 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1),
         Relaunch(_step_bwd_dw_kernel, g_rows, "c", dB, work, pl.slot, pl.coef, delta, ddelta,
-                 parts["coef"], parts["m"], 0, hd, NC, B, C=C, W=W, R=R, BD=BD, WP=pow2(W),
-                 CP=CP, num_warps=wg, num_stages=1),
+                 parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BD,
+                 WP=pow2(W), CP=CP, num_warps=wg, num_stages=1),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
-                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, B, C=C, MB=MB, TB=TB,
-                 CP=CP, PREC=prec, num_warps=4, num_stages=1),
+                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, C=C, MB=MB,
+                 TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
-                 NC, B, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, num_warps=wg,
-                 num_stages=1),
+                 NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
+                 num_warps=wg, num_stages=1),
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NG), NCBW), "c", dB, gr.slot,
                  gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC, C=C, E=E,
                  BD=BDW, NG=NG, KW=KW, CP=CP, num_warps=ww, num_stages=1),
     ]
-    for c in range(NC - 1, -1, -1):   # kernel boundaries order the passes and the chunks
-        for step in steps:
-            step(c)
-    # cross-column sums in a fixed order
-    return {k: x.sum(0) for k, x in parts.items()}
+    for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
+        n = min(NCW, NC - c_lo)
+        for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
+            for step in steps:
+                step(c)
+        # cross-column sums of the window, in a fixed order
+        for k, x in parts.items():
+            sums[k][:, c_lo:c_lo + n] = x.view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)
+    return {k: x.view(B, C, -1) for k, x in sums.items()}
