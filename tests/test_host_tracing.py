@@ -45,6 +45,11 @@ def test_traced_host_code_serves_other_lengths(which):
     gm = make_fx(fn, tracing_mode="symbolic")(*make(37))
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert launches, "no kernel launch was traced"
+    # a traced call takes the single-launch column walks, never the per-chunk step walks
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    names = {kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ for n in launches}
+    assert {"forward": "_forward_kernel", "backward": "_reverse_kernel"}[which] in names, names
+    assert not any(name.startswith("_step") for name in names), names
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     shape_env = fakes[0].fake_mode.shape_env
     for T in (37, 48, 53, 101, 250):
