@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import is_fake, launch, pow2
+from .launch import launch, pow2, step_walks
 from .phase1 import entry_groups, plan
 
 # snapshot_quant modes as the kernel decodes the undo log
@@ -101,6 +101,19 @@ def _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em):
     tl.store(pc_ptr + po, tl.sum(Dw * dl[:, None, :], axis=2), mask=em)
     tl.store(pm_ptr + po, tl.sum(Dw * rows, axis=2), mask=em)
     return tl.sum(cf[:, :, None] * Dw, axis=1)
+
+
+@triton.jit
+def _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, km, cols, cm, C,
+            PREC: tl.constexpr):
+    """``QK[ks, toks]^T @ dy[ks]``: key block ``ks``'s share of ``d delta`` for tokens
+    ``toks`` (columns ``cols``; ``mat``: the chunk's first Gram matrix element)."""
+    kg = c * C + ks
+    dyk = tl.load(dy_ptr + (p.to(tl.int64) * T + kg)[:, None] * hd + cols[None, :],
+                  mask=(km & (kg < T))[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    qkt = tl.load(QK_ptr + mat + ks[None, :] * C + toks[:, None],
+                  mask=tm[:, None] & km[None, :], other=0.0)
+    return tl.dot(qkt, dyk, input_precision=PREC)
 
 
 @triton.jit
@@ -283,13 +296,8 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             for k0 in range(0, C, TB):
                 ks = k0 + tl.arange(0, TB)
                 km = ks < C
-                kg = c * C + ks
-                dyk = tl.load(dy_ptr + (p.to(tl.int64) * T + kg)[:, None] * hd + cols[None, :],
-                              mask=(km & (kg < T))[:, None] & cm[None, :], other=0.0).to(tl.float32)
-                # QK[ks, toks]^T @ dy[ks]
-                qkt = tl.load(QK_ptr + mat + ks[None, :] * C + toks[:, None],
-                              mask=tm[:, None] & km[None, :], other=0.0)
-                dd += tl.dot(qkt, dyk, input_precision=PREC)
+                dd += _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, km, cols, cm, C,
+                              PREC)
                 # dQK[toks, ks] = dy[toks] . delta[ks] (j <= i)
                 dlk = tl.load(scr_d + ks[:, None] * BD + sc[None, :], mask=km[:, None], other=0.0)
                 dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -481,7 +489,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     scales = saved_scales if saved_scales.numel() else torch.empty(1, **f32)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
     gr = entry_groups(pl)
-    if config["WALK"] in ("step", "auto") and not is_fake(dB):
+    if step_walks(config, dB):
         # eager: the step walk (step_backward.py), launches per chunk over the whole GPU
         from .step_backward import step_reverse
         sums = step_reverse(dB, work, log, scales, saved_rows.shape[-1], pl, gr, v, dy, dv,

@@ -16,7 +16,7 @@ from torch import Tensor
 from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import Relaunch, direct_launches, is_fake, launch, pow2
+from .launch import Relaunch, direct_launches, launch, pow2, step_walks
 from .phase1 import plan, prep
 from .phase2 import _forward_kernel
 from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
@@ -101,7 +101,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    kind = walk_kind(C, traced=is_fake(bank))
+    kind = walk_kind(C, bank)
     if kind == "grid":
         _grid_walk(bank, pl, v, out, saved_arg, saved is not None)
         return out
@@ -127,15 +127,14 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
 GRID_WALK_MAX_C = 128
 
 
-def walk_kind(C: int, traced: bool = False) -> str:
-    """The Phase 2 walk of a call. A traced call (Inductor's generated code, AOTInductor)
-    needs one launch whose compilation serves every ``T``: the column walk; eager calls
-    (and CUDA graphs of them) loop over the chunks on the host: the step walk."""
+def walk_kind(C: int, bank: Tensor) -> str:
+    """The Phase 2 walk of a call on ``bank``. A traced call (Inductor's generated code,
+    AOTInductor) needs one launch whose compilation serves every ``T``: the column walk;
+    eager calls (and CUDA graphs of them) loop over the chunks on the host: the step walk
+    (``launch.step_walks``, the backward's rule too)."""
     if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C:
         return "grid"
-    if CONFIG["WALK"] in ("step", "auto") and not traced:
-        return "step"
-    return "column"
+    return "step" if step_walks(CONFIG, bank) else "column"
 
 
 def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool):
@@ -318,7 +317,7 @@ def raw_gate_layout(x: Tensor) -> Tensor:
 
 def _record(path: str, windows: int, bank: Tensor, C: int):
     from .. import ops
-    walk = walk_kind(C, traced=is_fake(bank)) if path == "chunked" else None
+    walk = walk_kind(C, bank) if path == "chunked" else None
     bd = {"grid": _walk_block_cols(bank.shape[1]), "step": CONFIG["BD_STEP"]}.get(walk, CONFIG["BD"])
     ops.record_dispatch(kernel_path=path, windows=windows, walk=walk, block_cols=bd,
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))

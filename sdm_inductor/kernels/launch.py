@@ -21,10 +21,12 @@ def pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
 
 
-def is_fake(t) -> bool:
-    """A tensor of a traced call (fake, or functional over fake), not real data: such a
-    call must launch one kernel per walk (its compilation serves every ``T``)."""
-    return _is_fake(t)
+def step_walks(config: dict, t) -> bool:
+    """Whether a call on tensor ``t`` takes the step walks (launches per chunk): asked
+    for (``WALK`` "step", or "auto", the default) and eager. A traced call (fake, or
+    functional over fake, tensors) must launch one kernel per walk, whose compilation
+    serves every ``T``: the column walks."""
+    return config["WALK"] in ("step", "auto") and not _is_fake(t)
 
 
 def launch(kernel, grid, *args, **meta):
@@ -44,7 +46,7 @@ def direct_launches(fn):
     dispatch, which costs ~100 us per launch on the host (the step walk makes hundreds)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):
+        if any(isinstance(a, torch.Tensor) and _is_fake(a) for a in args):
             return fn(*args, **kwargs)   # traced (e.g. make_fx of the host code): keep the HOP
         with set_wrap_triton_enabled(False):
             return fn(*args, **kwargs)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backward import _group_tile, _load_log
+from .backward import _group_tile, _load_log, _qkt_dy
 from .launch import Relaunch, pow2
 from .step import _gather_half, _token_program
 
@@ -95,13 +95,7 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
     k0 = 0
     while k0 < C:
         ks = k0 + tl.arange(0, TB)
-        km = ks < C
-        kg = c * C + ks
-        dyk = tl.load(dy_ptr + (p.to(tl.int64) * T + kg)[:, None] * hd + cols[None, :],
-                      mask=(km & (kg < T))[:, None] & cm[None, :], other=0.0).to(tl.float32)
-        qkt = tl.load(QK_ptr + mat + ks[None, :] * C + toks[:, None],
-                      mask=tm[:, None] & km[None, :], other=0.0)
-        qd += tl.dot(qkt, dyk, input_precision=PREC)
+        qd += _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, ks < C, cols, cm, C, PREC)
         k0 += TB
     tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
 
