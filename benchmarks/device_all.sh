@@ -10,6 +10,7 @@
 #                                                  # walks against column walks + a profile
 #   bash benchmarks/device_all.sh step_variants    # ~1.5 min: step-walk launch parameters
 #   bash benchmarks/device_all.sh cuda_marked      # > 5.5 min: lowerings/examples/AOTI on CUDA
+#   bash benchmarks/device_all.sh windows          # ~8 min: token windows, Phase 1 ahead, gathers
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -89,6 +90,10 @@ for seg in "$@"; do
     step_variants)
       run variants_step_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1,11,12,13,14,15,16,17,18
       run variants_step_B128 120 python3 benchmarks/bench_variants.py --config B --chunk 128 --only 1,11,14,16 ;;
+    windows)   # session 7: token windows with Phase 1 ahead on a side stream, one-load gathers
+      run variants_win_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 19,20,21,22,23,24,25,26,27
+      run variants_win_A128 150 python3 benchmarks/bench_variants.py --config A --chunk 128 --only 19,20,22,23,24,25
+      run variants_win_B128 150 python3 benchmarks/bench_variants.py --config B --chunk 128 --only 19,20,23,24,25 ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

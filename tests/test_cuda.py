@@ -43,14 +43,19 @@ def _grads(ins, C, dy, dM, **kw):
     return y, M, torch.autograd.grad(loss, [leaves[i] for i in FLOAT_INPUTS])
 
 
-@pytest.fixture(params=["auto", "column"])
+@pytest.fixture(params=["auto", "column", "windows"])
 def walk(request):
-    """The Phase 2 walk of eager calls: the default (the step walk) and the column walk."""
+    """The Phase 2 walk of eager calls: the default (the step walk), the column walk, and
+    the step walk over token windows of 64 (each window's Phase 1 on a side stream,
+    ahead of the walk: ``pipeline.ahead``)."""
     from sdm_inductor.kernels import host
-    old = host.CONFIG["WALK"]
-    host.CONFIG["WALK"] = request.param
-    yield request.param
-    host.CONFIG["WALK"] = old
+    old = dict(host.CONFIG)
+    windows = request.param == "windows"
+    host.CONFIG.update(WALK="auto" if windows else request.param,
+                       WINDOW_TOKENS=64 if windows else old["WINDOW_TOKENS"])
+    yield "step" if windows else request.param
+    host.CONFIG.clear()
+    host.CONFIG.update(old)
 
 
 def _check(name, got, want, tol):
@@ -70,6 +75,7 @@ CASES = [  # (dtype, P, T, W, R, hd, sph, C, kwargs)
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_forward_backward_vs_oracle(case, walk):
+    from sdm_inductor.kernels import host
     dtype, P, T, W, R, hd, sph, C, kw = CASES[case]
     ins = _inputs(dtype, P=P, T=T, W=W, R=R, hd=hd, slots_per_stream=sph, **kw)
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -81,6 +87,8 @@ def test_forward_backward_vs_oracle(case, walk):
     assert ops.last_dispatch()["impl"] == "cuda-triton-chunked"
     if T > 16:   # not the decode path
         assert ops.last_dispatch()["walk"] == ("step" if walk == "auto" else walk)
+        if host.CONFIG["WINDOW_TOKENS"] == 64:
+            assert ops.last_dispatch()["windows"] == len(range(0, T, max(64 // C, 1) * C))
     tol = TOL[dtype]
     _check("readings", y, y_ref, tol)
     _check("final bank", M, M_ref, tol)
@@ -130,8 +138,8 @@ def test_long_sequence_windows_and_chunk_sizes():
     from sdm_inductor.kernels import host
     ins = _inputs(torch.float32, P=2, T=600, W=8, R=8, hd=64, slots_per_stream=256)
     y_ref, M_ref, _ = reference_outputs(ins)
-    old = host.WINDOW_TOKENS
-    host.WINDOW_TOKENS = 256
+    old = host.CONFIG["WINDOW_TOKENS"]
+    host.CONFIG["WINDOW_TOKENS"] = 256
     try:
         for C in (16, 64, 256):
             bank = ins.bank.clone()
@@ -140,7 +148,7 @@ def test_long_sequence_windows_and_chunk_sizes():
             _check(f"C={C} readings", y, y_ref, 1e-4)
             _check(f"C={C} final bank", bank, M_ref, 1e-4)
     finally:
-        host.WINDOW_TOKENS = old
+        host.CONFIG["WINDOW_TOKENS"] = old
 
 
 def test_out_of_range_indices_are_masked():
@@ -211,6 +219,43 @@ def test_cuda_graph_capture_and_no_recompile():
     torch.cuda.synchronize()
     for x, y in zip((want[0], want[1], *want[2]), (out[0], out[1], *out[2])):
         assert torch.equal(x, y)
+
+
+def test_token_windows_under_cuda_graph_capture():
+    """A captured eager call over several token windows keeps to one stream (the side
+    stream of ``pipeline.ahead`` is for uncaptured calls) and replays to the uncaptured
+    call's results, forward and backward."""
+    from sdm_inductor.kernels import host
+    ins = _inputs(torch.bfloat16, P=2, T=200, W=8, R=8, hd=64, slots_per_stream=64)
+    args = tuple(ins)[1:]
+    dy = torch.randn(2, 200, 64, device="cuda").bfloat16()
+    dM = torch.randn_like(ins.bank)
+    old = dict(host.CONFIG)
+    host.CONFIG["WINDOW_TOKENS"] = 64
+
+    def call():
+        bank = ins.bank.clone()
+        y, rows, scales = host.forward(bank, *args, 64, "none", True)
+        return (y, bank) + tuple(host.backward(dy, dM, bank, rows, scales, *args, 64, "none",
+                                               False))
+    try:
+        want = call()
+        assert ops.last_dispatch()["windows"] == 4
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call()
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(want, out):
+            assert torch.equal(x, y)
+    finally:
+        host.CONFIG.clear()
+        host.CONFIG.update(old)
 
 
 def test_triton_ops_match_eager_op():

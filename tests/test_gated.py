@@ -337,7 +337,7 @@ def case_forward():
                           seed=T)
         raw = raw_gates(4, T, layout, seed=T)
         beta, g = gates.torch_gates(*raw)
-        host.WINDOW_TOKENS = 16
+        host.CONFIG["WINDOW_TOKENS"] = 16
         bank = ins.bank.clone()
         y, rows, scales = host.forward_gated(bank, ins.k_idx, ins.k_val, ins.v, *raw, ins.q_idx,
                                              ins.q_val, 16, "none", save)

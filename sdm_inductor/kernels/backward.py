@@ -30,6 +30,7 @@ from torch import Tensor
 
 from .launch import launch, pow2, step_walks
 from .phase1 import entry_groups, plan
+from .pipeline import ahead, behind, token_windows
 
 # snapshot_quant modes as the kernel decodes the undo log
 _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
@@ -461,13 +462,16 @@ def _gate_grads_kernel(perm_ptr, gs_ptr, nw_ptr, na_ptr, dgam_ptr, dgend_ptr, dg
 def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, saved_rows: Tensor,
              saved_scales: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
              snapshot_quant: str, grad_bank_fp32: bool, config: dict):
-    """The six gradients (bank, k_val, v, beta, g, q_val). Shapes-only host code."""
+    """The six gradients (bank, k_val, v, beta, g, q_val). Shapes-only host code.
+
+    Eager calls (the step walks) run the sequence in token windows, the last first, with
+    the Phase 1 of the window before on a side stream (``pipeline.ahead``); a traced call
+    does the whole sequence as one window."""
     k_idx, k_val, v, beta, g, q_idx, q_val, dy = (
         x.contiguous() for x in (k_idx, k_val, v, beta, g, q_idx, q_val, grad_readings))
     S, hd = grad_final.shape
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
-    E = W + R
     bank_dtype = grad_final.dtype
     dev = grad_final.device
     acc_dtype = torch.float32 if (grad_bank_fp32 or bank_dtype == torch.float32) else bank_dtype
@@ -476,27 +480,73 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         return (dB.to(bank_dtype), torch.zeros_like(k_val, dtype=bank_dtype),
                 torch.zeros_like(v, dtype=bank_dtype), torch.zeros_like(beta, dtype=torch.float32),
                 torch.zeros_like(g, dtype=torch.float32), torch.zeros_like(q_val, dtype=bank_dtype))
-    pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
-    NC, B = pl.NC, pl.B
-    f32 = dict(dtype=torch.float32, device=dev)
-    dv = torch.empty(P, T, hd, **f32)
     qmode = _QMODE[snapshot_quant]
     log = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
     # the bank state, rebuilt chunk by chunk in reverse from the final bank and the log
     work = final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
-    scales = saved_scales if saved_scales.numel() else torch.empty(1, **f32)
+    scales = saved_scales if saved_scales.numel() else torch.empty(1, dtype=torch.float32,
+                                                                  device=dev)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
-    gr = entry_groups(pl)
-    if step_walks(config, dB):
+    step = step_walks(config, dB)
+    ctx = (dB, work, saved_rows.shape[-1], qmode, prec, config, step)
+
+    def make(win):   # Phase 1 of a window: independent of the bank
+        sl = slice(*win)
+        pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
+        return pl, entry_groups(pl)
+
+    if not step:
+        pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
+        dv, sums = _reverse(pl, entry_groups(pl), log, scales, v, dy, *ctx)
+        dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
+        return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
+                dq.to(bank_dtype))
+    f32 = dict(dtype=torch.float32, device=dev)
+    dk, dv, dbeta, dg, dq = (
+        torch.empty(P, T, W, dtype=bank_dtype, device=dev),
+        torch.empty(P, T, hd, dtype=bank_dtype, device=dev), torch.empty(P, T, **f32),
+        torch.empty(P, T, g.shape[2], **f32), torch.empty(P, T, R, dtype=bank_dtype, device=dev))
+    wins = token_windows(T, C, config["WINDOW_TOKENS"])
+    for (t0, t1), (pl, gr) in ahead(wins[::-1], make, dev, config["PLAN_AHEAD"]):
+        rows = slice(t0 // C * P * C, -(-t1 // C) * P * C)   # the window's chunks in the log
+        dv_w, sums = _reverse(pl, gr, log[rows],
+                              scales[rows] if saved_scales.numel() else scales,
+                              v[:, t0:t1].contiguous(), dy[:, t0:t1].contiguous(), *ctx)
+        dv[:, t0:t1] = dv_w
+        # the window's Phase 1 backward on the side stream too, after its walk: it needs
+        # the walk's sums, not the bank, so the walk of the window before goes on meanwhile
+        with behind(dev, config["PLAN_AHEAD"], *sums.values()):
+            for o, x in zip((dk, dbeta, dg, dq), _phase1_grads(pl, sums, g.shape[2])):
+                o[:, t0:t1] = x
+    return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
+
+
+def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
+             config: dict, step: bool):
+    """The reverse walk over one window's chunks (``pl``: its Phase 1; ``log`` / ``scales``
+    its undo log; ``v`` / ``dy`` its tokens), advancing ``dB`` and ``work`` in place to the
+    window's start: the window's ``dv`` (fp32) and cross-column sums."""
+    dv = torch.empty(pl.P, pl.T, dB.shape[1], dtype=torch.float32, device=dB.device)
+    if step:
         # eager: the step walk (step_backward.py), launches per chunk over the whole GPU
         from .step_backward import step_reverse
-        sums = step_reverse(dB, work, log, scales, saved_rows.shape[-1], pl, gr, v, dy, dv,
-                            qmode, prec, config)
+        sums = step_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec, config)
     else:
-        sums = _column_reverse(dB, work, log, scales, saved_rows.shape[-1], pl, gr, v, dy, dv,
-                               qmode, prec, config)
+        sums = _column_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec,
+                               config)
+    return dv, sums
+
+
+def _phase1_grads(pl, sums: dict, g_width: int):
+    """Phase 1 backwards for one window: from the walk's sums through the Gram matrices,
+    the per-entry weights and the cumulative decays to ``(dk, dbeta, dg, dq)`` of the
+    window's tokens (dk / dq in fp32). Reads no bank row."""
+    P, T, C, NC, B, W, R = pl.P, pl.T, pl.C, pl.NC, pl.B, pl.W, pl.R
+    E = W + R
+    dev = pl.val.device
+    f32 = dict(dtype=torch.float32, device=dev)
     dL = sums["L"]
     dQK = sums["qk"]
     dA = pl.beta[:, :, None] * dL
@@ -527,9 +577,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     dq = dval[:, :, W:].index_select(1, tok)
     active = pl.slot.view(P, Tp, E)[:, :, :W].index_select(1, tok) >= 0
     dgw = dgate.view(P, Tp, W).index_select(1, tok) * active
-    dg = dgw if g.shape[2] == W else dgw.sum(-1, keepdim=True)
-    return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype),
-            dbeta.view(P, Tp).index_select(1, tok), dg, dq.to(bank_dtype))
+    dg = dgw if g_width == W else dgw.sum(-1, keepdim=True)
+    return dk, dbeta.view(P, Tp).index_select(1, tok), dg, dq
 
 
 def _column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int,

@@ -18,6 +18,7 @@ from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import Relaunch, direct_launches, launch, pow2, step_walks
 from .phase1 import plan, prep
+from .pipeline import ahead, token_windows
 from .phase2 import _forward_kernel
 from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
 from .walk import _walk_kernel
@@ -43,7 +44,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
               BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
-              WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32)
+              WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
+              WINDOW_TOKENS=1024, PLAN_AHEAD=1, GATHER_ONE=0)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -54,11 +56,13 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # mix launch does, in column slices of MB_MIX. The backward's step walk
 # (step_backward.py): BD_STEP_B columns per program of its row passes, MB_MIX_B of its
 # products; its restore and dB passes take the write launch's BD_STEP_W / NG_STEP / KW_STEP.
-
-# The eager no-grad forward runs the sequence in windows of about this many tokens, so
-# its working memory (Phase 1 of a window) does not grow with T. Traced calls (one
-# triton_op) cannot loop over a length and do the whole sequence at once.
-WINDOW_TOKENS = 4096
+# WINDOW_TOKENS: eager calls run the sequence in windows of about this many tokens: the
+# no-grad forward of the column walk (its working memory, Phase 1 of a window, does not
+# grow with T), and every step-walk call, forward and backward, whose Phase 1 of the next
+# window runs on a side stream during this window's walk (``pipeline.ahead``). Traced
+# calls (one triton_op) cannot loop over a length and do the whole sequence at once.
+# GATHER_ONE=1: the step gather loads a token's write and read rows at once (one round
+# trip, twice the registers). PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -157,6 +161,7 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                       pl.X, pl.QKX, out, u, inter, delta, tickets, 0, P, pl.T, hd, NC, C=C, W=W,
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
+                      ONE=bool(CONFIG["GATHER_ONE"]), EP=pow2(W + R),
                       num_warps=CONFIG["WARPS_STEP"], num_stages=1)
     mix = Relaunch(_step_mix_kernel, (P * (CP // TB), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
                    inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TB, CP=CP, PREC=prec,
@@ -279,21 +284,58 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     P, T, _ = k_idx.shape
     C = chunk_size
     path = "empty" if T == 0 else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
-    win = max(C, WINDOW_TOKENS // C * C)
-    windows = 1 if (save or path != "chunked") else -(-T // win)
+    step = path == "chunked" and walk_kind(C, bank) == "step"
+    windowed = step or (path == "chunked" and not save)
+    wins = token_windows(T, C, CONFIG["WINDOW_TOKENS"]) if windowed else [(0, T)]
+    windows = len(wins)
     _record(path, windows, bank, C)
+    if step:
+        return _step_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant,
+                             save, gate_params, wins)
     if windows == 1:
         return forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save,
                             gate_params)
     readings = bank.new_empty(P, T, bank.shape[1])
-    for t0 in range(0, T, win):
-        sl = slice(t0, min(T, t0 + win))
+    for t0, t1 in wins:
+        sl = slice(t0, t1)
         readings[:, sl] = forward_once(bank, k_idx[:, sl], k_val[:, sl], v[:, sl], beta[:, sl],
                                        g[:, sl], q_idx[:, sl], q_val[:, sl], C, "none", False,
                                        gate_params)[0]
     _, empty_rows, empty_scales = saved_buffers(bank, P, T, k_idx.shape[2], C, snapshot_quant,
                                                 False)
     return readings, empty_rows, empty_scales
+
+
+def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
+                  snapshot_quant: str, save: bool, gate_params, wins):
+    """The step walk over token windows, each window's Phase 1 on a side stream one
+    window ahead (``pipeline.ahead``). A window's undo log is the chunk-major slice of
+    its chunks; its readings land in the window's tokens."""
+    P, T, W = k_idx.shape
+    S, hd = bank.shape
+    k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
+    gate_params = None if gate_params is None else _contig(*gate_params)
+    raw, rows, scales = saved_buffers(bank, P, T, W, C, snapshot_quant, save)
+    readings = bank.new_empty(P, T, hd)
+    dummy = _dummy(bank)
+
+    def make(win):
+        sl = slice(*win)
+        # raw gate inputs ([Bg, T, GH], any strides) are read through their strides
+        b, a = (beta[:, sl], g[:, sl]) if gate_params else _contig(beta[:, sl], g[:, sl])
+        return plan(S, *_contig(k_idx[:, sl], k_val[:, sl]), b, a,
+                    *_contig(q_idx[:, sl], q_val[:, sl]), C, gate_params)
+
+    whole = len(wins) == 1
+    for (t0, t1), pl in ahead(wins, make, bank.device, CONFIG["PLAN_AHEAD"]):
+        out = readings if whole else bank.new_empty(P, t1 - t0, hd)
+        saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
+        _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save)
+        if not whole:
+            readings[:, t0:t1] = out
+    if rows is None:
+        rows, scales = _quantize_sliced(raw, snapshot_quant, bank.dtype)
+    return readings, rows, scales
 
 
 @direct_launches

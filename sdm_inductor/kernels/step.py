@@ -46,6 +46,23 @@ def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.const
 
 
 @triton.jit
+def _gather_both(bank_ptr, slot_ptr, ev_ptr, base, W: tl.constexpr, E: tl.constexpr,
+                 EP: tl.constexpr, cols, cm, hd):
+    """``_gather_half`` of the write entries and of the read entries from one load of all
+    ``E`` row segments: one dependent round trip (slots, then rows) instead of two."""
+    e = tl.arange(0, EP)
+    em = e < E
+    sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
+    wt = tl.load(ev_ptr + base + e, mask=em, other=0.0)
+    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    is_w = e < W
+    r0 = tl.sum(tl.where(is_w, wt, 0.0)[:, None] * rows, axis=0)
+    inter = tl.sum(tl.where(is_w, 0.0, wt)[:, None] * rows, axis=0)
+    return r0, inter
+
+
+@triton.jit
 def _token_program(NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr):
     """A program of a (stream, token, column block) grid: ``p``, ``i``, the segment ``b``,
     the first entry of token ``i`` in the segment arrays, the columns and their mask."""
@@ -132,12 +149,16 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
                         MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
-                        MIX: tl.constexpr):
+                        MIX: tl.constexpr, ONE: tl.constexpr, EP: tl.constexpr):
     # MIX: the last program of each (stream, column block) computes its delta and
-    # readings (else ``_step_mix_kernel`` does, as a third launch)
+    # readings (else ``_step_mix_kernel`` does, as a third launch). ONE: the write and
+    # read rows in one load (``_gather_both``), else one after the other
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
-    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd)
+    if ONE:
+        r0, inter = _gather_both(bank_ptr, slot_ptr, ev_ptr, base, W, W + R, EP, cols, cm, hd)
+    else:
+        r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
+        inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd)
     _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm, C, CP)
     if MIX:
         # every thread's stores are issued before the ticket is taken (release); the

@@ -194,7 +194,9 @@ def _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, vec, n: tl.constexpr, NP: tl
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
 def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB, NCW,
                          C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr):
+                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
+                         ONE: tl.constexpr, EP: tl.constexpr):
+    # ONE: the write and read rows in one load (one round trip), else one after the other
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
     cb = tl.program_id(1)
@@ -203,8 +205,17 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
     tg = c * C + i
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                   other=0.0).to(tl.float32)
-    _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, dr0, W, WP, cols, cm, hd)
-    _dev_half(work_ptr, slot_ptr, pe_ptr, base + W, po + W, dyt, R, RP, cols, cm, hd)
+    if ONE:
+        e = tl.arange(0, EP)
+        em = e < E
+        sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
+        rows = tl.load(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+                       mask=(sl >= 0)[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        vec = tl.where((e < W)[:, None], dr0[None, :], dyt[None, :])
+        tl.store(pe_ptr + po + e, tl.sum(rows * vec, axis=1), mask=em)
+    else:
+        _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, dr0, W, WP, cols, cm, hd)
+        _dev_half(work_ptr, slot_ptr, pe_ptr, base + W, po + W, dyt, R, RP, cols, cm, hd)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
@@ -269,7 +280,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
                  NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
-                 num_warps=wg, num_stages=1),
+                 ONE=bool(config["GATHER_ONE"]), EP=pow2(E), num_warps=wg, num_stages=1),
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NG), NCBW), "c", dB, gr.slot,
                  gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC, C=C, E=E,
                  BD=BDW, NG=NG, KW=KW, CP=CP, num_warps=ww, num_stages=1),
