@@ -59,15 +59,16 @@ VARIANTS = [
     ("  ... bwd products MB=64", dict(STEP, MB_MIX_B=64)),
     ("  ... write / restore / dB tiles NG=64", dict(STEP, NG_STEP=64)),
     ("  ... write / restore / dB BD=128", dict(STEP, BD_STEP_W=128)),
-    # 19-: session 7, on the package defaults (step walks in token windows, Phase 1 of the
-    # next window on a side stream)
-    ("session 7 default: step walks, windows of 1024 tokens, Phase 1 one window ahead",
+    # 19-: session 7, on the package defaults (step walks; token windows with Phase 1 of
+    # the next window on a side stream, pipeline.py)
+    ("session 7 default: step walks, one training window, no-grad windows of 4096",
      dict(WALK="step")),
-    ("  ... Phase 1 on the walk's stream (PLAN_AHEAD=0)", dict(WALK="step", PLAN_AHEAD=0)),
-    ("  ... windows of 512 tokens", dict(WALK="step", WINDOW_TOKENS=512)),
-    ("  ... windows of 2048 tokens", dict(WALK="step", WINDOW_TOKENS=2048)),
-    ("  ... one window, no overlap (session 6)",
-     dict(WALK="step", WINDOW_TOKENS=1 << 20, PLAN_AHEAD=0)),
+    ("  ... training and no-grad windows of 2048, Phase 1 ahead",
+     dict(WALK="step", TRAIN_WINDOW_TOKENS=2048, WINDOW_TOKENS=2048)),
+    ("  ... the same, Phase 1 on the walk's stream (PLAN_AHEAD=0)",
+     dict(WALK="step", TRAIN_WINDOW_TOKENS=2048, WINDOW_TOKENS=2048, PLAN_AHEAD=0)),
+    ("  ... training windows of 4096, Phase 1 ahead", dict(WALK="step", TRAIN_WINDOW_TOKENS=4096)),
+    ("  ... no-grad in one window", dict(WALK="step", WINDOW_TOKENS=1 << 20)),
     ("  ... gathers in one load (GATHER_ONE), fwd and bwd rows BD 64",
      dict(WALK="step", GATHER_ONE=1, BD_STEP=64, BD_STEP_B=64)),
     ("  ... gathers in one load, fwd BD 64 (bwd BD 128)",

@@ -51,8 +51,10 @@ def walk(request):
     from sdm_inductor.kernels import host
     old = dict(host.CONFIG)
     windows = request.param == "windows"
-    host.CONFIG.update(WALK="auto" if windows else request.param,
-                       WINDOW_TOKENS=64 if windows else old["WINDOW_TOKENS"])
+    if windows:
+        host.CONFIG.update(WALK="auto", WINDOW_TOKENS=64, TRAIN_WINDOW_TOKENS=64)
+    else:
+        host.CONFIG["WALK"] = request.param
     yield "step" if windows else request.param
     host.CONFIG.clear()
     host.CONFIG.update(old)
@@ -231,7 +233,7 @@ def test_token_windows_under_cuda_graph_capture():
     dy = torch.randn(2, 200, 64, device="cuda").bfloat16()
     dM = torch.randn_like(ins.bank)
     old = dict(host.CONFIG)
-    host.CONFIG["WINDOW_TOKENS"] = 64
+    host.CONFIG["TRAIN_WINDOW_TOKENS"] = 64
 
     def call():
         bank = ins.bank.clone()

@@ -102,7 +102,7 @@ def case_snapshots():
     args = tuple(ins)[1:]
     for mode in ("bf16", "fp8", "int4"):
         # fp8: two token windows of one chunk each (the log's and scales' window slices)
-        host.CONFIG["WINDOW_TOKENS"] = 16 if mode == "fp8" else 1024
+        host.CONFIG["TRAIN_WINDOW_TOKENS"] = 16 if mode == "fp8" else 0
         bank = ins.bank.clone()
         y, rows, scales = host.forward(bank, *args, 16, mode, True)
         want_rows, want_scales = cpu.forward(ins.bank.clone(), *args, 16, mode, True)[1:]
@@ -245,10 +245,11 @@ def case_step_walk():
                        repeats=True, seed=25), 16)
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=26), 128)
     # token windows (Phase 1 per window, the backward's windows last first): 32 + 5 tokens
-    host.CONFIG.update(WINDOW_TOKENS=32)
+    host.CONFIG.update(TRAIN_WINDOW_TOKENS=32)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=27), 16)
-    host.CONFIG.update(WINDOW_TOKENS=1024)
+    assert ops.last_dispatch().get("windows") == 2, ops.last_dispatch()
+    host.CONFIG.update(TRAIN_WINDOW_TOKENS=0)
     host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_STEP=32, MIX_STEP=0, MB_MIX=32)
     ins = make_inputs(P=2, T=40, W=3, R=2, hd=40, slots_per_stream=16, repeats=True, seed=24)
     y_ref, M_ref, _ = reference_outputs(ins)

@@ -497,7 +497,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
         return pl, entry_groups(pl)
 
-    if not step:
+    tokens = config["TRAIN_WINDOW_TOKENS"]
+    if not step or tokens <= 0 or T <= tokens:   # one window
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
         dv, sums = _reverse(pl, entry_groups(pl), log, scales, v, dy, *ctx)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
@@ -508,7 +509,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         torch.empty(P, T, W, dtype=bank_dtype, device=dev),
         torch.empty(P, T, hd, dtype=bank_dtype, device=dev), torch.empty(P, T, **f32),
         torch.empty(P, T, g.shape[2], **f32), torch.empty(P, T, R, dtype=bank_dtype, device=dev))
-    wins = token_windows(T, C, config["WINDOW_TOKENS"])
+    wins = token_windows(T, C, tokens)
     for (t0, t1), (pl, gr) in ahead(wins[::-1], make, dev, config["PLAN_AHEAD"]):
         rows = slice(t0 // C * P * C, -(-t1 // C) * P * C)   # the window's chunks in the log
         dv_w, sums = _reverse(pl, gr, log[rows],

@@ -45,7 +45,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
               BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
-              WINDOW_TOKENS=1024, PLAN_AHEAD=1, GATHER_ONE=0)
+              WINDOW_TOKENS=4096, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1,
+              GATHER_ONE=0)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -56,11 +57,15 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # mix launch does, in column slices of MB_MIX. The backward's step walk
 # (step_backward.py): BD_STEP_B columns per program of its row passes, MB_MIX_B of its
 # products; its restore and dB passes take the write launch's BD_STEP_W / NG_STEP / KW_STEP.
-# WINDOW_TOKENS: eager calls run the sequence in windows of about this many tokens: the
-# no-grad forward of the column walk (its working memory, Phase 1 of a window, does not
-# grow with T), and every step-walk call, forward and backward, whose Phase 1 of the next
-# window runs on a side stream during this window's walk (``pipeline.ahead``). Traced
-# calls (one triton_op) cannot loop over a length and do the whole sequence at once.
+# WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this many
+# tokens, so its working memory (Phase 1 of a window) does not grow with T.
+# TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training calls
+# (forward with the undo log, and the backward, its windows last first). With several
+# windows, the step walks take each window's Phase 1 on a side stream one window ahead of
+# the walk, and the backward's Phase 1 backward of a window behind it (``pipeline.py``);
+# measured slower than one window at config A (benchmarks/NOTES.md run 8: Phase 1's
+# kernels are bound by per-segment latency, and each window costs host time), so off by
+# default. Traced calls (one triton_op) cannot loop over a length: the whole sequence.
 # GATHER_ONE=1: the step gather loads a token's write and read rows at once (one round
 # trip, twice the registers). PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 
@@ -285,8 +290,9 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     C = chunk_size
     path = "empty" if T == 0 else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
     step = path == "chunked" and walk_kind(C, bank) == "step"
-    windowed = step or (path == "chunked" and not save)
-    wins = token_windows(T, C, CONFIG["WINDOW_TOKENS"]) if windowed else [(0, T)]
+    tokens = CONFIG["TRAIN_WINDOW_TOKENS"] if save else CONFIG["WINDOW_TOKENS"]
+    windowed = path == "chunked" and (not save or (step and tokens > 0))
+    wins = token_windows(T, C, tokens) if windowed else [(0, T)]
     windows = len(wins)
     _record(path, windows, bank, C)
     if step:
