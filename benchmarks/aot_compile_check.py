@@ -35,6 +35,8 @@ def _ptxas_report(ptx: str) -> str:
 
 
 def compile_one(kernel, types: dict, consts: dict, num_warps=4):
+    if "PDL" in kernel.arg_names:   # the step kernels as launched on sm_90: with PDL
+        consts = dict(consts, PDL=True)
     sig = {}
     for name in kernel.arg_names:
         if name in consts:
@@ -42,7 +44,8 @@ def compile_one(kernel, types: dict, consts: dict, num_warps=4):
         else:
             sig[name] = types.get(name, "i32")
     src = ASTSource(kernel, sig, constexprs={k: v for k, v in consts.items()})
-    ck = triton.compile(src, target=TARGET, options=dict(num_warps=num_warps))
+    ck = triton.compile(src, target=TARGET, options=dict(num_warps=num_warps,
+                                                         launch_pdl=consts.get("PDL", False)))
     shown = {k: v for k, v in consts.items() if k in ("C", "BD", "QMODE", "SAVE")}
     print(f"{kernel.fn.__name__:20s} warps={num_warps} smem={ck.metadata.shared} {shown} "
           f"{_ptxas_report(ck.asm['ptx'])}")
@@ -94,8 +97,7 @@ def main(dtype="bf16"):
                          X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
                          cnt_ptr=i32),
                     dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=CC,
-                         MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"],
-                         ONE=CFG["GATHER_ONE"], EP=128),
+                         MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"]),
                     num_warps=CFG["WARPS_STEP"])
         compile_one(step._step_mix_kernel,
                     dict(X_ptr=f32, QKX_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=f32, out_ptr=bank),
@@ -137,8 +139,7 @@ def main(dtype="bf16"):
                 dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
                 pb_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
     compile_one(sb._step_bwd_dev_kernel, dict(work_ptr=bank, slot_ptr=i32, dr_ptr=f32,
-                dy_ptr=bank, pe_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C,
-                ONE=CFG["GATHER_ONE"], EP=W + R), wg)
+                dy_ptr=bank, pe_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C), wg)
     compile_one(sb._step_bwd_group_kernel, dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32,
                 g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32,
                 dy_ptr=bank), dict(C=C, E=W + R, BD=BDW, NG=NGS, KW=CFG["KW_STEP"], CP=C), ww)

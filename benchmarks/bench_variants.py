@@ -61,7 +61,7 @@ VARIANTS = [
     ("  ... write / restore / dB BD=128", dict(STEP, BD_STEP_W=128)),
     # 19-: session 7, on the package defaults (step walks; token windows with Phase 1 of
     # the next window on a side stream, pipeline.py)
-    ("session 7 default: step walks, one training window, no-grad windows of 4096",
+    ("session 7 default: step walks, one training window, no-grad windows of 4096, PDL",
      dict(WALK="step")),
     ("  ... training and no-grad windows of 2048, Phase 1 ahead",
      dict(WALK="step", TRAIN_WINDOW_TOKENS=2048, WINDOW_TOKENS=2048)),
@@ -69,12 +69,11 @@ VARIANTS = [
      dict(WALK="step", TRAIN_WINDOW_TOKENS=2048, WINDOW_TOKENS=2048, PLAN_AHEAD=0)),
     ("  ... training windows of 4096, Phase 1 ahead", dict(WALK="step", TRAIN_WINDOW_TOKENS=4096)),
     ("  ... no-grad in one window", dict(WALK="step", WINDOW_TOKENS=1 << 20)),
-    ("  ... gathers in one load (GATHER_ONE), fwd and bwd rows BD 64",
-     dict(WALK="step", GATHER_ONE=1, BD_STEP=64, BD_STEP_B=64)),
-    ("  ... gathers in one load, fwd BD 64 (bwd BD 128)",
-     dict(WALK="step", GATHER_ONE=1, BD_STEP=64)),
-    ("  ... fwd gather BD 64 in two halves", dict(WALK="step", BD_STEP=64)),
-    ("  ... gathers in one load, 8 warps", dict(WALK="step", GATHER_ONE=1, WARPS_STEP=8)),
+    ("  ... without programmatic dependent launch (PDL=0)", dict(WALK="step", PDL=0)),
+    ("  ... bwd row passes BD 64", dict(WALK="step", BD_STEP_B=64)),
+    ("  ... write / restore / dB tiles NG 16", dict(WALK="step", NG_STEP=16)),
+    ("  ... write / restore / dB inline members KW 1", dict(WALK="step", KW_STEP=1)),
+    ("  ... write / restore / dB inline members KW 4", dict(WALK="step", KW_STEP=4)),
 ]
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import Relaunch, direct_launches, launch, pow2, step_walks
+from .launch import Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
 from .pipeline import ahead, token_windows
 from .phase2 import _forward_kernel
@@ -45,8 +45,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
               BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
-              WINDOW_TOKENS=4096, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1,
-              GATHER_ONE=0)
+              WINDOW_TOKENS=4096, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -66,8 +65,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # measured slower than one window at config A (benchmarks/NOTES.md run 8: Phase 1's
 # kernels are bound by per-segment latency, and each window costs host time), so off by
 # default. Traced calls (one triton_op) cannot loop over a length: the whole sequence.
-# GATHER_ONE=1: the step gather loads a token's write and read rows at once (one round
-# trip, twice the registers). PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
+# PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``).
+# PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -162,19 +161,19 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                           device=bank.device)
     TB, MBM = min(64, CP), CONFIG["MB_MIX"]
     prec = _prec(bank.dtype)
+    pd = pdl(CONFIG, bank)
     gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
                       pl.X, pl.QKX, out, u, inter, delta, tickets, 0, P, pl.T, hd, NC, C=C, W=W,
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
-                      ONE=bool(CONFIG["GATHER_ONE"]), EP=pow2(W + R),
-                      num_warps=CONFIG["WARPS_STEP"], num_stages=1)
+                      num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd)
     mix = Relaunch(_step_mix_kernel, (P * (CP // TB), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
                    inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TB, CP=CP, PREC=prec,
-                   num_warps=4, num_stages=1)
+                   num_warps=4, num_stages=1, **pd)
     write = Relaunch(_step_write_kernel, (P * nrt, NCBW), "c", bank, delta, ru.slot, ru.length,
                      ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
                      KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, num_warps=CONFIG["WARPS_STEP_W"],
-                     num_stages=1)
+                     num_stages=1, **pd)
     for c in range(NC):   # kernel boundaries order the chunks
         gather(c)
         if not mix_in_gather:

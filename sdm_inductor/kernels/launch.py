@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -27,6 +28,18 @@ def step_walks(config: dict, t) -> bool:
     functional over fake, tensors) must launch one kernel per walk, whose compilation
     serves every ``T``: the column walks."""
     return config["WALK"] in ("step", "auto") and not _is_fake(t)
+
+
+def pdl(config: dict, t) -> dict:
+    """Launch options of the step walks' kernels for a call on tensor ``t``: programmatic
+    dependent launch (``PDL``, ``launch_pdl``) where the device has it (sm_90+) and
+    ``config["PDL"]`` asks for it. Each such launch may start while the kernel before it
+    still runs; the kernel's first statement waits for it (``step._grid_dependency``),
+    so only the launch latency overlaps, never data."""
+    on = (bool(config["PDL"]) and t.device.type == "cuda"
+          and os.environ.get("TRITON_INTERPRET") != "1"
+          and torch.cuda.get_device_capability(t.device) >= (9, 0))
+    return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
 
 
 def launch(kernel, grid, *args, **meta):

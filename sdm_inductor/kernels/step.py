@@ -33,6 +33,18 @@ from .phase2 import _write_head, _write_tile
 
 
 @triton.jit
+def _grid_dependency(PDL: tl.constexpr):
+    """First statement of every step kernel. With ``PDL`` (programmatic dependent launch,
+    sm_90+: ``launch.pdl``), the kernel's programs may be resident before the previous
+    kernel in the stream has finished: wait for it (its writes then visible) before any
+    load or store, then let the next kernel's programs launch, so a launch's latency hides
+    behind the tail of the one before."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr, cols, cm,
                  hd):
     """sum_e ev_e M0[slot_e, cols] over ``n`` entries from ``base`` (slot -1: nothing)."""
@@ -43,23 +55,6 @@ def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.const
     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
                    mask=(sl >= 0)[:, None] & cm[None, :], other=0.0)
     return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
-
-
-@triton.jit
-def _gather_both(bank_ptr, slot_ptr, ev_ptr, base, W: tl.constexpr, E: tl.constexpr,
-                 EP: tl.constexpr, cols, cm, hd):
-    """``_gather_half`` of the write entries and of the read entries from one load of all
-    ``E`` row segments: one dependent round trip (slots, then rows) instead of two."""
-    e = tl.arange(0, EP)
-    em = e < E
-    sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
-    wt = tl.load(ev_ptr + base + e, mask=em, other=0.0)
-    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    is_w = e < W
-    r0 = tl.sum(tl.where(is_w, wt, 0.0)[:, None] * rows, axis=0)
-    inter = tl.sum(tl.where(is_w, 0.0, wt)[:, None] * rows, axis=0)
-    return r0, inter
 
 
 @triton.jit
@@ -131,9 +126,10 @@ def _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb,
 @triton.jit(do_not_specialize=["c", "T", "NC"])
 def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
                      C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                     PREC: tl.constexpr):
+                     PREC: tl.constexpr, PDL: tl.constexpr):
     """``_mix_block`` as a launch of its own: one program per (stream, token block,
     column slice), so the chunk's small products run on many SMs at once."""
+    _grid_dependency(PDL)
     NTB: tl.constexpr = CP // TB
     pid = tl.program_id(0)       # p * NTB + token block
     p = pid // NTB
@@ -149,16 +145,13 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
                         MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
-                        MIX: tl.constexpr, ONE: tl.constexpr, EP: tl.constexpr):
+                        MIX: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     # MIX: the last program of each (stream, column block) computes its delta and
-    # readings (else ``_step_mix_kernel`` does, as a third launch). ONE: the write and
-    # read rows in one load (``_gather_both``), else one after the other
+    # readings (else ``_step_mix_kernel`` does, as a third launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    if ONE:
-        r0, inter = _gather_both(bank_ptr, slot_ptr, ev_ptr, base, W, W + R, EP, cols, cm, hd)
-    else:
-        r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
-        inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd)
+    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
+    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd)
     _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm, C, CP)
     if MIX:
         # every thread's stores are issued before the ticket is taken (release); the
@@ -177,7 +170,8 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
 def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                        run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
                        BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
-                       SAVE: tl.constexpr):
+                       SAVE: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
     cb = tl.program_id(1)

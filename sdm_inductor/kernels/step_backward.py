@@ -28,14 +28,15 @@ import triton
 import triton.language as tl
 
 from .backward import _group_tile, _load_log, _qkt_dy
-from .launch import Relaunch, pow2
-from .step import _gather_half, _token_program
+from .launch import Relaunch, pdl, pow2
+from .step import _gather_half, _grid_dependency, _token_program
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
 def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, width, NC,
                          C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
-                         QMODE: tl.constexpr):
+                         QMODE: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
     p = pid // NRT
@@ -53,7 +54,8 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
 @triton.jit(do_not_specialize=["c", "T", "NC"])
 def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd, NC,
                             C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                            WP: tl.constexpr, CP: tl.constexpr):
+                            WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     r0 = _gather_half(work_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
     tg = c * C + i
@@ -65,7 +67,8 @@ def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd
 @triton.jit(do_not_specialize=["c", "T", "NC"])
 def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
                           NC, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-                          CP: tl.constexpr, PREC: tl.constexpr):
+                          CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     NTB: tl.constexpr = CP // TB
     pid = tl.program_id(0)       # p * NTB + token block
     p = pid // NTB
@@ -103,7 +106,8 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
                         hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr):
+                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     cb = tl.program_id(1)
     w = tl.arange(0, WP)
@@ -127,7 +131,8 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
 def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
                           pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, C: tl.constexpr,
                           MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                          PREC: tl.constexpr):
+                          PREC: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     NTB: tl.constexpr = CP // TB
     pid = tl.program_id(0)       # p * NTB + token block
     p = pid // NTB
@@ -194,9 +199,8 @@ def _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, vec, n: tl.constexpr, NP: tl
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
 def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB, NCW,
                          C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                         ONE: tl.constexpr, EP: tl.constexpr):
-    # ONE: the write and read rows in one load (one round trip), else one after the other
+                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
     cb = tl.program_id(1)
@@ -205,24 +209,16 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
     tg = c * C + i
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                   other=0.0).to(tl.float32)
-    if ONE:
-        e = tl.arange(0, EP)
-        em = e < E
-        sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
-        rows = tl.load(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                       mask=(sl >= 0)[:, None] & cm[None, :], other=0.0).to(tl.float32)
-        vec = tl.where((e < W)[:, None], dr0[None, :], dyt[None, :])
-        tl.store(pe_ptr + po + e, tl.sum(rows * vec, axis=1), mask=em)
-    else:
-        _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, dr0, W, WP, cols, cm, hd)
-        _dev_half(work_ptr, slot_ptr, pe_ptr, base + W, po + W, dyt, R, RP, cols, cm, hd)
+    _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, dr0, W, WP, cols, cm, hd)
+    _dev_half(work_ptr, slot_ptr, pe_ptr, base + W, po + W, dyt, R, RP, cols, cm, hd)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
 def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
                            g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
                            E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
-                           KW: tl.constexpr, CP: tl.constexpr):
+                           KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+    _grid_dependency(PDL)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
     pid = tl.program_id(0)       # p * NGT + tile
     p = pid // NGT
@@ -264,26 +260,27 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP"], config["WARPS_STEP_W"]
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
+    pd = pdl(config, dB)
     steps = [
         Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
-                 num_warps=ww, num_stages=1),
+                 num_warps=ww, num_stages=1, **pd),
         Relaunch(_step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd,
-                 NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, num_warps=wg, num_stages=1),
+                 NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
-                 0, T, hd, NC, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1),
+                 0, T, hd, NC, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1, **pd),
         Relaunch(_step_bwd_dw_kernel, g_rows, "c", dB, work, pl.slot, pl.coef, delta, ddelta,
                  parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BD,
-                 WP=pow2(W), CP=CP, num_warps=wg, num_stages=1),
+                 WP=pow2(W), CP=CP, num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, C=C, MB=MB,
-                 TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1),
+                 TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1, **pd),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
                  NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
-                 ONE=bool(config["GATHER_ONE"]), EP=pow2(E), num_warps=wg, num_stages=1),
+                 num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NG), NCBW), "c", dB, gr.slot,
                  gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC, C=C, E=E,
-                 BD=BDW, NG=NG, KW=KW, CP=CP, num_warps=ww, num_stages=1),
+                 BD=BDW, NG=NG, KW=KW, CP=CP, num_warps=ww, num_stages=1, **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
