@@ -71,7 +71,7 @@ def main(dtype="bf16"):
     compile_one(phase1._pairs_kernel,
                 dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                      gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
-                     A_ptr=f32, QK_ptr=f32), dict(W=W, R=R, EB=32, CP=C))
+                     A_ptr=f32, QK_ptr=f32), dict(W=W, R=R, EB=32, CP=C, KM=4))
     for CC in (64, 128, 256):
         compile_one(phase2._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

@@ -198,18 +198,34 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 
 
 @triton.jit
+def _gram_add(row, x, tf, ok, cols):
+    """``row[tf] += x`` for the lanes in ``ok`` (a one-hot sum over the lanes: no two
+    writers, a fixed order)."""
+    t = tl.where(ok, tf, -1)
+    return row + tl.sum(tl.where(t[:, None] == cols[None, :], x[:, None], 0.0), axis=0)
+
+
+@triton.jit
 def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
                   gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
-                  C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr):
+                  C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
+                  KM: tl.constexpr):
+    """One program per (segment, token i): the cumulative decays of the token's entries
+    and the Gram rows ``A[i, :]`` / ``QK[i, :]``, by walking each entry's group (its
+    slot's write members, in token order). The first ``KM`` members of every group load
+    as one tile (two dependent round trips for the whole block of entries); only groups
+    with more writes in the chunk take the loops, one member per round trip."""
     pid = tl.program_id(0)            # b * C + i
     b = pid // C
     i = pid % C
     E: tl.constexpr = W + R
     seg = b.to(tl.int64) * C * E      # first entry of the segment
     cols = tl.arange(0, CP)
+    km = tl.arange(0, KM)[None, :]
     a_row = tl.zeros([CP], tl.float32)
     qk_row = tl.zeros([CP], tl.float32)
-    for e0 in range(0, E, EB):
+    # entry blocks unrolled: a block of only write (read) entries builds only A (QK) rows
+    for e0 in tl.static_range(0, E, EB):
         e = e0 + tl.arange(0, EB)
         em = e < E
         off = seg + i * E + e
@@ -218,11 +234,16 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
         nw = tl.load(nw_ptr + off, mask=em, other=0)
         is_w = e < W
         n_max = tl.max(nw, axis=0)
+        mt = km < nw[:, None]                                   # [EB, KM]
+        ft = tl.load(perm_ptr + seg + gs[:, None] + km, mask=mt, other=0)
+        gt = tl.load(gate_ptr + seg + ft, mask=mt, other=0.0)
+        kt = tl.load(val_ptr + seg + ft, mask=mt, other=0.0)
+        tt = ft // E
         # cumulative log-decay of the entry's slot: at this token (causal) and at the end
-        gam = tl.zeros([EB], tl.float32)
-        gend = tl.zeros([EB], tl.float32)
-        m = 0
-        while m < n_max:  # data-dependent trip count
+        gend = tl.sum(gt, axis=1)
+        gam = tl.sum(tl.where(tt <= i, gt, 0.0), axis=1)
+        m = KM
+        while m < n_max:  # data-dependent trip count: groups of more than KM writes
             mm = m < nw
             f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
             gf = tl.load(gate_ptr + seg + f, mask=mm, other=0.0)
@@ -230,9 +251,20 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
             gam += tl.where((f // E) <= i, gf, 0.0)
             m += 1
         # Gram rows: the write members are in token order, so their own cumulative
-        # decay is the running sum of the gates walked so far
-        run = tl.zeros([EB], tl.float32)
-        m = 0
+        # decay is the running sum of the gates up to them
+        xt = val[:, None] * kt * tl.exp(gam[:, None] - tl.cumsum(gt, axis=1))
+        for k in tl.static_range(KM):
+            if k < n_max:
+                sel = km == k
+                x = tl.sum(tl.where(sel, xt, 0.0), axis=1)
+                tf = tl.sum(tl.where(sel, tt, 0), axis=1)
+                mm = k < nw
+                if e0 < W:
+                    a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols)
+                if e0 + EB > W:
+                    qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols)
+        run = tl.sum(gt, axis=1)
+        m = KM
         while m < n_max:  # data-dependent trip count
             mm = m < nw
             f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
@@ -241,10 +273,10 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
             run += gf
             tf = f // E
             x = val * kf * tl.exp(gam - run)
-            hit = (tf[:, None] == cols[None, :]) & mm[:, None]
-            a_row += tl.sum(tl.where(hit & (is_w & (tf < i))[:, None], x[:, None], 0.0), axis=0)
-            qk_row += tl.sum(tl.where(hit & ((~is_w) & (tf <= i))[:, None], x[:, None], 0.0),
-                             axis=0)
+            if e0 < W:
+                a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols)
+            if e0 + EB > W:
+                qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols)
             m += 1
         tl.store(gam_ptr + off, gam, mask=em)
         tl.store(gend_ptr + off, gend, mask=em)
@@ -319,6 +351,10 @@ class Groups:
     tok: Tensor     # int32 token of the entry at this position
     ev: Tensor      # fp32 ev of the entry at this position
 
+
+# Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
+# groups loop over the rest.
+PAIR_MEMBERS = 4
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
@@ -447,7 +483,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     gend = torch.empty_like(val)
     launch(_pairs_kernel, (B * C,), val, gate, perm, gs, nw, gam, gend, ev, coef, decay, A, QK,
-           C, W=W, R=R, EB=min(32, pow2(E)), CP=pow2(C), num_warps=4)
+           C, W=W, R=R, EB=min(32, pow2(E)), CP=pow2(C), KM=PAIR_MEMBERS, num_warps=4)
 
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
