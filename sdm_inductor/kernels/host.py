@@ -45,7 +45,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
               BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
-              WINDOW_TOKENS=4096, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1)
+              WINDOW_TOKENS=4096, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1,
+              WARPS_STEP_B=4, MAXNREG_STEP=0)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -65,6 +66,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # measured slower than one window at config A (benchmarks/NOTES.md run 8: Phase 1's
 # kernels are bound by per-segment latency, and each window costs host time), so off by
 # default. Traced calls (one triton_op) cannot loop over a length: the whole sequence.
+# WARPS_STEP_B: warps of the backward step walk's row passes; MAXNREG_STEP (0: none): a
+# register cap for the forward gather (more programs resident per SM).
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 
@@ -166,7 +169,8 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                       pl.X, pl.QKX, out, u, inter, delta, tickets, 0, P, pl.T, hd, NC, C=C, W=W,
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
-                      num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd)
+                      num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
+                      **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TB), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
                    inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TB, CP=CP, PREC=prec,
                    num_warps=4, num_stages=1, **pd)

@@ -258,7 +258,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     widths = dict(ev=(NCB, E), coef=(NCB, W), m=(NCB, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
-    wg, ww = config["WARPS_STEP"], config["WARPS_STEP_W"]
+    wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
     steps = [
