@@ -46,7 +46,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
               WINDOW_TOKENS=4096, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1,
-              WARPS_STEP_B=4, MAXNREG_STEP=0)
+              WARPS_STEP_B=4, MAXNREG_STEP=80)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -67,7 +67,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # kernels are bound by per-segment latency, and each window costs host time), so off by
 # default. Traced calls (one triton_op) cannot loop over a length: the whole sequence.
 # WARPS_STEP_B: warps of the backward step walk's row passes; MAXNREG_STEP (0: none): a
-# register cap for the forward gather (more programs resident per SM).
+# register cap for the forward gather (more programs resident per SM; 80: 2-2.5 % faster
+# at A, NOTES.md run 8).
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 

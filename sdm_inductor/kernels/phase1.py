@@ -353,8 +353,10 @@ class Groups:
 
 
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
-# groups loop over the rest.
+# groups loop over the rest. PAIR_ENTRIES_WIDE: entries per block when C > 128 (the Gram
+# rows' one-hot sums are [entries, C]: 255 registers at 32 x 256, 149 at 16 x 256).
 PAIR_MEMBERS = 4
+PAIR_ENTRIES_WIDE = 16
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
@@ -483,7 +485,8 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     gend = torch.empty_like(val)
     launch(_pairs_kernel, (B * C,), val, gate, perm, gs, nw, gam, gend, ev, coef, decay, A, QK,
-           C, W=W, R=R, EB=min(32, pow2(E)), CP=pow2(C), KM=PAIR_MEMBERS, num_warps=4)
+           C, W=W, R=R, EB=min(32 if C <= 128 else PAIR_ENTRIES_WIDE, pow2(E)), CP=pow2(C),
+           KM=PAIR_MEMBERS, num_warps=4)
 
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
