@@ -70,6 +70,17 @@ def _token_program(NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr
 
 
 @triton.jit
+def _block_program(NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr):
+    """A program of a (stream, token block, column slice) grid: ``p``, the segment ``b``,
+    the block's first token ``t0``, the slice's columns and their mask."""
+    NTB: tl.constexpr = CP // TB
+    pid = tl.program_id(0)       # p * NTB + token block
+    p = pid // NTB
+    cols = tl.program_id(1) * MB + tl.arange(0, MB)
+    return p, p * NC + c, (pid % NTB) * TB, cols, cols < hd
+
+
+@triton.jit
 def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm,
                    C: tl.constexpr, CP: tl.constexpr):
     """``u = beta (v - r0)`` and ``inter`` of token ``i`` into the ``[P, CP, hd]`` buffers."""
@@ -130,13 +141,9 @@ def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
     """``_mix_block`` as a launch of its own: one program per (stream, token block,
     column slice), so the chunk's small products run on many SMs at once."""
     _grid_dependency(PDL)
-    NTB: tl.constexpr = CP // TB
-    pid = tl.program_id(0)       # p * NTB + token block
-    p = pid // NTB
-    t0 = (pid % NTB) * TB
-    cols = tl.program_id(1) * MB + tl.arange(0, MB)
-    _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, p * NC + c, p, c, T, hd, t0,
-               cols, cols < hd, C, MB, TB, CP, PREC)
+    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+    _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm, C,
+               MB, TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .backward import _group_tile, _load_log, _qkt_dy
 from .launch import Relaunch, pdl, pow2
-from .step import _gather_half, _grid_dependency, _token_program
+from .step import _block_program, _gather_half, _grid_dependency, _token_program
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
@@ -69,13 +69,7 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
                           NC, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     _grid_dependency(PDL)
-    NTB: tl.constexpr = CP // TB
-    pid = tl.program_id(0)       # p * NTB + token block
-    p = pid // NTB
-    t0 = (pid % NTB) * TB
-    cols = tl.program_id(1) * MB + tl.arange(0, MB)
-    cm = cols < hd
-    b = p * NC + c
+    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
@@ -133,14 +127,8 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
                           MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
                           PREC: tl.constexpr, PDL: tl.constexpr):
     _grid_dependency(PDL)
-    NTB: tl.constexpr = CP // TB
-    pid = tl.program_id(0)       # p * NTB + token block
-    p = pid // NTB
-    t0 = (pid % NTB) * TB
-    ms = tl.program_id(1)
-    cols = ms * MB + tl.arange(0, MB)
-    cm = cols < hd
-    b = p * NC + c
+    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+    ms = tl.program_id(1)        # the column slice: its row of the partial sums
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
