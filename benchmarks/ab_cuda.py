@@ -3,6 +3,9 @@ smaller than the run-to-run spread of ``bench_variants.py`` (one variant after a
 
     python benchmarks/ab_cuda.py --config A --chunks 64,128 --a PDL=1 --b PDL=0 [--rounds 5]
 
+A key ``module.NAME`` sets a constant of ``sdm_inductor.kernels.module`` instead (e.g.
+``phase1.FLAT_SORT=0``); ``--plan`` adds a row for Phase 1 (``phase1.plan``) alone.
+
 Each round times A then B (no-grad forward and forward + backward, medians of
 ``triton.testing.do_bench``); the table gives each side's median over the rounds and
 the median of the per-round ratios B / A.
@@ -16,10 +19,32 @@ import torch
 
 from bench_cuda import CONFIGS, bench, make_inputs
 from sdm_inductor.kernels import host
+from sdm_inductor.kernels.launch import set_wrap_triton_enabled
 
 
 def parse(kvs):
     return {k: int(v) for k, v in (kv.split("=", 1) for kv in kvs)}
+
+
+def apply(keep_config, keep_modules, over):
+    """CONFIG = keep_config with ``over``'s plain keys; module constants = theirs."""
+    host.CONFIG.clear()
+    host.CONFIG.update(keep_config, **{k: v for k, v in over.items() if "." not in k})
+    for (mod, name), value in keep_modules.items():
+        setattr(mod, name, over.get(f"{mod.__name__.rsplit('.', 1)[1]}.{name}", value))
+
+
+def module_keys(sides):
+    """(module, NAME) -> current value, for every ``module.NAME`` key of either side."""
+    import importlib
+    keys = {}
+    for over in sides.values():
+        for k in over:
+            if "." in k:
+                mod_name, name = k.split(".")
+                mod = importlib.import_module(f"sdm_inductor.kernels.{mod_name}")
+                keys[(mod, name)] = getattr(mod, name)
+    return keys
 
 
 def main():
@@ -29,11 +54,14 @@ def main():
     ap.add_argument("--a", nargs="*", default=[])
     ap.add_argument("--b", nargs="*", default=[])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--plan", action="store_true")
+    ap.add_argument("--rows", default="fwd,fb", help="which of fwd (no-grad), fb to time")
     args = ap.parse_args()
     bank, *rest = make_inputs(**CONFIGS[args.config])
     dy, dM = torch.randn_like(rest[2]), torch.randn_like(bank)
     keep = dict(host.CONFIG)
     sides = {"A": parse(args.a), "B": parse(args.b)}
+    keep_mod = module_keys(sides)
     print(f"config {args.config}; A = {sides['A']}, B = {sides['B']}; {args.rounds} rounds")
     print("| C | what | A ms | B ms | B / A (median of rounds) |\n| --- | --- | --- | --- | --- |")
     for C in (int(c) for c in args.chunks.split(",")):
@@ -43,18 +71,22 @@ def main():
         def fb():
             _, rows, sc = host.forward(bank, *rest, C, "none", True)
             return host.backward(dy, dM, bank, rows, sc, *rest, C, "none", False)
-        for what, fn, rep in (("no-grad fwd", fwd, 100), ("fwd+bwd", fb, 200)):
+        def plan():
+            from sdm_inductor.kernels import phase1
+            with set_wrap_triton_enabled(False):
+                return phase1.plan(bank.shape[0], *rest[:2], *rest[3:], C)
+        rows = tuple(r for r in (("no-grad fwd", fwd, 100), ("fwd+bwd", fb, 200))
+                     if {"no-grad fwd": "fwd", "fwd+bwd": "fb"}[r[0]] in args.rows.split(","))
+        for what, fn, rep in ((("plan", plan, 100),) if args.plan else ()) + rows:
             times = {"A": [], "B": []}
             for _ in range(args.rounds):
                 for side, over in sides.items():
-                    host.CONFIG.clear()
-                    host.CONFIG.update(keep, **over)
+                    apply(keep, keep_mod, over)
                     times[side].append(bench(fn, rep=rep))
             ratio = statistics.median(b / a for a, b in zip(times["A"], times["B"]))
             print(f"| {C} | {what} | {statistics.median(times['A']):.2f} | "
                   f"{statistics.median(times['B']):.2f} | {ratio:.3f} |", flush=True)
-    host.CONFIG.clear()
-    host.CONFIG.update(keep)
+    apply(keep, keep_mod, {})
 
 
 if __name__ == "__main__":

@@ -68,10 +68,13 @@ def main(dtype="bf16"):
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=1024))
-    compile_one(phase1._pairs_kernel,
-                dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
-                     gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
-                     A_ptr=f32, QK_ptr=f32), dict(W=W, R=R, EB=32, CP=C, KM=4))
+    for CC in (64, 128, 256):
+        compile_one(phase1._pairs_kernel,
+                    dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
+                         gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
+                         A_ptr=f32, QK_ptr=f32),
+                    dict(W=W, R=R, EB=32 if CC <= 128 else phase1.PAIR_ENTRIES_WIDE, CP=CC,
+                         KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC))
     for CC in (64, 128, 256):
         compile_one(phase2._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
@@ -142,7 +145,8 @@ def main(dtype="bf16"):
                 dy_ptr=bank, pe_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C), wg)
     compile_one(sb._step_bwd_group_kernel, dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32,
                 g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32,
-                dy_ptr=bank), dict(C=C, E=W + R, BD=BDW, NG=NGS, KW=CFG["KW_STEP"], CP=C), ww)
+                dy_ptr=bank), dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
+                                   KW=CFG["KW_GROUP"], CP=C), CFG["WARPS_GROUP"])
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,

@@ -94,6 +94,28 @@ for seg in "$@"; do
       run variants_win_A64 200 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 19,20,21,22,23,24,25,26,27
       run variants_win_A128 150 python3 benchmarks/bench_variants.py --config A --chunk 128 --only 19,20,22,23,24,25
       run variants_win_B128 150 python3 benchmarks/bench_variants.py --config B --chunk 128 --only 19,20,23,24,25 ;;
+    phase1_mix)   # session 8: Phase 1 (flat sort, pairs lane accumulators, prep warps), the
+      # product launches' shapes, and a per-kernel table without PDL's overlapped waits
+      cd benchmarks
+      run prof_nopdl 120 python3 profile_phase1.py 128 --whole PDL=0
+      run ab_phase1 150 python3 ab_cuda.py --plan --rounds 3 --chunks 64,128 \
+        --b phase1.FLAT_SORT=0 phase1.PAIR_ACC=0
+      run ab_prep 100 python3 ab_cuda.py --plan --rounds 3 --chunks 128 --b phase1.PREP_WARPS=8
+      run ab_mix_mb 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b MB_MIX=16 MB_MIX_B=16
+      run ab_mix_tb 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b TB_MIX=32 TB_MIX_B=32
+      run ab_mix_w 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b WARPS_MIX=8 WARPS_MIX_B=8
+      cd .. ;;
+    tiles8)   # session 8: the no-grad forward's windows, the dB / write / gather tiles
+      cd benchmarks
+      run ab_nograd_ahead 100 python3 ab_cuda.py --rows fwd --rounds 5 --chunks 64,128 --b PLAN_AHEAD=0
+      run ab_nograd_win 100 python3 ab_cuda.py --rows fwd --rounds 5 --chunks 64,128 --b WINDOW_TOKENS=16384
+      run ab_group1 100 python3 ab_cuda.py --rows fb --rounds 3 --chunks 64,128 \
+        --b BD_GROUP=128 NG_GROUP=16 KW_GROUP=1
+      run ab_group2 100 python3 ab_cuda.py --rows fb --rounds 3 --chunks 64,128 --b KW_GROUP=1
+      run ab_group3 100 python3 ab_cuda.py --rows fb --rounds 3 --chunks 128 --b WARPS_GROUP=4 NG_GROUP=16
+      run ab_write 100 python3 ab_cuda.py --rounds 3 --chunks 64,128 --b BD_STEP_W=128 NG_STEP=16
+      run ab_gather 100 python3 ab_cuda.py --rounds 3 --chunks 64,128 --b BD_STEP=256 WARPS_STEP=8 MAXNREG_STEP=0
+      cd .. ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

@@ -1,7 +1,12 @@
 """Phase 1 (``phase1.plan``) per kernel, over the whole sequence and over one window of
 tokens, and the host time of the eager calls (config A of SDM_SPEC section 5):
 
-    python benchmarks/profile_phase1.py [C ...]
+    python benchmarks/profile_phase1.py [C ...] [--whole] [KEY=INT ...]
+
+(``--whole``: the whole sequence only, no windows; ``KEY=INT`` overrides
+``kernels.host.CONFIG``, e.g. ``PDL=0``: with programmatic dependent launch a kernel's
+profiled time includes its wait for the kernel before it, so per-kernel tables need
+``PDL=0``.)
 
 Prints, for each C: ``plan`` (whole sequence / 1024 tokens) timed by do_bench, the CUDA
 time of each kernel in one call of each (torch.profiler), and the host time of enqueueing
@@ -55,7 +60,12 @@ def host_time(fn, reps=5):
 
 
 def main():
-    chunks = [int(a) for a in sys.argv[1:]] or [64, 128]
+    chunks = [int(a) for a in sys.argv[1:] if a.isdigit()] or [64, 128]
+    whole = "--whole" in sys.argv
+    for kv in (a for a in sys.argv[1:] if "=" in a):
+        key, value = kv.split("=")
+        host.CONFIG[key] = int(value)
+    print("config", host.CONFIG)
     cfg = CONFIGS["A"]
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**cfg)
     S = bank.shape[0]
@@ -63,7 +73,7 @@ def main():
     dM = torch.randn_like(bank)
     for C in chunks:
         print(f"\n## A, C={C}")
-        for name, T1 in (("whole", k_idx.shape[1]), ("1024 tokens", 1024)):
+        for name, T1 in (("whole", k_idx.shape[1]),) + ((("1024 tokens", 1024),) if not whole else ()):
             args = [x[:, :T1].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)]
 
             def run():
@@ -72,7 +82,7 @@ def main():
             print(f"plan {name}: {bench(run, rep=100):.3f} ms")
             kernel_table(run, f"plan {name}")
 
-        for win in (1 << 20, 1024):
+        for win in (1 << 20,) + (() if whole else (1024,)):
             host.CONFIG["WINDOW_TOKENS"] = win
 
             def fwd():

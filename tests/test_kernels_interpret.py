@@ -263,7 +263,9 @@ def case_step_walk():
 def case_phase1_scans():
     """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) gives
     exactly what the binary searches and the second sort give, with int32 and int64
-    keys, blocks of the scan that split groups, repeated and out-of-range slots."""
+    keys, blocks of the scan that split groups, repeated and out-of-range slots; the
+    flat sort of all segments (``FLAT_SORT``) gives the segmented sort's permutation, and
+    the pairs kernel's lane accumulators (``PAIR_ACC``) its Gram rows up to rounding."""
     import torch
     from sdm_inductor.kernels import phase1
     from sdm_inductor.testing import make_inputs
@@ -277,16 +279,25 @@ def case_phase1_scans():
         args = (ins.bank.shape[0], ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx,
                 ins.q_val, C)
         phase1._key_dtype = lambda S, C, E, dt=key_dtype: dt
-        phase1.SCAN_GROUPS = False
+        phase1.SCAN_GROUPS, phase1.FLAT_SORT, phase1.PAIR_ACC = False, False, False
         want = phase1.plan(*args)
         phase1.SCAN_GROUPS = True
-        got = phase1.plan(*args)
-        for f in ("perm", "gs", "nw", "na"):
-            assert torch.equal(getattr(got, f), getattr(want, f)), f
-        for f in ("slot", "length", "decay", "tok", "coef"):
-            x, y = getattr(got.runs, f), getattr(want.runs, f)
-            assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
-        print(f"{key_dtype}: scans == searches")
+        scans = phase1.plan(*args)
+        phase1.FLAT_SORT, phase1.PAIR_ACC = True, True
+        P, T, W = ins.k_idx.shape
+        assert phase1._flat_span(args[0], P * -(-T // C), C, W + ins.q_idx.shape[2]) > 0
+        flat = phase1.plan(*args)
+        for got in (scans, flat):
+            for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
+                assert torch.equal(getattr(got, f), getattr(want, f)), f
+            for f in ("slot", "length", "decay", "tok", "coef"):
+                x, y = getattr(got.runs, f), getattr(want.runs, f)
+                assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
+        for f in ("A", "QK"):
+            x, y = getattr(flat, f), getattr(want, f)
+            assert torch.allclose(x, y, rtol=1e-6, atol=1e-7), f
+            assert x.abs().sum() > 0, f
+        print(f"{key_dtype}: scans == searches, flat sort == segmented sort")
 
 
 if __name__ == "__main__":

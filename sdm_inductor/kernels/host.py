@@ -46,7 +46,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
               WINDOW_TOKENS=4096, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1,
-              WARPS_STEP_B=4, MAXNREG_STEP=80)
+              WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
+              WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -56,7 +57,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # MIX_STEP=1: the gather launch's last programs compute delta (no mix launch), else the
 # mix launch does, in column slices of MB_MIX. The backward's step walk
 # (step_backward.py): BD_STEP_B columns per program of its row passes, MB_MIX_B of its
-# products; its restore and dB passes take the write launch's BD_STEP_W / NG_STEP / KW_STEP.
+# products; its restore pass takes the write launch's BD_STEP_W / NG_STEP, its dB pass
+# *_GROUP (columns, positions and members per tile, warps).
 # WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this many
 # tokens, so its working memory (Phase 1 of a window) does not grow with T.
 # TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training calls
@@ -69,6 +71,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # WARPS_STEP_B: warps of the backward step walk's row passes; MAXNREG_STEP (0: none): a
 # register cap for the forward gather (more programs resident per SM; 80: 2-2.5 % faster
 # at A, NOTES.md run 8).
+# TB_MIX / WARPS_MIX: token block and warps of the forward's product launch (the
+# gather's ``TB`` stays 64); TB_MIX_B / WARPS_MIX_B: the same for the backward's two.
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 
@@ -90,7 +94,7 @@ def decode_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val,
     R = q_idx.shape[2]
     S, hd = bank.shape
     # one chunk of T tokens: the padded per-token beta of prep is [P, T]
-    slot, val, gate, _, _, _, beta = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
+    slot, val, gate, _, _, _, beta, _ = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     BD = CONFIG["BD_DECODE"]
     launch(_decode_kernel, (P, -(-hd // BD)), bank, slot, val, gate, v, beta, out, T, hd,
@@ -164,6 +168,7 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     tickets = torch.zeros(NC * P * NCB if mix_in_gather else 1, dtype=torch.int32,
                           device=bank.device)
     TB, MBM = min(64, CP), CONFIG["MB_MIX"]
+    TBM = min(CONFIG["TB_MIX"], CP)
     prec = _prec(bank.dtype)
     pd = pdl(CONFIG, bank)
     gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
@@ -172,9 +177,9 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
                       num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
                       **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
-    mix = Relaunch(_step_mix_kernel, (P * (CP // TB), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
-                   inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TB, CP=CP, PREC=prec,
-                   num_warps=4, num_stages=1, **pd)
+    mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
+                   inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
+                   num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
     write = Relaunch(_step_write_kernel, (P * nrt, NCBW), "c", bank, delta, ru.slot, ru.length,
                      ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
                      KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, num_warps=CONFIG["WARPS_STEP_W"],

@@ -46,10 +46,10 @@ def _softplus(x):
     return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
 
 
-@triton.jit(do_not_specialize=["T", "Tp", "sb_b", "sa_b"])
+@triton.jit(do_not_specialize=["T", "Tp", "sb_b", "sa_b", "SPAN"])
 def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_ptr, dtb_ptr,
                  slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr, bout_ptr,
-                 T, Tp, S, C, GH, sb_b, sb_h, sb_t, sa_b, sa_h, sa_t,
+                 T, Tp, S, C, GH, sb_b, sb_h, sb_t, sa_b, sa_h, sa_t, SPAN,
                  W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
                  WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr):
     pid = tl.program_id(0)            # p * Tp + t
@@ -60,6 +60,9 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
     tvalid = t < T
     src = p.to(tl.int64) * T + t      # row of the unpadded [P, T] inputs
     out = pid.to(tl.int64) * E        # row of the padded [P, Tp, E] outputs
+    # keys of segment b (= pid // C) start at b * SPAN: one flat sort of all segments
+    # sorts each (SPAN = 0: a segmented sort)
+    koff = (pid // C).to(tl.int64) * SPAN
     if GATED:
         # the raw gate inputs [Bg, T, GH] (stream p = pb * GH + ph), read through their
         # strides: a projection's [B, T, H] output needs no head-split copy
@@ -101,7 +104,7 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
     gv = tl.where(active, gv.to(tl.float32), 0.0)
     wslot = tl.where(active, kid, -1)
     # entries that touch nothing get a private key past the bank: a group of their own
-    wkey = 2 * tl.where(active, kid, S + i.to(tl.int64) * E + w)
+    wkey = 2 * tl.where(active, kid, S + i.to(tl.int64) * E + w) + koff
     tl.store(slot_ptr + out + w, wslot.to(tl.int32), mask=wm)
     tl.store(val_ptr + out + w, kd, mask=wm)
     tl.store(gate_ptr + out + w, gv, mask=wm)
@@ -113,7 +116,7 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
     qid = tl.load(qidx_ptr + src * R + r, mask=rm & tvalid, other=-1).to(tl.int64)
     qv = tl.load(qval_ptr + src * R + r, mask=rm & tvalid, other=0.0).to(tl.float32)
     rok = rm & tvalid & (qid >= 0) & (qid < S)
-    qkey = 2 * tl.where(rok, qid, S + i.to(tl.int64) * E + W + r) + 1
+    qkey = 2 * tl.where(rok, qid, S + i.to(tl.int64) * E + W + r) + 1 + koff
     tl.store(slot_ptr + out + W + r, tl.where(rok, qid, -1).to(tl.int32), mask=rm)
     tl.store(val_ptr + out + W + r, tl.where(rok, qv, 0.0), mask=rm)
     tl.store(gate_ptr + out + W + r, tl.zeros([RP], tl.float32), mask=rm)
@@ -198,18 +201,24 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 
 
 @triton.jit
-def _gram_add(row, x, tf, ok, cols):
-    """``row[tf] += x`` for the lanes in ``ok`` (a one-hot sum over the lanes: no two
-    writers, a fixed order)."""
+def _gram_add(acc, x, tf, ok, cols, ACC: tl.constexpr):
+    """``row[tf] += x`` for the lanes in ``ok`` by a one-hot sum over the lanes (no two
+    writers, a fixed order). ``ACC``: ``acc`` is ``[lanes, CP]`` and keeps each lane's
+    one-hot terms; the caller sums the lanes once at the end (one cross-warp reduction
+    per token instead of one per member and entry block). Otherwise ``acc`` is the row."""
     t = tl.where(ok, tf, -1)
-    return row + tl.sum(tl.where(t[:, None] == cols[None, :], x[:, None], 0.0), axis=0)
+    hot = tl.where(t[:, None] == cols[None, :], x[:, None], 0.0)
+    if ACC:
+        return acc + hot
+    else:
+        return acc + tl.sum(hot, axis=0)
 
 
 @triton.jit
 def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
                   gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
                   C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
-                  KM: tl.constexpr):
+                  KM: tl.constexpr, ACC: tl.constexpr):
     """One program per (segment, token i): the cumulative decays of the token's entries
     and the Gram rows ``A[i, :]`` / ``QK[i, :]``, by walking each entry's group (its
     slot's write members, in token order). The first ``KM`` members of every group load
@@ -222,8 +231,12 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
     seg = b.to(tl.int64) * C * E      # first entry of the segment
     cols = tl.arange(0, CP)
     km = tl.arange(0, KM)[None, :]
-    a_row = tl.zeros([CP], tl.float32)
-    qk_row = tl.zeros([CP], tl.float32)
+    if ACC:
+        a_row = tl.zeros([EB, CP], tl.float32)
+        qk_row = tl.zeros([EB, CP], tl.float32)
+    else:
+        a_row = tl.zeros([CP], tl.float32)
+        qk_row = tl.zeros([CP], tl.float32)
     # entry blocks unrolled: a block of only write (read) entries builds only A (QK) rows
     for e0 in tl.static_range(0, E, EB):
         e = e0 + tl.arange(0, EB)
@@ -260,9 +273,9 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
                 tf = tl.sum(tl.where(sel, tt, 0), axis=1)
                 mm = k < nw
                 if e0 < W:
-                    a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols)
+                    a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
                 if e0 + EB > W:
-                    qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols)
+                    qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
         run = tl.sum(gt, axis=1)
         m = KM
         while m < n_max:  # data-dependent trip count
@@ -274,15 +287,18 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
             tf = f // E
             x = val * kf * tl.exp(gam - run)
             if e0 < W:
-                a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols)
+                a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
             if e0 + EB > W:
-                qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols)
+                qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
             m += 1
         tl.store(gam_ptr + off, gam, mask=em)
         tl.store(gend_ptr + off, gend, mask=em)
         tl.store(ev_ptr + off, val * tl.exp(gam), mask=em)
         tl.store(coef_ptr + off, tl.where(is_w, val * tl.exp(gend - gam), 0.0), mask=em)
         tl.store(decay_ptr + off, tl.exp(gend), mask=em)
+    if ACC:
+        a_row = tl.sum(a_row, axis=0)
+        qk_row = tl.sum(qk_row, axis=0)
     cm = cols < C
     tl.store(A_ptr + pid.to(tl.int64) * C + cols, a_row, mask=cm)
     tl.store(QK_ptr + pid.to(tl.int64) * C + cols, qk_row, mask=cm)
@@ -357,6 +373,10 @@ class Groups:
 # rows' one-hot sums are [entries, C]: 255 registers at 32 x 256, 149 at 16 x 256).
 PAIR_MEMBERS = 4
 PAIR_ENTRIES_WIDE = 16
+# Gram rows summed over the entry lanes once per token (``_gram_add``'s ``ACC``)
+PAIR_ACC = True
+# warps of ``_prep_kernel`` (one program per token)
+PREP_WARPS = 4
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
@@ -391,6 +411,22 @@ def _key_dtype(S, C: int, E: int) -> torch.dtype:
     """int32 sort keys when every key fits (``2 * (S + C*E) + 1 < 2**31``): the radix
     sort then makes half the passes. A symbolic bank size keeps int64 (no guard on S)."""
     return torch.int32 if isinstance(S, int) and S + C * E < 2 ** 30 else torch.int64
+
+
+# One device-wide sort of all segments' keys (each offset by its segment) instead of a
+# segmented sort, when those keys fit int32. torch's segmented sort runs one block per
+# segment from 128 segments up (cub's segmented radix sort: a segment's latency) and
+# two full sorts below; the flat sort is one radix sort over all entries.
+FLAT_SORT = True
+
+
+def _flat_span(S, B, C: int, E: int) -> int:
+    """The key offset between segments for the flat sort (``2 * (S + C*E)``), or 0 for
+    the segmented sort: a symbolic size (traced code) or keys past int32 keep it."""
+    if not (FLAT_SORT and isinstance(S, int) and isinstance(B, int)):
+        return 0
+    span = 2 * (S + C * E)
+    return span if B * span < 2 ** 31 else 0
 
 
 def _search_runs(key: Tensor, slot: Tensor, C: int, W: int, R: int):
@@ -440,7 +476,8 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
     slot = torch.empty(P, Tp, E, dtype=torch.int32, device=dev)
     val = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
     gate = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
-    key = torch.empty(P, Tp, E, dtype=_key_dtype(S, C, E), device=dev)
+    span = _flat_span(S, P * NC, C, E)
+    key = torch.empty(P, Tp, E, dtype=torch.int32 if span else _key_dtype(S, C, E), device=dev)
     first = torch.empty(P, Tp, W, dtype=torch.int32, device=dev)
     bout = torch.empty(P, Tp, dtype=torch.float32, device=dev)
     if gate_params is None:
@@ -454,9 +491,10 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
         G, GH = 1, beta.shape[2]
         sb, sa = ((x.stride(0), x.stride(2), x.stride(1)) for x in (beta, g))
     launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, beta, A_log, dt_bias,
-           slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa,
-           W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None, num_warps=4)
-    return slot, val, gate, key, first, NC, bout
+           slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa, span,
+           W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None,
+           num_warps=PREP_WARPS)
+    return slot, val, gate, key, first, NC, bout, span
 
 
 def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) -> Plan:
@@ -465,13 +503,20 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     E: tl.constexpr = W + R
-    slot, val, gate, key, first, NC, bp = prep(S, k_idx, k_val, beta, g, q_idx, q_val, C,
-                                               gate_params)
+    slot, val, gate, key, first, NC, bp, span = prep(S, k_idx, k_val, beta, g, q_idx, q_val, C,
+                                                     gate_params)
     B = P * NC
     dev = k_idx.device
-    key = key.view(B, C * E)
-    skey, perm = torch.sort(key, dim=-1, stable=True)
-    perm = perm.to(torch.int32)
+    if span:
+        skey, perm = torch.sort(key.view(-1), stable=True)
+        skey, perm = skey.view(B, C * E), perm.view(B, C * E)
+        key = key.view(B, C * E)
+        # positions within the segment (a segment's keys sort to its own range)
+        perm = (perm - torch.arange(0, B * C * E, C * E, device=dev)[:, None]).to(torch.int32)
+    else:
+        key = key.view(B, C * E)
+        skey, perm = torch.sort(key, dim=-1, stable=True)
+        perm = perm.to(torch.int32)
     if SCAN_GROUPS:
         gs, nw, na, runs = _scan_groups(skey, perm, slot.view(B, C * E), C, W, R)
     else:
@@ -486,7 +531,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     gend = torch.empty_like(val)
     launch(_pairs_kernel, (B * C,), val, gate, perm, gs, nw, gam, gend, ev, coef, decay, A, QK,
            C, W=W, R=R, EB=min(32 if C <= 128 else PAIR_ENTRIES_WIDE, pow2(E)), CP=pow2(C),
-           KM=PAIR_MEMBERS, num_warps=4)
+           KM=PAIR_MEMBERS, ACC=PAIR_ACC, num_warps=4)
 
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)

@@ -234,9 +234,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     E, T = W + R, pl.T
     hd = dB.shape[1]
     CP = pow2(C)
-    TB = min(64, CP)
-    BD, BDW, NG, KW = (config["BD_STEP_B"], config["BD_STEP_W"], config["NG_STEP"],
-                       config["KW_STEP"])
+    TB = min(config["TB_MIX_B"], CP)
+    BD, BDW, NG = config["BD_STEP_B"], config["BD_STEP_W"], config["NG_STEP"]
     MB = config["MB_MIX_B"]
     NCB, NCBW, NMB = -(-hd // BD), -(-hd // BDW), -(-hd // MB)
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
@@ -247,6 +246,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
+    BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
     steps = [
@@ -256,19 +256,22 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd,
                  NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
-                 0, T, hd, NC, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1, **pd),
+                 0, T, hd, NC, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
+                 num_stages=1, **pd),
         Relaunch(_step_bwd_dw_kernel, g_rows, "c", dB, work, pl.slot, pl.coef, delta, ddelta,
                  parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BD,
                  WP=pow2(W), CP=CP, num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, C=C, MB=MB,
-                 TB=TB, CP=CP, PREC=prec, num_warps=4, num_stages=1, **pd),
+                 TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
+                 **pd),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
                  NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                  num_warps=wg, num_stages=1, **pd),
-        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NG), NCBW), "c", dB, gr.slot,
-                 gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC, C=C, E=E,
-                 BD=BDW, NG=NG, KW=KW, CP=CP, num_warps=ww, num_stages=1, **pd),
+        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // BDG)), "c", dB,
+                 gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC,
+                 C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP,
+                 num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
