@@ -67,7 +67,8 @@ def main(dtype="bf16"):
         compile_one(phase1._groups_kernel,
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
-                         wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=1024))
+                         wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=phase1.GROUPS_BLK),
+                    phase1.GROUPS_WARPS)
     for CC in (64, 128, 256):
         compile_one(phase1._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,

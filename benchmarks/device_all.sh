@@ -116,6 +116,15 @@ for seg in "$@"; do
       run ab_write 100 python3 ab_cuda.py --rounds 3 --chunks 64,128 --b BD_STEP_W=128 NG_STEP=16
       run ab_gather 100 python3 ab_cuda.py --rounds 3 --chunks 64,128 --b BD_STEP=256 WARPS_STEP=8 MAXNREG_STEP=0
       cd .. ;;
+    groups8)   # session 8: the groups kernel's blocks and warps, the pairs kernel's member tile
+      cd benchmarks
+      run ab_groups1 100 python3 ab_cuda.py --plan --rows fb --rounds 3 --chunks 64,128 \
+        --b phase1.GROUPS_BLK=4096 phase1.GROUPS_WARPS=16
+      run ab_groups2 100 python3 ab_cuda.py --plan --rows fb --rounds 3 --chunks 64,128 \
+        --b phase1.GROUPS_BLK=2048 phase1.GROUPS_WARPS=8
+      run ab_km2 100 python3 ab_cuda.py --plan --rows fb --rounds 3 --chunks 64,128 \
+        --b phase1.PAIR_MEMBERS=2
+      cd .. ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

@@ -75,3 +75,16 @@ def test_eager_implementations_launch_without_the_hop():
     assert is_wrap_triton_enabled()
     for name in ("forward", "forward_gated", "backward"):
         assert getattr(host, name).__wrapped__ is not None, name
+
+
+def test_static_shapes_trace_the_flat_sort():
+    """With static shapes (a compile before automatic dynamic shapes) Phase 1 sorts all
+    segments' keys in one flat sort (``phase1.FLAT_SORT``); it traces like any torch op."""
+    gm = make_fx(_forward, tracing_mode="fake")(*_inputs(37))
+    sorts = [n for n in gm.graph.nodes if n.target in (torch.ops.aten.sort.stable,
+                                                       torch.ops.aten.sort.default)]
+    assert sorts and all(len(n.args[0].meta["val"].shape) == 1 for n in sorts), sorts
+    gm = make_fx(_forward, tracing_mode="symbolic")(*_inputs(37))
+    sorts = [n for n in gm.graph.nodes if n.target in (torch.ops.aten.sort.stable,
+                                                       torch.ops.aten.sort.default)]
+    assert sorts and all(len(n.args[0].meta["val"].shape) == 2 for n in sorts), sorts

@@ -377,6 +377,9 @@ PAIR_ENTRIES_WIDE = 16
 PAIR_ACC = True
 # warps of ``_prep_kernel`` (one program per token)
 PREP_WARPS = 4
+# ``_groups_kernel`` (one program per segment): positions per block of its two scans, warps
+GROUPS_BLK = 2048
+GROUPS_WARPS = 8
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
@@ -403,7 +406,7 @@ def _scan_groups(skey: Tensor, perm: Tensor, slot: Tensor, C: int, W: int, R: in
     gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
     rslot, rlen, rtok, rent = (torch.empty(B, CW, **i32) for _ in range(4))
     launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
-           wex, gsp, CE, CW, E=W + R, BLK=1024, num_warps=4)
+           wex, gsp, CE, CW, E=W + R, BLK=min(GROUPS_BLK, pow2(CE)), num_warps=GROUPS_WARPS)
     return gs, nw, na, (rslot, rlen, rtok, rent)
 
 
