@@ -18,6 +18,12 @@ import torch
 from torch import Tensor
 
 _SIDE: dict = {}
+# One item has nothing to overlap: ``ahead`` then runs it on the current stream. On the
+# side stream, its results' memory (``record_stream``) is reusable only once the current
+# stream's work has finished, so a host that runs calls ahead of the GPU makes the
+# caching allocator take fresh blocks for every call (False: the side stream anyway;
+# kept for measurements).
+SINGLE_INLINE = True
 
 
 def token_windows(T: int, C: int, tokens: int) -> list[tuple[int, int]]:
@@ -65,7 +71,7 @@ def ahead(items: Iterable, make: Callable, device: torch.device,
     items = list(items)
     if not items:
         return
-    if not (enabled and overlaps(device)):
+    if not (enabled and overlaps(device)) or (SINGLE_INLINE and len(items) == 1):
         for it in items:
             yield it, make(it)
         return
