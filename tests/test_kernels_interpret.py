@@ -279,6 +279,7 @@ def case_phase1_scans():
         args = (ins.bank.shape[0], ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx,
                 ins.q_val, C)
         phase1._key_dtype = lambda S, C, E, dt=key_dtype: dt
+        phase1.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
         phase1.SCAN_GROUPS, phase1.FLAT_SORT, phase1.PAIR_ACC = False, False, False
         want = phase1.plan(*args)
         phase1.SCAN_GROUPS = True
