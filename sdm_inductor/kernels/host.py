@@ -94,7 +94,7 @@ def decode_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val,
     R = q_idx.shape[2]
     S, hd = bank.shape
     # one chunk of T tokens: the padded per-token beta of prep is [P, T]
-    slot, val, gate, _, _, _, beta, _ = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
+    slot, val, gate, _, _, _, beta = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     BD = CONFIG["BD_DECODE"]
     launch(_decode_kernel, (P, -(-hd // BD)), bank, slot, val, gate, v, beta, out, T, hd,

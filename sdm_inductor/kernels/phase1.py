@@ -425,7 +425,8 @@ FLAT_SORT = True
 
 def _flat_span(S, B, C: int, E: int) -> int:
     """The key offset between segments for the flat sort (``2 * (S + C*E)``), or 0 for
-    the segmented sort: a symbolic size (traced code) or keys past int32 keep it."""
+    the segmented sort: a symbolic size (traced code) or keys past int32 keep it. A
+    nonzero span implies ``_key_dtype``'s int32 keys."""
     if not (FLAT_SORT and isinstance(S, int) and isinstance(B, int)):
         return 0
     span = 2 * (S + C * E)
@@ -460,7 +461,7 @@ def entry_groups(pl: "Plan") -> Groups:
                   take(pl.ev))
 
 
-def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
+def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):
     """Dense keys, masks and sort keys of every entry, and the padded per-token write
     strength ``[P, Tp]``; returns ``(slot, val, gate, key, first, NC, beta)``.
 
@@ -469,6 +470,9 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
     gate inputs ``b``, ``a`` as ``[Bg, T, GH]`` with ``Bg * GH = P`` (any strides; a
     ``[P, T]`` input is ``[P, T, 1]``), and the kernel computes ``beta = sigmoid(b)``
     and ``g = -exp(A_log) * softplus(a + dt_bias)`` in fp32 itself.
+
+    ``span`` (``_flat_span``): each segment's keys are offset by ``segment * span``, for one
+    flat sort of all segments; 0 leaves them per segment.
     """
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
@@ -479,8 +483,7 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
     slot = torch.empty(P, Tp, E, dtype=torch.int32, device=dev)
     val = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
     gate = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
-    span = _flat_span(S, P * NC, C, E)
-    key = torch.empty(P, Tp, E, dtype=torch.int32 if span else _key_dtype(S, C, E), device=dev)
+    key = torch.empty(P, Tp, E, dtype=_key_dtype(S, C, E), device=dev)
     first = torch.empty(P, Tp, W, dtype=torch.int32, device=dev)
     bout = torch.empty(P, Tp, dtype=torch.float32, device=dev)
     if gate_params is None:
@@ -497,7 +500,7 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None):
            slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa, span,
            W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None,
            num_warps=PREP_WARPS)
-    return slot, val, gate, key, first, NC, bout, span
+    return slot, val, gate, key, first, NC, bout
 
 
 def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) -> Plan:
@@ -506,20 +509,19 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     E: tl.constexpr = W + R
-    slot, val, gate, key, first, NC, bp, span = prep(S, k_idx, k_val, beta, g, q_idx, q_val, C,
-                                                     gate_params)
-    B = P * NC
+    B = P * -(-T // C)
+    span = _flat_span(S, B, C, E)
+    slot, val, gate, key, first, NC, bp = prep(S, k_idx, k_val, beta, g, q_idx, q_val, C,
+                                               gate_params, span)
     dev = k_idx.device
+    key = key.view(B, C * E)
     if span:
-        skey, perm = torch.sort(key.view(-1), stable=True)
-        skey, perm = skey.view(B, C * E), perm.view(B, C * E)
-        key = key.view(B, C * E)
+        skey, perm = (x.view(B, C * E) for x in torch.sort(key.view(-1), stable=True))
         # positions within the segment (a segment's keys sort to its own range)
-        perm = (perm - torch.arange(0, B * C * E, C * E, device=dev)[:, None]).to(torch.int32)
+        perm = perm - torch.arange(0, B * C * E, C * E, device=dev)[:, None]
     else:
-        key = key.view(B, C * E)
         skey, perm = torch.sort(key, dim=-1, stable=True)
-        perm = perm.to(torch.int32)
+    perm = perm.to(torch.int32)
     if SCAN_GROUPS:
         gs, nw, na, runs = _scan_groups(skey, perm, slot.view(B, C * E), C, W, R)
     else:
