@@ -18,7 +18,7 @@ import statistics
 import torch
 
 from bench_cuda import CONFIGS, bench, make_inputs
-from sdm_inductor.kernels import host
+from sdm_inductor.kernels import host, phase1
 from sdm_inductor.kernels.launch import set_wrap_triton_enabled
 
 
@@ -72,12 +72,12 @@ def main():
             _, rows, sc = host.forward(bank, *rest, C, "none", True)
             return host.backward(dy, dM, bank, rows, sc, *rest, C, "none", False)
         def plan():
-            from sdm_inductor.kernels import phase1
             with set_wrap_triton_enabled(False):
                 return phase1.plan(bank.shape[0], *rest[:2], *rest[3:], C)
-        rows = tuple(r for r in (("no-grad fwd", fwd, 100), ("fwd+bwd", fb, 200))
-                     if {"no-grad fwd": "fwd", "fwd+bwd": "fb"}[r[0]] in args.rows.split(","))
-        for what, fn, rep in ((("plan", plan, 100),) if args.plan else ()) + rows:
+        rows = {"plan": ("plan", plan, 100), "fwd": ("no-grad fwd", fwd, 100),
+                "fb": ("fwd+bwd", fb, 200)}
+        asked = (["plan"] if args.plan else []) + args.rows.split(",")
+        for what, fn, rep in (rows[k] for k in asked):
             times = {"A": [], "B": []}
             for _ in range(args.rounds):
                 for side, over in sides.items():
