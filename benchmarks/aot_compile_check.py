@@ -17,6 +17,7 @@ from triton.compiler import ASTSource
 
 from sdm_inductor.kernels import backward, decode, phase1, phase2, step, step_backward, walk
 from sdm_inductor.kernels.host import CONFIG as CFG
+from sdm_inductor.kernels.launch import EVICT
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -99,9 +100,11 @@ def main(dtype="bf16"):
         compile_one(step._step_gather_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
                          X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
-                         cnt_ptr=i32),
+                         cnt_ptr=i32, keep_ptr=f32),
                     dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=CC,
-                         MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"]),
+                         MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"],
+                         EV_W=EVICT[CFG["EV_GW"]], EV_R=EVICT[CFG["EV_GR"]],
+                         KEEP=bool(CFG["KEEP"])),
                     num_warps=CFG["WARPS_STEP"])
         compile_one(step._step_mix_kernel,
                     dict(X_ptr=f32, QKX_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=f32, out_ptr=bank),
@@ -110,7 +113,8 @@ def main(dtype="bf16"):
                     dict(bank_ptr=bank, d_ptr=f32, run_slot_ptr=i32, run_len_ptr=i32,
                          run_decay_ptr=f32, run_tok_ptr=i32, run_coef_ptr=f32, log_ptr=bank),
                     dict(C=CC, W=W, BD=CFG["BD_STEP_W"], NG=CFG["NG_STEP"], KW=CFG["KW_STEP"],
-                         CP=CC, SAVE=CC == 64), num_warps=CFG["WARPS_STEP_W"])
+                         CP=CC, SAVE=CC == 64, EV=EVICT[CFG["EV_WO"]]),
+                    num_warps=CFG["WARPS_STEP_W"])
     compile_one(decode._decode_kernel,
                 dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
                      beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))
@@ -133,12 +137,14 @@ def main(dtype="bf16"):
         compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
                     scale_ptr=f32, run_slot_ptr=i32), dict(C=C, W=W, BD=BDW, NG=NGS, QMODE=q), ww)
     compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, slot_ptr=i32, ev_ptr=f32,
-                v_ptr=bank, vmr_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C), wg)
+                v_ptr=bank, vmr_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C,
+                                                EV=EVICT[CFG["EV_BW"]]), wg)
     compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                 dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
     compile_one(sb._step_bwd_dw_kernel, dict(dB_ptr=bank, work_ptr=bank, slot_ptr=i32,
                 coef_ptr=f32, d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
-                dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C), wg)
+                dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]],
+                     EV_DB=EVICT[CFG["EV_DB"]]), CFG["WARPS_DW"] or wg)
     compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
                 dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
                 pb_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))

@@ -105,6 +105,17 @@ for seg in "$@"; do
       run ab_mix_tb 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b TB_MIX=32 TB_MIX_B=32
       run ab_mix_w 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b WARPS_MIX=8 WARPS_MIX_B=8
       cd .. ;;
+    l2hints)   # session 9: L2 eviction policies of the step walks' row loads, the Dw launch's tile
+      cd benchmarks
+      run ab_l2_fwd 150 python3 ab_cuda.py --rows fwd --rounds 3 --chunks 64,128 --b EV_GW=2 EV_GR=1
+      run ab_l2_fwd_wo 100 python3 ab_cuda.py --rows fwd --rounds 3 --chunks 128 \
+        --b EV_GW=2 EV_GR=1 EV_WO=1
+      run ab_l2_fwd_B 100 python3 ab_cuda.py --config B --rows fwd --rounds 3 --chunks 128 \
+        --b EV_GW=2 EV_GR=1
+      run ab_l2_bwd 100 python3 ab_cuda.py --rows fb --rounds 3 --chunks 128 --b EV_BW=2 EV_DB=2
+      run ab_dw_w8 100 python3 ab_cuda.py --rows fb --rounds 3 --chunks 128 --b WARPS_DW=8
+      run ab_dw_bd64 100 python3 ab_cuda.py --rows fb --rounds 3 --chunks 128 --b BD_DW=64
+      cd .. ;;
     tiles8)   # session 8: the no-grad forward's windows, the dB / write / gather tiles
       cd benchmarks
       run ab_nograd_ahead 100 python3 ab_cuda.py --rows fwd --rounds 5 --chunks 64,128 --b PLAN_AHEAD=0

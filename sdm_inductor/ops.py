@@ -19,12 +19,22 @@ Ops (canonical layout of ``reference.py``: ``[P, T, *]`` inputs, global bank row
   final bank and the undo log (it rebuilds each chunk's start state in reverse).
 - ``sdm::split_heads`` / ``sdm::merge_heads`` / ``sdm::expand_bank``: layout helpers.
 
+An eager forward that saves for a backward may also hand its implementation's
+intermediates (CUDA: Phase 1's plan and ``v - r0``) to its own backward through the
+autograd context (``keep_for_backward``), so the backward does not recompute them. That
+is an optimisation only: a backward without them (a traced graph, a direct call of
+``write_read_backward``) recomputes the same values.
+
 Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), CUDA by
 ``sdm_inductor.kernels`` when Triton and a GPU are there.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -82,6 +92,43 @@ def repeated_write_slots(k_idx: Tensor | None = None) -> int:
     return 0 if _STATE.repeats is None else int(_STATE.repeats)
 
 
+class _Kept(threading.local):
+    offered: tuple | None = None   # (weakref to the readings, object) of the last forward
+    current: object = None         # what the running backward may use
+
+
+_KEPT = _Kept()
+
+
+def keep_for_backward(readings: Tensor, obj) -> None:
+    """Offer ``obj`` (what the backward of this forward would otherwise recompute) to the
+    autograd context of the eager call that returns ``readings``; a later offer replaces
+    an untaken one, so at most one is ever held here."""
+    _KEPT.offered = (weakref.ref(readings), obj)
+
+
+def _take_kept(readings: Tensor):
+    """The offer of the forward that returned ``readings`` (``setup_context``), once."""
+    offered, _KEPT.offered = _KEPT.offered, None
+    if offered is None or offered[0]() is not readings:
+        return None   # traced (fake outputs), or an offer of another call
+    return offered[1]
+
+
+def kept_for_backward():
+    """In an implementation's backward: what its forward kept, or None (recompute)."""
+    return _KEPT.current
+
+
+@contextlib.contextmanager
+def _backward_with(kept):
+    _KEPT.current = kept
+    try:
+        yield
+    finally:
+        _KEPT.current = None
+
+
 def _impl(bank: Tensor):
     impl = IMPLS.get(bank.device.type)
     if impl is None:
@@ -102,6 +149,7 @@ def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per
 def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant,
                   per_write_gate):
     """The checks that read data, the repeat count and the dispatch record of a call."""
+    _KEPT.offered = None   # an untaken offer of an earlier call is never held past this one
     if CHECK_INDICES.get(bank.device.type, True):
         check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
     _STATE.repeats = count_repeated_write_slots(k_idx)
@@ -164,8 +212,9 @@ def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_str
 def _setup_context(ctx, inputs, output):
     (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream, shared_bank,
      snapshot_quant, grad_bank_fp32, save) = inputs
-    _, final, rows, scales = output
+    readings, final, rows, scales = output
     ctx.save_for_backward(final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val)
+    ctx.kept = _take_kept(readings)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, beta.dtype, g.dtype, q_val.dtype)
     ctx.set_materialize_grads(True)
@@ -179,9 +228,10 @@ def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             "sdm::write_read was called with save_for_backward=False, so it kept nothing for a "
             "backward; call it with save_for_backward=True (sdm_inductor.sdm_write_read does this "
             "whenever a gradient is needed)")
-    grads = torch.ops.sdm.write_read_backward(
-        grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
-        chunk_size, snapshot_quant, grad_bank_fp32)
+    with _backward_with(getattr(ctx, "kept", None)):
+        grads = torch.ops.sdm.write_read_backward(
+            grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
+            q_val, chunk_size, snapshot_quant, grad_bank_fp32)
     d_bank, d_kval, d_v, d_beta, d_g, d_qval = grads
     return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_beta.to(ctx.dtypes[2]),
             d_g.to(ctx.dtypes[3]), None, d_qval.to(ctx.dtypes[4]),
@@ -245,9 +295,10 @@ def _(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_s
 def _setup_gated(ctx, inputs, output):
     (bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
      slots_per_stream, shared_bank, snapshot_quant, grad_bank_fp32, save) = inputs
-    _, final, rows, scales = output
+    readings, final, rows, scales = output
     ctx.save_for_backward(final, rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias,
                           q_idx, q_val)
+    ctx.kept = _take_kept(readings)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, q_val.dtype)
     ctx.set_materialize_grads(True)
@@ -264,9 +315,10 @@ def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             "write_read_gated does this whenever a gradient is needed)")
     # the gates again, with torch ops (the forward computed them inside the kernel)
     beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
-    d_bank, d_kval, d_v, d_beta, d_g, d_qval = torch.ops.sdm.write_read_backward(
-        grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
-        q_val, chunk_size, snapshot_quant, grad_bank_fp32)
+    with _backward_with(getattr(ctx, "kept", None)):
+        d_bank, d_kval, d_v, d_beta, d_g, d_qval = torch.ops.sdm.write_read_backward(
+            grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
+            q_val, chunk_size, snapshot_quant, grad_bank_fp32)
     d_b, d_a, d_A_log, d_dt_bias = gates.gate_grads(d_beta, d_g, beta, g, b_raw, a_raw, A_log,
                                                     dt_bias)
     return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_b, d_a, d_A_log,

@@ -258,6 +258,51 @@ def case_step_walk():
     assert ops.last_dispatch().get("windows") == 1, ops.last_dispatch()
     _check("no-grad readings", y, y_ref, 1e-5)
     _check("no-grad bank", bank, M_ref, 1e-5)
+    _kept_for_backward()
+
+
+def _kept_for_backward():
+    """Through the ops and autograd (the kernels' host code as the CPU implementation):
+    the training forward hands its Phase 1 and ``v - r0`` to its backward (``KEEP``),
+    which then gives bitwise the gradients of a backward that recomputes them; the gated
+    op's backward uses them too (its forward's gates came from the prep kernel)."""
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import make_inputs, reference_outputs
+    ops.IMPLS["cpu"] = host
+    ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
+                      repeats=True, seed=29)
+    gen = torch.Generator().manual_seed(5)
+    dy, dM = torch.randn(2, 37, 18, generator=gen), torch.randn(ins.bank.shape, generator=gen)
+    _, _, g_ref = reference_outputs(ins, (dy, dM))
+
+    def grads(keep: int, gated: bool = False):
+        host.CONFIG["KEEP"] = keep
+        x = [t.clone().requires_grad_() for t in (ins.bank, ins.k_val, ins.v, ins.q_val)]
+        if gated:
+            raw = [torch.linspace(-2, 2, 2 * 37).view(2, 37).requires_grad_() for _ in "ba"]
+            A_log, dt = (torch.tensor([0.1, -0.3], requires_grad=True) for _ in "Ad")
+            y, M, _, _ = torch.ops.sdm.write_read_gated(x[0], ins.k_idx, x[1], x[2], *raw,
+                                                         A_log, dt, ins.q_idx, x[3], 16, 10)
+            x += raw + [A_log, dt]
+        else:
+            x[3:3] = [t.clone().requires_grad_() for t in (ins.beta, ins.g)]
+            y, M, _, _ = torch.ops.sdm.write_read(x[0], ins.k_idx, x[1], x[2], x[3], x[4],
+                                                  ins.q_idx, x[5], 16, 10)
+        torch.autograd.backward((y, M), (dy, dM))
+        return ops.last_dispatch().get("phase1_backward"), [t.grad for t in x]
+
+    (how_k, kept), (how_r, recomputed) = grads(1), grads(0)
+    assert (how_k, how_r) == ("kept", "recomputed"), (how_k, how_r)
+    for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
+        assert torch.equal(a, b), n
+        _check("kept grad " + n, a, r, 1e-5)
+    (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
+    assert how_k == "kept", how_k
+    for i, (a, b) in enumerate(zip(kept, recomputed)):
+        _check(f"gated kept grad {i}", a, b, 1e-5)
+    host.CONFIG["KEEP"] = 1
 
 
 def case_phase1_scans():

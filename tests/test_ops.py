@@ -154,6 +154,41 @@ def test_no_grad_saves_nothing():
         out[0].sum().backward()
 
 
+def test_forward_hands_kept_values_to_its_own_backward(monkeypatch):
+    """``ops.keep_for_backward``: what an implementation's forward offers reaches the
+    backward of that call only (through its autograd context), never another call's."""
+    from sdm_inductor import cpu, ops
+    seen = []
+
+    class Keeping:   # the CPU implementation, offering a marker per forward
+        NAME = "cpu-keeping"
+        n = 0
+
+        def forward(self, *args):
+            out = cpu.forward(*args)
+            self.n += 1
+            ops.keep_for_backward(out[0], f"call {self.n}")
+            return out
+
+        def backward(self, *args):
+            seen.append(ops.kept_for_backward())
+            return cpu.backward(*args)
+
+    monkeypatch.setitem(ops.IMPLS, "cpu", Keeping())
+    ins = make_inputs(1, 20, W=2, R=2, hd=4, slots_per_stream=8)
+    y1 = torch.ops.sdm.write_read(*ins.leaves(), 16, 8)[0]
+    with torch.no_grad():   # offers, but no autograd context takes it
+        torch.ops.sdm.write_read(*ins, 16, 8)
+    y3 = torch.ops.sdm.write_read(*ins.leaves(), 16, 8)[0]
+    y3.sum().backward()
+    y1.sum().backward()
+    # the backward op called directly: nothing kept
+    torch.ops.sdm.write_read_backward(
+        torch.ones_like(y1), torch.zeros_like(ins.bank), ins.bank,
+        *torch.ops.sdm.write_read(*ins, 16, 8)[2:], *tuple(ins)[1:], 16, "none", False)
+    assert seen == ["call 3", "call 1", None], seen
+
+
 def test_block_bounded_working_memory(monkeypatch):
     """Phase 1 runs on blocks of chunks: results do not depend on the block size."""
     from sdm_inductor import cpu

@@ -499,8 +499,10 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
 
     tokens = config["TRAIN_WINDOW_TOKENS"]
     if not step or tokens <= 0 or T <= tokens:   # one window
-        pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
-        dv, sums = _reverse(pl, entry_groups(pl), log, scales, v, dy, *ctx)
+        kept = _kept(step, P, T, C, W, R)
+        pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
+        dv, sums = _reverse(pl, entry_groups(pl), log, scales, v, dy, *ctx,
+                            vmr=None if kept is None else kept.vmr)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
                 dq.to(bank_dtype))
@@ -524,16 +526,30 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
 
 
+def _kept(step: bool, P: int, T: int, C: int, W: int, R: int):
+    """What the forward kept for this backward (``host.Kept``), when it fits the call; the
+    dispatch record says whether the backward recomputes its Phase 1."""
+    from .. import ops
+    kept = ops.kept_for_backward() if step else None
+    pl = getattr(kept, "plan", None)
+    if pl is not None and (pl.P, pl.T, pl.C, pl.W, pl.R) != (P, T, C, W, R):
+        kept = None   # not this call's forward: never used
+    ops.record_dispatch(phase1_backward="recomputed" if kept is None else "kept")
+    return kept
+
+
 def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
-             config: dict, step: bool):
+             config: dict, step: bool, vmr=None):
     """The reverse walk over one window's chunks (``pl``: its Phase 1; ``log`` / ``scales``
-    its undo log; ``v`` / ``dy`` its tokens), advancing ``dB`` and ``work`` in place to the
-    window's start: the window's ``dv`` (fp32) and cross-column sums."""
+    its undo log; ``v`` / ``dy`` its tokens; ``vmr``: the forward's ``v - r0``, if kept),
+    advancing ``dB`` and ``work`` in place to the window's start: the window's ``dv``
+    (fp32) and cross-column sums."""
     dv = torch.empty(pl.P, pl.T, dB.shape[1], dtype=torch.float32, device=dB.device)
     if step:
         # eager: the step walk (step_backward.py), launches per chunk over the whole GPU
         from .step_backward import step_reverse
-        sums = step_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec, config)
+        sums = step_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec, config,
+                            vmr)
     else:
         sums = _column_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec,
                                config)

@@ -8,6 +8,7 @@ on the host (the step walks), traced calls launch one kernel for all chunks.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -16,7 +17,7 @@ from torch import Tensor
 from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import Relaunch, direct_launches, launch, pdl, pow2, step_walks
+from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
 from .pipeline import ahead, token_windows
 from .phase2 import _forward_kernel
@@ -47,7 +48,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
               WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1,
               WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
-              WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8)
+              WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
+              EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -75,6 +77,14 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # gather's ``TB`` stays 64); TB_MIX_B / WARPS_MIX_B: the same for the backward's two.
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
+# EV_*: L2 eviction policies (``launch.EVICT``: 0 none, 1 evict_first, 2 evict_last) of the
+# step walks' row loads: the forward gather's write rows (GW, read again by the write
+# launch) and read rows (GR), the write launch's old rows (WO); the backward's chunk-start
+# write rows in its gather and Dw launches (BW) and the Dw launch's dB rows (DB).
+# KEEP: a training forward of the step walks in one window hands its Phase 1 and its
+# ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather launch.
+# BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
+# launch, whose [W, BD] tiles of dB and chunk-start rows fill the registers.
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -153,8 +163,10 @@ def walk_kind(C: int, bank: Tensor) -> str:
     return "step" if step_walks(CONFIG, bank) else "column"
 
 
-def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool):
-    """The step walk (``step.py``): two or three launches per chunk, in chunk order."""
+def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
+               keep: Tensor | None = None):
+    """The step walk (``step.py``): two or three launches per chunk, in chunk order.
+    ``keep`` (``[NC, P, CP, hd]`` fp32): receives ``v - r0`` for the backward."""
     P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     hd = bank.shape[1]
     CP = pow2(C)
@@ -172,9 +184,12 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     prec = _prec(bank.dtype)
     pd = pdl(CONFIG, bank)
     gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
-                      pl.X, pl.QKX, out, u, inter, delta, tickets, 0, P, pl.T, hd, NC, C=C, W=W,
+                      pl.X, pl.QKX, out, u, inter, delta, tickets, u if keep is None else keep,
+                      0, P, pl.T, hd, NC, C=C, W=W,
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
+                      EV_W=EVICT[CONFIG["EV_GW"]], EV_R=EVICT[CONFIG["EV_GR"]],
+                      KEEP=keep is not None,
                       num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
                       **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
@@ -182,7 +197,8 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                    num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
     write = Relaunch(_step_write_kernel, (P * nrt, NCBW), "c", bank, delta, ru.slot, ru.length,
                      ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
-                     KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, num_warps=CONFIG["WARPS_STEP_W"],
+                     KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, EV=EVICT[CONFIG["EV_WO"]],
+                     num_warps=CONFIG["WARPS_STEP_W"],
                      num_stages=1, **pd)
     for c in range(NC):   # kernel boundaries order the chunks
         gather(c)
@@ -342,15 +358,33 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
                     *_contig(q_idx[:, sl], q_val[:, sl]), C, gate_params)
 
     whole = len(wins) == 1
+    keep = None
     for (t0, t1), pl in ahead(wins, make, bank.device, CONFIG["PLAN_AHEAD"]):
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
-        _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save)
+        if save and whole and CONFIG["KEEP"]:
+            keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
+                                        device=bank.device))
+        _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
+                   None if keep is None else keep.vmr)
         if not whole:
             readings[:, t0:t1] = out
     if rows is None:
         rows, scales = _quantize_sliced(raw, snapshot_quant, bank.dtype)
+    if keep is not None:
+        from .. import ops
+        ops.keep_for_backward(readings, keep)
     return readings, rows, scales
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """What a training forward's step walk hands to its backward (``ops.keep_for_backward``):
+    its Phase 1 (``phase1.plan``) and ``v - r0`` of every chunk (``[NC, P, CP, hd]`` fp32),
+    which the backward would otherwise recompute (a plan, and a gather of every write row
+    per chunk). About 0.2 GiB at config A, beside the undo log's 1.6 GiB."""
+    plan: object
+    vmr: Tensor
 
 
 @direct_launches

@@ -16,6 +16,9 @@ from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
+# L2 eviction policies of tl.load by number (CONFIG's EV_* knobs)
+EVICT = ("", "evict_first", "evict_last")
+
 
 def pow2(n: int) -> int:
     """Smallest power of two >= n (Triton block sizes)."""

@@ -46,14 +46,15 @@ def _grid_dependency(PDL: tl.constexpr):
 
 @triton.jit
 def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr, cols, cm,
-                 hd):
-    """sum_e ev_e M0[slot_e, cols] over ``n`` entries from ``base`` (slot -1: nothing)."""
+                 hd, EV: tl.constexpr):
+    """sum_e ev_e M0[slot_e, cols] over ``n`` entries from ``base`` (slot -1: nothing);
+    ``EV``: the L2 eviction policy of the row loads (``launch.EVICT``)."""
     e = tl.arange(0, NP)
     em = e < n
     sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
     wt = tl.load(ev_ptr + base + e, mask=em, other=0.0)
     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0)
+                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, eviction_policy=EV)
     return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
 
 
@@ -81,9 +82,10 @@ def _block_program(NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constex
 
 
 @triton.jit
-def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm,
-                   C: tl.constexpr, CP: tl.constexpr):
-    """``u = beta (v - r0)`` and ``inter`` of token ``i`` into the ``[P, CP, hd]`` buffers."""
+def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
+                   cols, cm, C: tl.constexpr, CP: tl.constexpr, KEEP: tl.constexpr):
+    """``u = beta (v - r0)`` and ``inter`` of token ``i`` into the ``[P, CP, hd]`` buffers;
+    with ``KEEP`` also ``v - r0`` into the backward's ``[NC, P, CP, hd]`` buffer."""
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
@@ -91,6 +93,8 @@ def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, 
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     tl.store(u_ptr + buf, bt * (vv - r0), mask=cm)
     tl.store(i_ptr + buf, inter, mask=cm)
+    if KEEP:
+        tl.store(keep_ptr + c.to(tl.int64) * P * CP * hd + buf, vv - r0, mask=cm)
 
 
 @triton.jit
@@ -148,18 +152,22 @@ def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
 def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_ptr, out_ptr,
-                        u_ptr, i_ptr, d_ptr, cnt_ptr, c, P, T, hd, NC,
+                        u_ptr, i_ptr, d_ptr, cnt_ptr, keep_ptr, c, P, T, hd, NC,
                         C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
                         MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
-                        MIX: tl.constexpr, PDL: tl.constexpr):
+                        MIX: tl.constexpr, PDL: tl.constexpr, EV_W: tl.constexpr = "",
+                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False):
     _grid_dependency(PDL)
     # MIX: the last program of each (stream, column block) computes its delta and
     # readings (else ``_step_mix_kernel`` does, as a third launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
-    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd)
-    _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm, C, CP)
+    # EV_W / EV_R: the write rows are read again by this step's write launch, the read
+    # rows are not
+    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd, EV_W)
+    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd, EV_R)
+    _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
+                   cols, cm, C, CP, KEEP)
     if MIX:
         # every thread's stores are issued before the ticket is taken (release); the
         # last taker sees them all (acquire, then .cg loads from L2)
@@ -177,7 +185,7 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
 def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                        run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
                        BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
-                       SAVE: tl.constexpr, PDL: tl.constexpr):
+                       SAVE: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = ""):
     _grid_dependency(PDL)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
@@ -194,4 +202,4 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
                                       run_coef_ptr, rb, f0, C * W, NG, KW)
     scr_d = d_ptr + p.to(tl.int64) * CP * hd + cb * BD
     _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
-                cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd)
+                cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .backward import _group_tile, _load_log, _qkt_dy
-from .launch import Relaunch, pdl, pow2
+from .launch import EVICT, Relaunch, pdl, pow2
 from .step import _block_program, _gather_half, _grid_dependency, _token_program
 
 
@@ -54,19 +54,20 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
 @triton.jit(do_not_specialize=["c", "T", "NC"])
 def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd, NC,
                             C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                            WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+                            WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
+                            EV: tl.constexpr = ""):
     _grid_dependency(PDL)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    r0 = _gather_half(work_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd)
+    r0 = _gather_half(work_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd, EV)
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
     tl.store(vmr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, vv - r0, mask=cm)
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC"])
+@triton.jit(do_not_specialize=["c", "T", "NC", "vmr_cs"])
 def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
-                          NC, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+                          NC, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     _grid_dependency(PDL)
     p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
@@ -74,6 +75,7 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    vmr_ptr += c.to(tl.int64) * vmr_cs   # the chunk's [P, CP, hd] block (0: the scratch)
     d = tl.zeros([TB, MB], tl.float32)
     k0 = 0
     while k0 < t0 + TB:   # X is lower triangular
@@ -100,8 +102,11 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
                         hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
+                        EV: tl.constexpr = "", EV_DB: tl.constexpr = ""):
     _grid_dependency(PDL)
+    # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
+    # launch) and of the dB rows (read again by the dB launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     cb = tl.program_id(1)
     w = tl.arange(0, WP)
@@ -110,8 +115,8 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
-    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0).to(tl.float32)
-    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0).to(tl.float32)
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB).to(tl.float32)
+    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV).to(tl.float32)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
@@ -121,9 +126,9 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     tl.store(dd_ptr + buf, dd, mask=cm)
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW", "vmr_cs"])
 def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
-                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, C: tl.constexpr,
+                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr,
                           MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
                           PREC: tl.constexpr, PDL: tl.constexpr):
     _grid_dependency(PDL)
@@ -164,7 +169,8 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
                  mask=sm)
         k0 += TB
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
-    vmr = tl.load(vmr_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0)
+    vmr = tl.load(vmr_ptr + c.to(tl.int64) * vmr_cs + buf, mask=tm[:, None] & cm[None, :],
+                  other=0.0)
     tl.store(pb_ptr + prt.to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
     bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
     tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -222,10 +228,12 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
 
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
-                 config: dict) -> dict:
+                 config: dict, vmr_kept=None) -> dict:
     """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
     ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
     cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s).
+    With ``vmr_kept`` (the forward's ``v - r0``, ``[NC, P, CP, hd]``) there is no gather
+    launch: six launches per chunk.
 
     The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
     the last chunks first), reduced over the column blocks after each window, so their
@@ -237,12 +245,15 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     TB = min(config["TB_MIX_B"], CP)
     BD, BDW, NG = config["BD_STEP_B"], config["BD_STEP_W"], config["NG_STEP"]
     MB = config["MB_MIX_B"]
-    NCB, NCBW, NMB = -(-hd // BD), -(-hd // BDW), -(-hd // MB)
+    BDD = config["BD_DW"] or BD
+    NCB, NCBW, NMB, NCBD = -(-hd // BD), -(-hd // BDW), -(-hd // MB), -(-hd // BDD)
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
     NBW = P * NCW
     f32 = dict(dtype=torch.float32, device=dB.device)
-    vmr, delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(4))
-    widths = dict(ev=(NCB, E), coef=(NCB, W), m=(NCB, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
+    delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(3))
+    vmr = torch.empty(P, CP, hd, **f32) if vmr_kept is None else vmr_kept
+    vmr_cs = 0 if vmr_kept is None else P * CP * hd   # elements between two chunks' blocks
+    widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
@@ -254,15 +265,17 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
                  num_warps=ww, num_stages=1, **pd),
         Relaunch(_step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd,
-                 NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, num_warps=wg, num_stages=1, **pd),
+                 NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
+                 num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
-                 0, T, hd, NC, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
+                 0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
                  num_stages=1, **pd),
-        Relaunch(_step_bwd_dw_kernel, g_rows, "c", dB, work, pl.slot, pl.coef, delta, ddelta,
-                 parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BD,
-                 WP=pow2(W), CP=CP, num_warps=wg, num_stages=1, **pd),
+        Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, work, pl.slot, pl.coef, delta, ddelta,
+                 parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BDD,
+                 WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], EV_DB=EVICT[config["EV_DB"]],
+                 num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
-                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, C=C, MB=MB,
+                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  **pd),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
@@ -273,6 +286,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP,
                  num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
+    if vmr_kept is not None:
+        del steps[1]   # the gather launch: v - r0 is the forward's
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
         for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything

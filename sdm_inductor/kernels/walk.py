@@ -70,7 +70,8 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
         is_w = (ents < W)[:, None]
         r0 += tl.sum(tl.where(is_w, x, 0.0), axis=0)
         inter += tl.sum(tl.where(is_w, 0.0, x), axis=0)
-    _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, r0, inter, p, b, c, i, T, hd, cols, cm, C, CP)
+    _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, u_ptr, r0, inter, p, b, c, i, P, T, hd, cols,
+                   cm, C, CP, False)
 
 
 @triton.jit
