@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from bench_cuda import CONFIGS, bench, make_inputs
+from bench_cuda import CONFIGS, autograd_step, bench, make_inputs
 from sdm_inductor.kernels import host, phase1
 from sdm_inductor.kernels.launch import set_wrap_triton_enabled
 
@@ -55,7 +55,8 @@ def main():
     ap.add_argument("--b", nargs="*", default=[])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--plan", action="store_true")
-    ap.add_argument("--rows", default="fwd,fb", help="which of fwd (no-grad), fb to time")
+    ap.add_argument("--rows", default="fwd,fb",
+                    help="which of fwd (no-grad), fb (the ops), ag (autograd) to time")
     args = ap.parse_args()
     bank, *rest = make_inputs(**CONFIGS[args.config])
     dy, dM = torch.randn_like(rest[2]), torch.randn_like(bank)
@@ -75,7 +76,8 @@ def main():
             with set_wrap_triton_enabled(False):
                 return phase1.plan(bank.shape[0], *rest[:2], *rest[3:], C)
         rows = {"plan": ("plan", plan, 100), "fwd": ("no-grad fwd", fwd, 100),
-                "fb": ("fwd+bwd", fb, 200)}
+                "fb": ("fwd+bwd", fb, 200),
+                "ag": ("fwd+bwd autograd", autograd_step((bank, *rest), dy, dM, C, "none"), 200)}
         asked = (["plan"] if args.plan else []) + args.rows.split(",")
         for what, fn, rep in (rows[k] for k in asked):
             times = {"A": [], "B": []}

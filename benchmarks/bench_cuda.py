@@ -2,8 +2,9 @@
 
 - device-to-device copy bandwidth (the ceiling used for the floors);
 - configs A and B of SDM_SPEC section 5 for C in {64, 128, 256}: no-grad forward,
-  training forward (saving the snapshot), forward + backward, peak memory of
-  forward + backward; the bandwidth floor of each from the distinct written rows of
+  training forward (saving the snapshot), forward + backward (the triton ops called
+  one after the other, and through ``sdm::write_read`` and autograd, where the forward
+  hands its Phase 1 and ``v - r0`` to the backward), peak memory of forward + backward; the bandwidth floor of each from the distinct written rows of
   the actual inputs, and the fraction of it reached;
 - the eager no-grad op's working memory at several T (must not grow with T);
 - decode latency per step (P=16, T=1, hd=768, W=R=64) under a CUDA graph.
@@ -103,6 +104,8 @@ def run_config(name, C, bw, quick=False, mode="none"):
                                                         False)
 
     fb = bench(fwdbwd, rep=200 if quick else 400)
+    autograd = autograd_step(ins, dy, dM, C, mode)
+    fb_ag = bench(autograd, rep=200 if quick else 400)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -110,11 +113,37 @@ def run_config(name, C, bw, quick=False, mode="none"):
     fwdbwd()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    autograd()
+    torch.cuda.synchronize()
+    peak_ag = torch.cuda.max_memory_allocated()
     fl = floors(ins, C, bw)
     return dict(config=name + ("" if mode == "none" else f" {mode}"), C=C, fwd_ms=fwd, train_fwd_ms=train, fwdbwd_ms=fb,
+                fwdbwd_autograd_ms=fb_ag, peak_autograd_gib=peak_ag / GIB,
                 peak_gib=peak / GIB, peak_over_inputs_gib=(peak - base) / GIB,
                 floor_fwd_ms=fl["fwd"], floor_train_ms=fl["train"], floor_fwdbwd_ms=fl["fwdbwd"],
                 distinct_written_rows=fl["distinct_written_rows"])
+
+
+def autograd_step(ins, dy, dM, C, mode):
+    """Forward + backward as training runs it: ``sdm::write_read`` on leaves, then
+    ``torch.autograd.backward`` (the forward hands its Phase 1 and ``v - r0`` to the
+    backward, ``host.Kept``). Index checks off (a host sync each; the op-level rows have
+    none either); the gradients are dropped after each call (no accumulation)."""
+    ops.CHECK_INDICES["cuda"] = False
+    bank, k_idx, k_val, v, beta, g, q_idx, q_val = ins
+    leaves = [x.detach().clone().requires_grad_() for x in (bank, k_val, v, beta, g, q_val)]
+    sph = bank.shape[0] // k_idx.shape[0]
+
+    def step():
+        lb, lk, lv, lbeta, lg, lq = leaves
+        y, M, _, _ = torch.ops.sdm.write_read(lb, k_idx, lk, lv, lbeta, lg, q_idx, lq, C, sph,
+                                              False, mode)
+        torch.autograd.backward((y, M), (dy, dM))
+        for x in leaves:
+            x.grad = None
+    return step
 
 
 def nograd_memory(Ts=(2048, 4096, 8192)):
@@ -223,12 +252,13 @@ def phase1_ms(name, C):
 
 def table(rows, args, bw, mem, dec):
     print()
-    print("| config | C | no-grad fwd ms | train fwd ms | fwd+bwd ms | peak GiB | floor fwd / train / "
-          "fwd+bwd ms | fraction of floor fwd / fwd+bwd |")
+    print("| config | C | no-grad fwd ms | train fwd ms | fwd+bwd ms ops / autograd | peak GiB "
+          "ops / autograd | floor fwd / train / fwd+bwd ms | fraction of floor fwd / fwd+bwd |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['config']} | {r['C']} | {r['fwd_ms']:.2f} | {r['train_fwd_ms']:.2f} | "
-              f"{r['fwdbwd_ms']:.2f} | {r['peak_gib']:.2f} | {r['floor_fwd_ms']:.2f} / "
+              f"{r['fwdbwd_ms']:.2f} / {r['fwdbwd_autograd_ms']:.2f} | {r['peak_gib']:.2f} / "
+              f"{r['peak_autograd_gib']:.2f} | {r['floor_fwd_ms']:.2f} / "
               f"{r['floor_train_ms']:.2f} / {r['floor_fwdbwd_ms']:.2f} | "
               f"{r['floor_fwd_ms'] / r['fwd_ms']:.2f} / {r['floor_fwdbwd_ms'] / r['fwdbwd_ms']:.2f} |"
               + (f" phase 1 {r['phase1_ms']:.2f} ms" if "phase1_ms" in r else ""))
@@ -238,7 +268,7 @@ def table(rows, args, bw, mem, dec):
         best = min(rs, key=lambda r: r["fwd_ms"])
         c64 = [r for r in rs if r["C"] == 64]
         ratio = c64[0]["fwd_ms"] / best["fwd_ms"] if c64 else float("nan")
-        bfb = min(r["fwdbwd_ms"] for r in rs)
+        bfb = min(min(r["fwdbwd_ms"], r["fwdbwd_autograd_ms"]) for r in rs)
         key = name.split()[0]
         print(f"config {name}: best no-grad fwd {best['fwd_ms']:.2f} ms (C={best['C']}; 1.x "
               f"{BASELINE_1X[key]['fwd']}, goal <= {TARGET[key]['fwd']}), best fwd+bwd "

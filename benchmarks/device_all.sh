@@ -105,6 +105,12 @@ for seg in "$@"; do
       run ab_mix_tb 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b TB_MIX=32 TB_MIX_B=32
       run ab_mix_w 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b WARPS_MIX=8 WARPS_MIX_B=8
       cd .. ;;
+    keep)   # session 9: the forward's Phase 1 and v - r0 kept for the backward (autograd rows)
+      run test_cuda 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
+      cd benchmarks
+      run ab_keep_A 150 python3 ab_cuda.py --rows ag,fb --rounds 3 --chunks 64,128 --b KEEP=0
+      run ab_keep_B 100 python3 ab_cuda.py --config B --rows ag --rounds 3 --chunks 128 --b KEEP=0
+      cd .. ;;
     l2hints)   # session 9: L2 eviction policies of the step walks' row loads, the Dw launch's tile
       cd benchmarks
       run ab_l2_fwd 150 python3 ab_cuda.py --rows fwd --rounds 3 --chunks 64,128 --b EV_GW=2 EV_GR=1

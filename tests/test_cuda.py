@@ -91,6 +91,9 @@ def test_forward_backward_vs_oracle(case, walk):
         assert ops.last_dispatch()["walk"] == ("step" if walk == "auto" else walk)
         if host.CONFIG["WINDOW_TOKENS"] == 64:
             assert ops.last_dispatch()["windows"] == len(range(0, T, max(64 // C, 1) * C))
+        # the backward reuses the forward's Phase 1 where the forward ran one step walk
+        assert ops.last_dispatch()["phase1_backward"] == ("kept" if walk == "auto" else
+                                                          "recomputed")
     tol = TOL[dtype]
     _check("readings", y, y_ref, tol)
     _check("final bank", M, M_ref, tol)
@@ -183,6 +186,27 @@ def test_deterministic_bitwise(walk):
     b = _grads(ins, 64, dy, dM)
     for x, y in zip((a[0], a[1], *a[2]), (b[0], b[1], *b[2])):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
+    """The training forward's Phase 1 and ``v - r0`` handed to the backward (``KEEP``)
+    give bitwise the gradients of a backward that recomputes them."""
+    from sdm_inductor.kernels import host
+    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
+                  per_write_gate=True, repeats=True)
+    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
+    dM = torch.randn_like(ins.bank)
+    got = {}
+    try:
+        for keep in (1, 0):
+            host.CONFIG["KEEP"] = keep
+            got[keep] = _grads(ins, 64, dy, dM)[2]
+            assert ops.last_dispatch()["phase1_backward"] == ("kept" if keep else "recomputed")
+    finally:
+        host.CONFIG["KEEP"] = 1
+    for n, a, b in zip(NAMES, got[1], got[0]):
+        assert torch.equal(a, b), n
 
 
 def test_cuda_graph_capture_and_no_recompile():
