@@ -506,6 +506,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
                 dq.to(bank_dtype))
+    _kept(False, P, T, C, W, R)   # token windows: each window's Phase 1 again
     f32 = dict(dtype=torch.float32, device=dev)
     dk, dv, dbeta, dg, dq = (
         torch.empty(P, T, W, dtype=bank_dtype, device=dev),
