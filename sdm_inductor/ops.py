@@ -46,7 +46,7 @@ __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_wri
 
 
 class _State:
-    repeats: Tensor | None = None
+    repeats_of: tuple | None = None   # (k_idx of the last eager call, its version)
     dispatch: dict = {}
 
 
@@ -89,7 +89,22 @@ def repeated_write_slots(k_idx: Tensor | None = None) -> int:
     """
     if k_idx is not None:
         return int(count_repeated_write_slots(k_idx))
-    return 0 if _STATE.repeats is None else int(_STATE.repeats)
+    if _STATE.repeats_of is None:
+        return 0
+    # counted on request: a count per call (a sort of k_idx) cost ~0.3 ms at config A
+    idx, version = _STATE.repeats_of
+    if version is not None and _version(idx) != version:
+        raise RuntimeError(
+            "sdm: repeated_write_slots(): the k_idx of the last sdm call was modified in "
+            "place since that call; pass the k_idx to count as an argument")
+    return int(count_repeated_write_slots(idx))
+
+
+def _version(t: Tensor):
+    try:
+        return t._version
+    except RuntimeError:   # inference tensors have no version counter
+        return None
 
 
 class _Kept(threading.local):
@@ -148,11 +163,12 @@ def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per
 
 def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant,
                   per_write_gate):
-    """The checks that read data, the repeat count and the dispatch record of a call."""
+    """The checks that read data and the dispatch record of a call; the repeat count's
+    source (``repeated_write_slots``)."""
     _KEPT.offered = None   # an untaken offer of an earlier call is never held past this one
     if CHECK_INDICES.get(bank.device.type, True):
         check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
-    _STATE.repeats = count_repeated_write_slots(k_idx)
+    _STATE.repeats_of = (k_idx, _version(k_idx))
     P, T, W = k_idx.shape
     _STATE.dispatch = dict(
         device=str(bank.device), impl=getattr(_impl(bank), "NAME", "?"), P=P, T=T, W=W,
@@ -217,11 +233,26 @@ def _setup_context(ctx, inputs, output):
     ctx.kept = _take_kept(readings)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, beta.dtype, g.dtype, q_val.dtype)
-    ctx.set_materialize_grads(True)
+    _no_grads_for_the_log(ctx, rows, scales)
+
+
+def _no_grads_for_the_log(ctx, rows, scales):
+    # the undo log is not differentiable; without materialized gradients autograd would
+    # also fill a zero gradient of its size (1.6 GB at config A) for every backward
+    ctx.mark_non_differentiable(rows, scales)
+    ctx.set_materialize_grads(False)
+
+
+def _grads_in(grad_readings, grad_final, final, k_idx):
+    """The incoming gradients, zeros for an output the loss did not use."""
+    if grad_readings is None:
+        grad_readings = final.new_zeros(k_idx.shape[0], k_idx.shape[1], final.shape[1])
+    return grad_readings, torch.zeros_like(final) if grad_final is None else grad_final
 
 
 def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
     final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val = ctx.saved_tensors
+    grad_readings, grad_final = _grads_in(grad_readings, grad_final, final, k_idx)
     chunk_size, snapshot_quant, grad_bank_fp32, save = ctx.options
     if not save:
         raise RuntimeError(
@@ -301,12 +332,13 @@ def _setup_gated(ctx, inputs, output):
     ctx.kept = _take_kept(readings)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, q_val.dtype)
-    ctx.set_materialize_grads(True)
+    _no_grads_for_the_log(ctx, rows, scales)
 
 
 def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
     (final, rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx,
      q_val) = ctx.saved_tensors
+    grad_readings, grad_final = _grads_in(grad_readings, grad_final, final, k_idx)
     chunk_size, snapshot_quant, grad_bank_fp32, save = ctx.options
     if not save:
         raise RuntimeError(

@@ -85,6 +85,9 @@ def test_repeated_write_slots_dense_key_meaning(per_write):
     clean = make_inputs(1, 10, seed=3)
     sdm_inductor.write_read(*clean, chunk_size=16)
     assert sdm_inductor.repeated_write_slots() == 0
+    clean.k_idx[0, 0, 1] = clean.k_idx[0, 0, 0]   # counted on request: never a stale answer
+    with pytest.raises(RuntimeError, match="modified in place"):
+        sdm_inductor.repeated_write_slots()
 
 
 def test_chunk_size_invariance():
@@ -152,6 +155,23 @@ def test_no_grad_saves_nothing():
     out = torch.ops.sdm.write_read(*ins, 16, 0, False, "none", False, False)
     with pytest.raises(RuntimeError, match="save_for_backward=False"):
         out[0].sum().backward()
+
+
+@pytest.mark.parametrize("used", ["readings", "final"])
+def test_backward_of_one_output(used):
+    """A loss of one output: the other's gradient is zero (materialized inside the
+    backward, not by autograd); the undo log is not differentiable."""
+    ins = make_inputs(2, 40, W=4, R=3, hd=8, slots_per_stream=24)
+    dy = torch.randn(2, 40, 8) if used == "readings" else torch.zeros(2, 40, 8)
+    dM = torch.randn(ins.bank.shape) if used == "final" else torch.zeros(ins.bank.shape)
+    _, _, want = reference_outputs(ins, (dy, dM))
+    leaves = ins.leaves()
+    y, M, rows, scales = torch.ops.sdm.write_read(*leaves, 16, 24)
+    assert not rows.requires_grad and not scales.requires_grad
+    loss = (y * dy).sum() if used == "readings" else (M * dM).sum()
+    grads = torch.autograd.grad(loss, [leaves[i] for i in FLOAT_INPUTS])
+    for name, a, b in zip(GRAD_NAMES, grads, want):
+        assert rel_err(a, b) <= 1e-5, (name, rel_err(a, b))
 
 
 def test_forward_hands_kept_values_to_its_own_backward(monkeypatch):
