@@ -15,7 +15,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sdm_inductor.kernels import backward, decode, phase1, phase2, step, step_backward, walk
+from sdm_inductor.kernels import (backward, decode, phase1, phase2, quantize, step,
+                                  step_backward, walk)
 from sdm_inductor.kernels.host import CONFIG as CFG
 from sdm_inductor.kernels.launch import EVICT
 
@@ -115,6 +116,9 @@ def main(dtype="bf16"):
                     dict(C=CC, W=W, BD=CFG["BD_STEP_W"], NG=CFG["NG_STEP"], KW=CFG["KW_STEP"],
                          CP=CC, SAVE=CC == 64, EV=EVICT[CFG["EV_WO"]]),
                     num_warps=CFG["WARPS_STEP_W"])
+    for mode in (1, 2):
+        compile_one(quantize._quantize_kernel, dict(raw_ptr=bank, out_ptr="*u8", scale_ptr=f32),
+                    dict(MODE=mode, RB=quantize.ROWS_PER_PROGRAM, HP=512))
     compile_one(decode._decode_kernel,
                 dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
                      beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))

@@ -90,7 +90,8 @@ def case_train_bf16_shared():
 
 def case_snapshots():
     """fp8 / int4 / bf16 undo logs: the kernel's in-kernel dequantization against the CPU
-    backward fed the same log and final bank (quantization error is then common to both)."""
+    backward fed the same log and final bank (quantization error is then common to both);
+    the log packing kernel byte for byte against ``quant.quantize``."""
     import torch
     from sdm_inductor import cpu, quant
     from sdm_inductor.kernels import host
@@ -135,6 +136,44 @@ def case_snapshots():
     want = cpu.backward(dy, dM, bank, rows, torch.empty(0), *args, 16, "none", False)
     for n, g, r in zip(NAMES, got, want):
         _check(f"crossed logs grad {n}", g, r, 1e-5)
+    _pack_log_bytes()
+
+
+def _pack_log_bytes():
+    """``quantize.pack_log`` gives ``quant.quantize``'s bytes and scales exactly (odd and
+    even widths, zero rows, ties of int4's rounding), and its fp8 encoder torch's
+    float8_e4m3fn bytes for every e4m3 value, the midpoints between them (ties to even),
+    their neighbours, subnormals and random values of both signs."""
+    import torch
+    from sdm_inductor import quant
+    from sdm_inductor.kernels.quantize import pack_log
+    gen = torch.Generator().manual_seed(0)
+    for mode in ("fp8", "int4"):
+        for hd in (17, 18):
+            for dt in (torch.float32, torch.bfloat16):
+                raw = torch.randn(5, 3, hd, generator=gen) * torch.logspace(-8, 3, 5)[:, None, None]
+                raw[1, 2] = 0
+                raw[3, 1] = torch.linspace(-7, 7, hd)
+                raw[3, 1, 0] = 7.5   # scale 7.5 / 7: ties of the 4-bit rounding
+                raw = raw.to(dt)
+                got, want = pack_log(raw, mode, dt), quant.quantize(raw, mode, dt)
+                assert torch.equal(got[0], want[0]), (mode, hd, dt, "bytes")
+                assert torch.equal(got[1], want[1]), (mode, hd, dt, "scales")
+
+    # rows led by 448 have scale 1: the encoder sees the values themselves
+    vals = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mids = (vals[1:] + vals[:-1]) / 2
+    x = torch.cat([vals, mids, torch.nextafter(mids, torch.full_like(mids, 1e9)),
+                   torch.nextafter(mids, torch.zeros_like(mids)),
+                   torch.rand(4000, generator=gen) * 448,
+                   torch.rand(4000, generator=gen) * 2 ** -6, torch.tensor([2.0 ** -12])])
+    x = torch.cat([x, -x])
+    x = torch.cat([x, torch.zeros(-x.numel() % 63)]).view(-1, 1, 63)
+    raw = torch.cat([torch.full((x.shape[0], 1, 1), 448.0), x], -1)
+    got = pack_log(raw, "fp8", torch.float32)[0]
+    assert torch.equal(got, raw.to(torch.float8_e4m3fn).view(torch.uint8)), \
+        (got != raw.to(torch.float8_e4m3fn).view(torch.uint8)).nonzero()[:5]
+    print("pack_log: bytes and scales as quant.quantize")
 
 
 def case_decode_and_masking():

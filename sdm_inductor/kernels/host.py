@@ -20,6 +20,7 @@ from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
 from .pipeline import ahead, token_windows
+from .quantize import pack_log
 from .phase2 import _forward_kernel
 from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
 from .walk import _walk_kernel
@@ -246,7 +247,7 @@ def saved_buffers(bank: Tensor, P: int, T: int, W: int, C: int, mode: str, save:
 
     The final tensors have the layout of ``ops._saved_shapes``. Modes with per-row scales
     need whole rows, which no column-block program sees: the kernel stores raw rows and
-    ``quant.quantize`` packs them afterwards (the None entries).
+    ``quantize.pack_log`` packs them afterwards (the None entries).
     """
     hd = bank.shape[1]
     dtype, width, scaled = quant.storage(mode, bank.dtype, hd)
@@ -281,28 +282,8 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
         out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw,
                               gate_params)
     if rows is None:
-        rows, scales = _quantize_sliced(raw, snapshot_quant, bank.dtype)
+        rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
     return out, rows, scales
-
-
-# quant.quantize works in fp32 temporaries of its input's size: done in this many slices
-# (a number independent of T, so traced code has no length-dependent loop)
-QUANT_SLICES = 16
-
-
-def _quantize_sliced(raw: Tensor, mode: str, bank_dtype: torch.dtype):
-    """``quant.quantize`` of the raw undo log, slice by slice, into the final tensors."""
-    n, E, hd = raw.shape
-    dtype, width, _ = quant.storage(mode, bank_dtype, hd)
-    rows = raw.new_empty(n, E, width, dtype=dtype)
-    scales = raw.new_empty(n, E, dtype=torch.float32)
-    step = -(-n // QUANT_SLICES)
-    for i in range(QUANT_SLICES):
-        sl = slice(i * step, (i + 1) * step)   # slicing clamps: no guard on n
-        q, sc = quant.quantize(raw[sl], mode, bank_dtype)
-        rows[sl] = q
-        scales[sl] = sc
-    return rows, scales
 
 
 @direct_launches
@@ -370,7 +351,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         if not whole:
             readings[:, t0:t1] = out
     if rows is None:
-        rows, scales = _quantize_sliced(raw, snapshot_quant, bank.dtype)
+        rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
     if keep is not None:
         from .. import ops
         ops.keep_for_backward(readings, keep)
