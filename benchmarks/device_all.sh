@@ -105,6 +105,9 @@ for seg in "$@"; do
       run ab_mix_tb 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b TB_MIX=32 TB_MIX_B=32
       run ab_mix_w 100 python3 ab_cuda.py --rounds 3 --chunks 128 --b WARPS_MIX=8 WARPS_MIX_B=8
       cd .. ;;
+    quant9)   # session 9: the log packing kernel (fp8 / int4 modes)
+      run test_cuda_q 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py tests/test_gated.py -m cuda
+      run bench_q 200 python3 benchmarks/bench_cuda.py --configs A --chunks 64 --quick ;;
     final9)   # session 9: the final benchmark, the kernel tests, the autograd profile
       run bench_cuda 420 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json"
       run test_cuda 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py tests/test_gated.py -m cuda
