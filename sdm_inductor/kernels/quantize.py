@@ -21,6 +21,7 @@ from .launch import launch, pow2
 
 _MODE = {"fp8": 1, "int4": 2}
 ROWS_PER_PROGRAM = 4
+WARPS = 4
 
 
 @triton.jit
@@ -92,5 +93,5 @@ def pack_log(raw: Tensor, mode: str, bank_dtype: torch.dtype):
     scales = raw.new_empty(n, W, dtype=torch.float32)
     RB = ROWS_PER_PROGRAM
     launch(_quantize_kernel, (triton.cdiv(n * W, RB),), raw, rows, scales, n * W, hd, width,
-           MODE=_MODE[mode], RB=RB, HP=pow2(-(-hd // 2)), num_warps=4)
+           MODE=_MODE[mode], RB=RB, HP=pow2(-(-hd // 2)), num_warps=WARPS)
     return rows, scales
