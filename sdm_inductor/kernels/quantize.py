@@ -20,8 +20,9 @@ from .. import quant
 from .launch import launch, pow2
 
 _MODE = {"fp8": 1, "int4": 2}
-ROWS_PER_PROGRAM = 4
-WARPS = 4
+# measured on the H200 at config A's log (benchmarks/bench_pack.py): 2 rows x 2 warps
+ROWS_PER_PROGRAM = 2
+WARPS = 2
 
 
 @triton.jit
