@@ -237,8 +237,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _no_grads_for_the_log(ctx, rows, scales):
-    # the undo log is not differentiable; without materialized gradients autograd would
-    # also fill a zero gradient of its size (1.6 GB at config A) for every backward
+    # the undo log is not differentiable; with gradients materialized, autograd filled a
+    # zero gradient of its size (1.6 GB at config A) for every backward
     ctx.mark_non_differentiable(rows, scales)
     ctx.set_materialize_grads(False)
 

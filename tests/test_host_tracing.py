@@ -28,6 +28,10 @@ def _forward(bank, *rest):
     return host.forward_once(bank, *rest, C, "none", True)
 
 
+def _forward_fp8(bank, *rest):   # the scaled log: packed by its own kernel
+    return host.forward_once(bank, *rest, C, "fp8", True)
+
+
 def _backward(dy, dM, final, rows, scales, *rest):
     return host.backward(dy, dM, final, rows, scales, *rest, C, "none", False)
 
@@ -39,16 +43,19 @@ def _backward_args(T):
             *rest)
 
 
-@pytest.mark.parametrize("which", ["forward", "backward"])
+@pytest.mark.parametrize("which", ["forward", "forward_fp8", "backward"])
 def test_traced_host_code_serves_other_lengths(which):
-    fn, make = {"forward": (_forward, _inputs), "backward": (_backward, _backward_args)}[which]
+    fn, make = {"forward": (_forward, _inputs), "forward_fp8": (_forward_fp8, _inputs),
+                "backward": (_backward, _backward_args)}[which]
     gm = make_fx(fn, tracing_mode="symbolic")(*make(37))
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert launches, "no kernel launch was traced"
     # a traced call takes the single-launch column walks, never the per-chunk step walks
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     names = {kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ for n in launches}
-    assert {"forward": "_forward_kernel", "backward": "_reverse_kernel"}[which] in names, names
+    want = {"forward": {"_forward_kernel"}, "forward_fp8": {"_forward_kernel", "_quantize_kernel"},
+            "backward": {"_reverse_kernel"}}[which]
+    assert want <= names, names
     assert not any(name.startswith("_step") for name in names), names
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     shape_env = fakes[0].fake_mode.shape_env
