@@ -196,6 +196,12 @@ def run(a):
     # exception", seen once in the CPU suite under load)
     dist.barrier()
     dist.destroy_process_group()
+    # leave without the interpreter's teardown: on CPU (gloo) it still aborted a rank after
+    # all of the above once in a few runs of the suite ("terminate called without an active
+    # exception", exit code -6); everything is printed and written by now
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _print(results):
