@@ -498,15 +498,16 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         return pl, entry_groups(pl)
 
     tokens = config["TRAIN_WINDOW_TOKENS"]
-    if not step or tokens <= 0 or T <= tokens:   # one window
-        kept = _kept(step, P, T, C, W, R)
+    one_window = not step or tokens <= 0 or T <= tokens
+    # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
+    kept = _kept(step and one_window, P, T, C, W, R)
+    if one_window:
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         dv, sums = _reverse(pl, entry_groups(pl), log, scales, v, dy, *ctx,
                             vmr=None if kept is None else kept.vmr)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
                 dq.to(bank_dtype))
-    _kept(False, P, T, C, W, R)   # token windows: each window's Phase 1 again
     f32 = dict(dtype=torch.float32, device=dev)
     dk, dv, dbeta, dg, dq = (
         torch.empty(P, T, W, dtype=bank_dtype, device=dev),
@@ -527,11 +528,11 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
 
 
-def _kept(step: bool, P: int, T: int, C: int, W: int, R: int):
-    """What the forward kept for this backward (``host.Kept``), when it fits the call; the
-    dispatch record says whether the backward recomputes its Phase 1."""
+def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
+    """What the forward kept for this backward (``host.Kept``), when ``usable`` and it fits
+    the call; the dispatch record says whether the backward recomputes its Phase 1."""
     from .. import ops
-    kept = ops.kept_for_backward() if step else None
+    kept = ops.kept_for_backward() if usable else None
     pl = getattr(kept, "plan", None)
     if pl is not None and (pl.P, pl.T, pl.C, pl.W, pl.R) != (P, T, C, W, R):
         kept = None   # not this call's forward: never used

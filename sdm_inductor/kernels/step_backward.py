@@ -264,9 +264,11 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
                  num_warps=ww, num_stages=1, **pd),
-        Relaunch(_step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd,
-                 NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
-                 num_warps=wg, num_stages=1, **pd),
+        # v - r0: gathered here unless the forward kept it
+        *([] if vmr_kept is not None else [Relaunch(
+            _step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd, NC,
+            C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], num_warps=wg,
+            num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
                  num_stages=1, **pd),
@@ -286,8 +288,6 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP,
                  num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
-    if vmr_kept is not None:
-        del steps[1]   # the gather launch: v - r0 is the forward's
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
         for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
