@@ -1,6 +1,7 @@
 """torch.compile vs eager for the sdm op and for a model of SDM layers (issue 4 benchmark).
 
-    python benchmarks/bench_compile.py [--configs A,B] [--no-model] [--reps 10] [--json out.json]
+    python benchmarks/bench_compile.py [--configs A,B] [--cases op,gated,gatedop]
+        [--dynamic static,dynamic] [--no-model] [--reps 10] [--json out.json]
     python benchmarks/bench_compile.py --small          # tiny sizes: a smoke run on CPU
 
 Part 1, configs A and B of SDM_SPEC section 5 (bf16), eager vs compiled:
@@ -24,19 +25,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
 
 import sdm_inductor
 from sdm_inductor.nn import SparseDeltaMemory
 
+DUMP = os.environ.get("SDM_DUMP_CODE")   # a folder: the output code of each compile
+
 CONFIGS = {
     # P, T, hd, slots per stream, W = R, chunk
     "A": dict(P=2, T=8192, hd=768, sph=36864, W=64, C=128),
-    "B": dict(P=1, T=8192, hd=1536, sph=147456, W=64, C=256),
+    "B": dict(P=1, T=8192, hd=1536, sph=147456, W=64, C=128),
     "small": dict(P=2, T=96, hd=16, sph=256, W=8, C=32),
 }
 
@@ -117,11 +122,13 @@ def gated_in_op(bank, k_idx, k_logit, v, b_logit, a, q_idx, q_logit, A_log, dt_b
     return y * F.silu(z), M
 
 
-def bench_case(name, fn, kwargs, grad_keys, device, reps):
-    """Eager vs compiled, no-grad forward and forward + backward, for one function."""
+def bench_case(name, fn, kwargs, grad_keys, device, reps, dynamic=None):
+    """Eager vs compiled, no-grad forward and forward + backward, for one function.
+    ``dynamic``: torch.compile's (None: a static length first, as a model's first call;
+    True: a symbolic length, the single-launch column walks)."""
     opts = {k: kwargs.pop(k) for k in ("C", "sph")}
     f = lambda **kw: fn(**kw, **opts)
-    compiled_fn = torch.compile(f, fullgraph=True)
+    compiled_fn = torch.compile(f, fullgraph=True, dynamic=dynamic)
     rows = []
     for mode in ("forward", "forward+backward"):
         train = mode != "forward"
@@ -139,8 +146,17 @@ def bench_case(name, fn, kwargs, grad_keys, device, reps):
                 with torch.no_grad():
                     g(**leaves)
 
+        codes = []
         with torch._inductor.config.patch(force_disable_caches=True):
-            compile_s = first_call(lambda: run(compiled_fn), device)
+            # with DUMP, the first call also keeps its output code
+            compile_s = first_call(
+                lambda: codes.extend(run_and_get_code(lambda: run(compiled_fn))[1]) if DUMP
+                else run(compiled_fn), device)
+        if DUMP:
+            for i, code in enumerate(codes):
+                tag = f"{name}_{'dyn' if dynamic else 'static'}_{mode.replace('+', '_')}_{i}"
+                with open(os.path.join(DUMP, tag + ".py"), "w") as fh:
+                    fh.write(code)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         eager = timed(lambda: run(f), device, reps)
@@ -149,27 +165,31 @@ def bench_case(name, fn, kwargs, grad_keys, device, reps):
             torch.cuda.reset_peak_memory_stats()
         comp = timed(lambda: run(compiled_fn), device, reps)
         peak_comp = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
-        rows.append(dict(case=name, mode=mode, eager_ms=eager * 1e3, compiled_ms=comp * 1e3,
+        rows.append(dict(case=name, mode=mode, dynamic=bool(dynamic), eager_ms=eager * 1e3, compiled_ms=comp * 1e3,
                          speedup=eager / comp, compile_s=compile_s,
                          peak_eager_gib=peak_eager / 2**30, peak_compiled_gib=peak_comp / 2**30))
-        print(f"  {name:<6} {mode:<17} eager {eager * 1e3:9.3f} ms   compiled {comp * 1e3:9.3f} ms"
+        print(f"  {name:<6}{' dyn' if dynamic else '    '} {mode:<17} eager {eager * 1e3:9.3f} ms   compiled {comp * 1e3:9.3f} ms"
               f"   x{eager / comp:5.3f}   (compile {compile_s:5.1f} s, peak "
               f"{peak_eager / 2**30:.2f} / {peak_comp / 2**30:.2f} GiB)", flush=True)
     torch._dynamo.reset()
     return rows
 
 
-def bench_config(cfg_name, device, reps):
+def bench_config(cfg_name, device, reps, cases, dynamic):
     cfg = CONFIGS[cfg_name]
     print(f"config {cfg_name}: {cfg}", flush=True)
     x = op_inputs(**cfg, device=device)
     rows = []
-    explicit = dict(prepared(x), C=cfg["C"], sph=cfg["sph"])
-    rows += bench_case("op", explicit_op, explicit, ("bank", "k_val", "v", "beta", "g", "q_val"),
-                       device, reps)
     gated_grads = ("bank", "k_logit", "v", "b_logit", "a", "q_logit", "z")
-    rows += bench_case("gated", gated_op, dict(x), gated_grads, device, reps)
-    rows += bench_case("gatedop", gated_in_op, dict(x), gated_grads, device, reps)
+    for dyn in dynamic:
+        if "op" in cases:
+            explicit = dict(prepared(x), C=cfg["C"], sph=cfg["sph"])
+            rows += bench_case("op", explicit_op, explicit,
+                               ("bank", "k_val", "v", "beta", "g", "q_val"), device, reps, dyn)
+        if "gated" in cases:
+            rows += bench_case("gated", gated_op, dict(x), gated_grads, device, reps, dyn)
+        if "gatedop" in cases:
+            rows += bench_case("gatedop", gated_in_op, dict(x), gated_grads, device, reps, dyn)
     for r in rows:
         r["config"] = cfg_name
     return rows
@@ -223,6 +243,9 @@ def main():
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke run)")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--cases", default="op,gated,gatedop")
+    ap.add_argument("--dynamic", default="static",
+                    help="comma list of static (a static length first) and dynamic")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -230,7 +253,9 @@ def main():
     rows = []
     for name in (["small"] if args.small else args.configs.split(",")):
         if name:
-            rows += bench_config(name, device, args.reps)
+            rows += bench_config(name, device, args.reps, args.cases.split(","),
+                                 [{"static": None, "dynamic": True}[d]
+                                  for d in args.dynamic.split(",")])
     if not args.no_model:
         rows += bench_model(device, args.reps, args.small)
     if args.json:

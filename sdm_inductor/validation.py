@@ -25,6 +25,14 @@ def _shape(t: Tensor):
     return list(t.shape)
 
 
+def static_int(x):
+    """An int option as a Python int. ``torch.compile(dynamic=True)`` makes int arguments
+    and closure variables symbolic; the chunk size and the slots per stream shape the
+    kernels, so a symbolic one is specialized here (``int()`` of a ``SymInt`` guards the
+    compiled graph on its value: another value recompiles). Non-ints pass unchanged."""
+    return int(x) if isinstance(x, torch.SymInt) else x
+
+
 def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor | None,
                g: Tensor | None, q_idx: Tensor, q_val: Tensor, chunk_size: int,
                slots_per_stream: int, shared_bank: bool, snapshot_quant: str,
@@ -34,6 +42,7 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     ``beta`` / ``g`` None: the caller checks its gates itself (``check_gated``).
     ``bank_name``: how errors name the bank argument."""
     gates = [(n, t) for n, t in (("beta", beta), ("g", g)) if t is not None]
+    chunk_size, slots_per_stream = static_int(chunk_size), static_int(slots_per_stream)
     if not isinstance(bank, Tensor) or bank.dim() != 2:
         _fail(bank_name, "a 2-D bank [S, hd]",
               _shape(bank) if isinstance(bank, Tensor) else type(bank))

@@ -142,6 +142,29 @@ def float_leaves(args):
     return [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
 
 
+def test_symbolic_int_options_are_specialized():
+    """``dynamic=True`` makes int arguments and closure variables symbolic. The chunk size
+    and the slots per stream shape the kernels: the graph specializes on them (a guard;
+    another value recompiles) instead of handing the op a symbol it refuses. AOTAutograd
+    with the eager backend runs the same rules as Inductor, without a C++ compile."""
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def op(chunk, *args):
+        y, M = sdm_inductor.write_read(*args, chunk_size=chunk, slots_per_stream=SPH)
+        return y.square().sum() + (M * M.detach().sin()).sum()
+
+    fn = torch.compile(op, backend=counter, fullgraph=True, dynamic=True)
+    ins = make_inputs(2, 21, W=4, R=3, hd=HD, slots_per_stream=SPH, seed=3)
+    for chunk in (16, 32, 16):
+        got, want = float_leaves(ins), float_leaves(ins)
+        fn(chunk, *got).backward()
+        op(chunk, *want).backward()
+        for a, b in zip(got, want):
+            if a.requires_grad:
+                assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6), chunk
+    assert counter.frame_count == 2, counter.frame_count   # 16, 32; the second 16 reuses
+
+
 @pytest.mark.compile
 def test_cpu_backward_compiled_matches_oracle():
     fn = torch.compile(gated, fullgraph=True)
@@ -247,8 +270,12 @@ def _dump(name: str, code: str):
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
-def test_cuda_output_code_launches_sdm_kernels_forward_and_backward():
-    fn = torch.compile(gated, fullgraph=True, dynamic=True)
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic):
+    """A symbolic length launches the column walks (one kernel each way for every ``T``);
+    a static length unrolls the step walks, one write launch per chunk forward and one
+    restore launch per chunk backward, as eager calls run them."""
+    fn = torch.compile(gated, fullgraph=True, dynamic=dynamic)
     args = float_leaves(gated_inputs(2, 40, seed=7, device="cuda"))
 
     def step():
@@ -264,7 +291,14 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward():
     in_fw = {n for n in names if re.search(rf"\b{n}\b", fw)}
     in_bw = {n for n in names if re.search(rf"\b{n}\b", bw)}
     print("sdm kernels in forward code:", sorted(in_fw), "backward:", sorted(in_bw))
-    assert "_forward_kernel" in in_fw or "_decode_kernel" in in_fw, (names, in_fw)
+    if dynamic:
+        assert "_forward_kernel" in in_fw and "_reverse_kernel" in in_bw, (in_fw, in_bw)
+    else:
+        chunks = -(-40 // C)
+        launches = lambda name, code: len(re.findall(rf"\b{name}\w*\.run\(", code))
+        assert launches("_step_write_kernel", fw) == chunks, fw
+        assert launches("_step_restore_kernel", bw) == chunks, bw
+        assert not {"_forward_kernel", "_reverse_kernel"} & (in_fw | in_bw), (in_fw, in_bw)
     assert in_bw - in_fw, (names, in_bw)
     # the lowering against the eager op (the same kernels): only fusion-order rounding
     eager = float_leaves(args)
@@ -313,6 +347,7 @@ def test_cuda_in_place_api_routes_to_in_place_kernels():
         y, (code,) = run_and_get_code(fn, m_compiled, *ins[1:])
         y_eager = step(m_eager, *ins[1:])
     assert not extern_calls(code), extern_calls(code)
-    assert "_forward_kernel" in code or "_decode_kernel" in code
+    # a static length: the step walks, unrolled
+    assert "_step_write_kernel" in code
     assert rel_err(y, y_eager) < 1e-5 and rel_err(m_compiled, m_eager) < 1e-5
     assert not torch.equal(m_compiled, ins.bank)

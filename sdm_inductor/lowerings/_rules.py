@@ -14,6 +14,8 @@ import torch
 from torch._library.utils import fill_defaults
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
+from ..validation import static_int
+
 Rule = Callable  # (mode, op, types, args, kwargs) -> outputs
 
 
@@ -24,9 +26,10 @@ def keep_opaque() -> bool:
 
 
 def bound_args(op: torch._ops.OpOverload, args, kwargs) -> list:
-    """All schema arguments in order, defaults filled (dispatch trims trailing defaults)."""
+    """All schema arguments in order, defaults filled (dispatch trims trailing defaults);
+    symbolic int options specialized (``validation.static_int``: they shape the kernels)."""
     new_args, new_kwargs = fill_defaults(op._schema, args, kwargs)
-    return list(new_args) + list(new_kwargs.values())
+    return [static_int(a) for a in list(new_args) + list(new_kwargs.values())]
 
 
 def register(qualname: str, rule: Rule) -> None:
