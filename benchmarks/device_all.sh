@@ -156,16 +156,12 @@ for seg in "$@"; do
       run ab_km2 100 python3 ab_cuda.py --plan --rows fb --rounds 3 --chunks 64,128 \
         --b phase1.PAIR_MEMBERS=2
       cd .. ;;
-    compile10)   # session 10: compiled calls of a static length take the step walks
+    compile10)   # session 10: compiled calls (static and symbolic lengths) against eager
       export CXX=/usr/bin/g++
-      mkdir -p "$OUT/code"
-      SDM_DUMP_CODE="$OUT/code" run bench_compile_A 330 python3 benchmarks/bench_compile.py \
+      run bench_compile_A 330 python3 benchmarks/bench_compile.py \
         --configs A --cases op --dynamic static,dynamic --no-model --reps 5
       run test_lowerings_cuda 240 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
         tests/test_lowerings.py ;;
-    compile10b)
-      run bench_compile_B 200 python3 benchmarks/bench_compile.py --configs B --cases op \
-        --no-model --reps 5 ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

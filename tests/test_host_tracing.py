@@ -97,36 +97,3 @@ def test_static_shapes_trace_the_flat_sort():
     Symbolic shapes keep the segmented sort (no guard on the length)."""
     assert _sort_ranks("fake") == [1]
     assert _sort_ranks("symbolic") == [2]
-
-
-def _launched(gm) -> list[tuple[str, dict]]:
-    """(kernel name, non-tensor arguments) of every traced launch, in order."""
-    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table as table
-    return [(table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__,
-             {**table.get_constant_args(n.kwargs["constant_args_idx"]),
-              **{k: v for k, v in n.kwargs["kwargs"].items() if not isinstance(v, torch.fx.Node)}})
-            for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-
-
-@pytest.mark.parametrize("which", ["forward", "backward"])
-def test_static_length_traces_the_step_walks(which, monkeypatch):
-    """A traced call of a static length (a compile before automatic dynamic shapes) unrolls
-    the step walks as eager calls run them: launches per chunk, the last chunk first in the
-    backward, without programmatic dependent launch. Past ``TRACED_STEP_CHUNKS`` chunks it
-    keeps the column walks."""
-    fn, make = {"forward": (_forward, _inputs), "backward": (_backward, _backward_args)}[which]
-    T, NC = 37, 3   # C = 16: three chunks, the last one partial
-    launched = _launched(make_fx(fn, tracing_mode="fake")(*make(T)))
-    names = [name for name, _ in launched]
-    steps = ["_step_gather_kernel", "_step_mix_kernel", "_step_write_kernel"] if which == "forward" \
-        else ["_step_restore_kernel", "_step_bwd_gather_kernel", "_step_bwd_group_kernel"]
-    for name in steps:
-        assert names.count(name) == NC, (name, names)
-        chunks = [meta["c"] for n, meta in launched if n == name]
-        assert chunks == (list(range(NC)) if which == "forward" else list(range(NC))[::-1]), chunks
-        assert all(not meta["PDL"] for n, meta in launched if n == name), name
-    assert not {"_forward_kernel", "_reverse_kernel"} & set(names), names
-    monkeypatch.setitem(host.CONFIG, "TRACED_STEP_CHUNKS", NC - 1)
-    names = [name for name, _ in _launched(make_fx(fn, tracing_mode="fake")(*make(T)))]
-    assert not any(name.startswith("_step") for name in names), names
-    assert {"forward": "_forward_kernel", "backward": "_reverse_kernel"}[which] in names

@@ -9,8 +9,7 @@ Importing this package registers, when Triton is importable (no GPU needed to im
 
 Modules: ``phase1`` (dense keys, groups of equal slots, decays, Gram matrices, solve),
 ``step`` / ``step_backward`` (the walks over the chunks as launches per chunk: eager
-calls and traced calls of a static length), ``phase2`` (the forward walk in one launch:
-traced calls of a symbolic length), ``walk`` (the grid
+calls), ``phase2`` (the forward walk in one launch: traced calls), ``walk`` (the grid
 walk, opt-in), ``decode`` (short sequences), ``backward`` (the reverse column walk and
 Phase 1 backwards), ``launch`` (traceable launches, ``Relaunch``), ``host`` (buffers,
 launch parameters, the IMPLS interface), ``triton_ops``.

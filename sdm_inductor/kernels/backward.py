@@ -489,7 +489,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     scales = saved_scales if saved_scales.numel() else torch.empty(1, dtype=torch.float32,
                                                                   device=dev)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
-    step = step_walks(config, dB, -(-T // C))
+    step = step_walks(config, dB)
     ctx = (dB, work, saved_rows.shape[-1], qmode, prec, config, step)
 
     def make(win):   # Phase 1 of a window: independent of the bank
@@ -603,7 +603,7 @@ def _phase1_grads(pl, sums: dict, g_width: int):
 def _column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int,
                     prec: str, config: dict) -> dict:
     """The chunks in reverse by ``_reverse_kernel`` (one launch per window of chunks, one
-    program per stream and column block; the form a traced call of a symbolic length takes): advances
+    program per stream and column block; the only form a traced call can take): advances
     ``dB`` and ``work`` in place, writes ``dv``, returns the cross-column sums
     ``[B, C, n]``."""
     P, C, W, R, NC, B, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B, pl.T

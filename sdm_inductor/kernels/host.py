@@ -3,9 +3,8 @@
 Everything here depends on shapes only: no ``.item()``, no host sync, no data-dependent
 Python, so the same functions serve the eager op (``IMPLS['cuda']``), CUDA-graph capture
 and the ``triton_op`` bodies that Inductor traces (``triton_ops.py``). The one choice that
-depends on how a call runs is the walk (``walk_kind``): eager calls and traced calls of a
-static length loop over the chunks on the host (the step walks), traced calls of a
-symbolic length launch one kernel for all chunks.
+depends on how a call runs is the walk (``walk_kind``): eager calls loop over the chunks
+on the host (the step walks), traced calls launch one kernel for all chunks.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from torch import Tensor
 from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks, traced
+from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
 from .pipeline import ahead, token_windows
 from .quantize import pack_log
@@ -51,17 +50,13 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1,
               WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
-              EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              TRACED_STEP_CHUNKS=128)
+              EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
-# "step" (step.py, launches per chunk over the whole GPU) or "auto" (the default: step when
-# eager or traced with a static length of at most TRACED_STEP_CHUNKS chunks per stream,
-# column when traced with a symbolic length; measured in benchmarks/NOTES.md run 7). A
-# traced step walk is unrolled: a few launches per chunk in Inductor's output code, each
-# analysed by Inductor at compile time (TRACED_STEP_CHUNKS bounds that cost).
-# *_STEP: the step walk's gather launch (columns per program, warps, column slice of its
-# delta product); *_STEP_W: its write launch;
+# "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
+# call takes the column walk) or "auto" (the default: step when eager, column when
+# traced; measured in benchmarks/NOTES.md run 7). *_STEP: the step walk's gather launch (columns per
+# program, warps, column slice of its delta product); *_STEP_W: its write launch;
 # MIX_STEP=1: the gather launch's last programs compute delta (no mix launch), else the
 # mix launch does, in column slices of MB_MIX. The backward's step walk
 # (step_backward.py): BD_STEP_B columns per program of its row passes, MB_MIX_B of its
@@ -133,7 +128,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    kind = walk_kind(C, bank, T)
+    kind = walk_kind(C, bank)
     if kind == "grid":
         _grid_walk(bank, pl, v, out, saved_arg, saved is not None)
         return out
@@ -159,16 +154,14 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
 GRID_WALK_MAX_C = 128
 
 
-def walk_kind(C: int, bank: Tensor, T) -> str:
-    """The Phase 2 walk of a call on ``bank`` over ``T`` tokens. Eager calls (and CUDA
-    graphs of them) loop over the chunks on the host: the step walk. So does a traced
-    call with a static length of few enough chunks (``launch.step_walks``, the backward's
-    rule too): Inductor's output code then holds the unrolled launches. A traced call with
-    a symbolic length needs one launch whose compilation serves every ``T``: the column
-    walk."""
+def walk_kind(C: int, bank: Tensor) -> str:
+    """The Phase 2 walk of a call on ``bank``. A traced call (Inductor's generated code,
+    AOTInductor) needs one launch whose compilation serves every ``T``: the column walk;
+    eager calls (and CUDA graphs of them) loop over the chunks on the host: the step walk
+    (``launch.step_walks``, the backward's rule too)."""
     if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C:
         return "grid"
-    return "step" if step_walks(CONFIG, bank, -(-T // C)) else "column"
+    return "step" if step_walks(CONFIG, bank) else "column"
 
 
 def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
@@ -191,18 +184,15 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     TBM = min(CONFIG["TB_MIX"], CP)
     prec = _prec(bank.dtype)
     pd = pdl(CONFIG, bank)
-    # placeholders never alias a written buffer (Inductor clones aliased arguments apart)
     gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
-                      pl.X, pl.QKX, out, u, inter, delta, tickets,
-                      _dummy(u) if keep is None else keep,
+                      pl.X, pl.QKX, out, u, inter, delta, tickets, u if keep is None else keep,
                       0, P, pl.T, hd, NC, C=C, W=W,
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
                       EV_W=EVICT[CONFIG["EV_GW"]], EV_R=EVICT[CONFIG["EV_GR"]],
                       KEEP=keep is not None,
                       num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
-                      **({"maxnreg": CONFIG["MAXNREG_STEP"]}
-                         if CONFIG["MAXNREG_STEP"] and not traced(bank) else {}))
+                      **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
                    inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
                    num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
@@ -305,12 +295,12 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     P, T, _ = k_idx.shape
     C = chunk_size
     path = "empty" if T == 0 else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
-    step = path == "chunked" and walk_kind(C, bank, T) == "step"
+    step = path == "chunked" and walk_kind(C, bank) == "step"
     tokens = CONFIG["TRAIN_WINDOW_TOKENS"] if save else CONFIG["WINDOW_TOKENS"]
     windowed = path == "chunked" and (not save or (step and tokens > 0))
     wins = token_windows(T, C, tokens) if windowed else [(0, T)]
     windows = len(wins)
-    _record(path, windows, bank, C, T)
+    _record(path, windows, bank, C)
     if step:
         return _step_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant,
                              save, gate_params, wins)
@@ -397,9 +387,9 @@ def raw_gate_layout(x: Tensor) -> Tensor:
     return x if x.dim() == 3 else x.unsqueeze(-1)
 
 
-def _record(path: str, windows: int, bank: Tensor, C: int, T: int):
+def _record(path: str, windows: int, bank: Tensor, C: int):
     from .. import ops
-    walk = walk_kind(C, bank, T) if path == "chunked" else None
+    walk = walk_kind(C, bank) if path == "chunked" else None
     bd = {"grid": _walk_block_cols(bank.shape[1]), "step": CONFIG["BD_STEP"]}.get(walk, CONFIG["BD"])
     ops.record_dispatch(kernel_path=path, windows=windows, walk=walk, block_cols=bd,
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))

@@ -25,24 +25,12 @@ def pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
 
 
-def traced(t) -> bool:
-    """Whether ``t`` belongs to a traced call (fake, or functional over fake, tensors):
-    Inductor's output code or an export will launch what the host code records."""
-    return _is_fake(t)
-
-
-def step_walks(config: dict, t, chunks) -> bool:
-    """Whether a call on tensor ``t`` of ``chunks`` chunks per stream takes the step walks
-    (launches per chunk): asked for (``WALK`` "step", or "auto", the default) and either
-    eager, or traced with a static length of at most ``TRACED_STEP_CHUNKS`` chunks, which
-    unrolls into that many launch steps in the generated code. A traced call with a
-    symbolic length must launch one kernel per walk, whose compilation serves every
-    ``T``: the column walks."""
-    if config["WALK"] not in ("step", "auto"):
-        return False
-    if not traced(t):
-        return True
-    return isinstance(chunks, int) and chunks <= config["TRACED_STEP_CHUNKS"]
+def step_walks(config: dict, t) -> bool:
+    """Whether a call on tensor ``t`` takes the step walks (launches per chunk): asked
+    for (``WALK`` "step", or "auto", the default) and eager. A traced call (fake, or
+    functional over fake, tensors) must launch one kernel per walk, whose compilation
+    serves every ``T``: the column walks."""
+    return config["WALK"] in ("step", "auto") and not _is_fake(t)
 
 
 def pdl(config: dict, t) -> dict:
@@ -50,10 +38,8 @@ def pdl(config: dict, t) -> dict:
     dependent launch (``PDL``, ``launch_pdl``) where the device has it (sm_90+) and
     ``config["PDL"]`` asks for it. Each such launch may start while the kernel before it
     still runs; the kernel's first statement waits for it (``step._grid_dependency``),
-    so only the launch latency overlaps, never data. Traced calls launch without it: the
-    option would have to survive Inductor's and AOTInductor's launchers of user kernels,
-    which nothing here relies on."""
-    on = (bool(config["PDL"]) and t.device.type == "cuda" and not traced(t)
+    so only the launch latency overlaps, never data."""
+    on = (bool(config["PDL"]) and t.device.type == "cuda"
           and os.environ.get("TRITON_INTERPRET") != "1"
           and torch.cuda.get_device_capability(t.device) >= (9, 0))
     return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)

@@ -1,6 +1,5 @@
 """Phase 2 of the chunked form: the sequential walk over the chunks, in one launch (the
-column walk: what traced calls of a symbolic length launch; eager calls and traced calls of
-a static length take ``step.py``'s launches per chunk).
+column walk: what traced calls launch; eager calls take ``step.py``'s launches per chunk).
 
 Every quantity of Phase 2 is separable by bank column (SDM_SPEC section 3), so one
 program owns (stream ``p``, column block ``cb``) and walks all chunks of its stream

@@ -21,9 +21,8 @@ serialises the items of each program. Here the hardware schedules the items: a s
 
 Kernel boundaries order the steps (chunk c + 1 gathers what chunk c wrote). No float
 atomics: bitwise reproducible. The host loops over the chunks (shapes only), so this
-walk serves eager calls, CUDA graphs and traced calls of a static length (unrolled); a
-traced call of a symbolic length keeps the single-launch column walk, whose one
-compilation covers every ``T`` (SDM_SPEC section 6).
+walk serves eager calls and CUDA graphs; a traced call keeps the single-launch column
+walk, whose one compilation covers every ``T`` (SDM_SPEC section 6).
 """
 from __future__ import annotations
 

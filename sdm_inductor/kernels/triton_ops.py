@@ -2,10 +2,8 @@
 
 Each body calls only torch ops and ``wrap_triton`` kernels, with shapes-only host logic,
 so AOTDispatcher can decompose it and Inductor launches the kernels from its output code
-(and CUDA graphs / AOTInductor carry them). With a symbolic length the chunk loop is
-inside the kernels (the column walks): one compilation serves every ``T``. With a static
-length of at most ``CONFIG["TRACED_STEP_CHUNKS"]`` chunks, the host's chunk loop unrolls
-into the step walks' launches (``host.walk_kind``), as in eager calls. Arguments are already validated and cast by the caller
+(and CUDA graphs / AOTInductor carry them). The chunk loop is inside the kernels: one
+compilation serves every ``T``. Arguments are already validated and cast by the caller
 (the lowerings hoist the eager op's casts): no index range check happens here, the
 kernels mask out-of-range rows instead (they touch nothing).
 """
