@@ -162,6 +162,11 @@ for seg in "$@"; do
         --configs A --cases op --dynamic static,dynamic --no-model --reps 5
       run test_lowerings_cuda 240 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
         tests/test_lowerings.py ;;
+    calls10)   # session 10: the user-level call (index checks, synced), Phase 1's fixed cost
+      cd benchmarks
+      run bench_user_call 150 python3 bench_user_call.py --configs A,B --chunk 128
+      run profile_phase1 90 python3 profile_phase1.py 128 PDL=0
+      cd .. ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

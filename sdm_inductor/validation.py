@@ -178,27 +178,45 @@ def _first_bad(bad: Tensor, t0: int):
     return p, t0 + t, w
 
 
+def _out_of_range(idx: Tensor, P: int, S: int, slots_per_stream: int, own: bool) -> Tensor:
+    """Where ``idx`` ([P, t, n]) leaves its stream's rows (``own``) or the bank."""
+    if own:
+        lo = torch.arange(P, device=idx.device).view(P, 1, 1) * slots_per_stream
+        return (idx < lo) | (idx >= lo + slots_per_stream)
+    return (idx < 0) | (idx >= S)
+
+
 def check_indices(S: int, P: int, slots_per_stream: int, k_idx: Tensor, q_idx: Tensor) -> None:
     """Index ranges (reads data: real tensors only). Own ranges per stream, or disjoint
-    written slots across the streams of a shared bank."""
+    written slots across the streams of a shared bank.
+
+    Each stream's smallest and largest index decide (``aminmax``: no temporaries), and the
+    call waits for the device once: a host sync stops the host from queueing ahead, so
+    every extra one exposes the launch latency of the kernels behind it. Only a failing
+    call searches the windows for the first bad index, to name it."""
     own = slots_per_stream not in (0, S)
-    for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
-        if idx.numel() == 0:
-            continue
-        for t0, win in token_windows(idx):
-            if own:
-                base = torch.arange(P, device=idx.device).view(P, 1, 1) * slots_per_stream
-                local = win.long() - base
-                bad = (local < 0) | (local >= slots_per_stream)
+    named = [(name, idx) for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)) if idx.numel()]
+    if not named:
+        return
+    if own:
+        lo = torch.arange(P, device=k_idx.device) * slots_per_stream
+        hi = lo + slots_per_stream
+    else:
+        lo, hi = 0, S
+    found = None
+    for _, idx in named:
+        mn, mx = torch.aminmax(idx.reshape(P, -1), dim=1)
+        bad = ((mn < lo) | (mx >= hi)).any()
+        found = bad if found is None else found | bad
+    if bool(found):
+        for name, idx in named:
+            for t0, win in token_windows(idx):
+                bad = _out_of_range(win, P, S, slots_per_stream, own)
                 if bool(bad.any()):
                     p, t, w = _first_bad(bad, t0)
-                    _fail(name, f"rows of stream {p} in [{p * slots_per_stream}, "
-                          f"{(p + 1) * slots_per_stream})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
-            else:
-                bad = (win < 0) | (win >= S)
-                if bool(bad.any()):
-                    p, t, w = _first_bad(bad, t0)
-                    _fail(name, f"bank rows in [0, {S})", f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
+                    want = (f"rows of stream {p} in [{p * slots_per_stream}, "
+                            f"{(p + 1) * slots_per_stream})" if own else f"bank rows in [0, {S})")
+                    _fail(name, want, f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
     if not own and P > 1 and k_idx.numel():
         _check_disjoint(S, P, k_idx, q_idx)
 
