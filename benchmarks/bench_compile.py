@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
 import sdm_inductor
+from sdm_inductor.lowerings import write_read as lowering
 from sdm_inductor.nn import SparseDeltaMemory
 
 DUMP = os.environ.get("SDM_DUMP_CODE")   # a folder: the output code of each compile
@@ -165,7 +166,7 @@ def bench_case(name, fn, kwargs, grad_keys, device, reps, dynamic=None):
             torch.cuda.reset_peak_memory_stats()
         comp = timed(lambda: run(compiled_fn), device, reps)
         peak_comp = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
-        rows.append(dict(case=name, mode=mode, dynamic=bool(dynamic), eager_ms=eager * 1e3, compiled_ms=comp * 1e3,
+        rows.append(dict(case=name, mode=mode, dynamic=bool(dynamic), emit=lowering.EMIT_KERNELS, eager_ms=eager * 1e3, compiled_ms=comp * 1e3,
                          speedup=eager / comp, compile_s=compile_s,
                          peak_eager_gib=peak_eager / 2**30, peak_compiled_gib=peak_comp / 2**30))
         print(f"  {name:<6}{' dyn' if dynamic else '    '} {mode:<17} eager {eager * 1e3:9.3f} ms   compiled {comp * 1e3:9.3f} ms"
@@ -246,10 +247,16 @@ def main():
     ap.add_argument("--cases", default="op,gated,gatedop")
     ap.add_argument("--dynamic", default="static",
                     help="comma list of static (a static length first) and dynamic")
+    ap.add_argument("--emit", default=lowering.EMIT_KERNELS,
+                    help="lowerings.write_read.EMIT_KERNELS: aot (torch.compile calls the eager "
+                         "op) or always (its output code launches the column walks)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
+    lowering.EMIT_KERNELS = args.emit
+    print(f"torch {torch.__version__} on "
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, EMIT_KERNELS="
+          f"{args.emit}")
     rows = []
     for name in (["small"] if args.small else args.configs.split(",")):
         if name:

@@ -167,6 +167,14 @@ for seg in "$@"; do
       run bench_user_call 150 python3 bench_user_call.py --configs A,B --chunk 128
       run profile_phase1 90 python3 profile_phase1.py 128 PDL=0
       cd .. ;;
+    compile10c)   # session 10: torch.compile calls the eager op (EMIT_KERNELS=aot), A, B, the model
+      export CXX=/usr/bin/g++
+      run bench_compile_aot 400 python3 benchmarks/bench_compile.py --configs A,B --cases op,gatedop \
+        --reps 5 --json "$OUT/bench_compile.json" ;;
+    tests10)   # session 10: the CUDA tests touched by EMIT_KERNELS, the checks and the kernels
+      export CXX=/usr/bin/g++
+      run tests10 420 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_lowerings.py \
+        tests/test_gated.py tests/test_export_aoti.py tests/test_cuda.py ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

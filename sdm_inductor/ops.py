@@ -161,12 +161,20 @@ def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per
                   per_write_gate=g.shape[2] == k_idx.shape[2] and k_idx.shape[2] > 1)
 
 
+def _capturing(t: Tensor) -> bool:
+    """A CUDA-graph capture is recording this call (e.g. a compiled graph's extern call
+    under mode="reduce-overhead"): the index checks' host sync would break the capture,
+    so they run in the eager calls before it (warm-up) and the kernels mask out-of-range
+    rows in the replays."""
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant,
                   per_write_gate):
     """The checks that read data and the dispatch record of a call; the repeat count's
     source (``repeated_write_slots``)."""
     _KEPT.offered = None   # an untaken offer of an earlier call is never held past this one
-    if CHECK_INDICES.get(bank.device.type, True):
+    if CHECK_INDICES.get(bank.device.type, True) and not _capturing(bank):
         check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
     _STATE.repeats_of = (k_idx, _version(k_idx))
     P, T, W = k_idx.shape

@@ -397,10 +397,15 @@ def test_cuda_gated_op_matches_torch_gates(dtype, tol, T):
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
-def test_cuda_compiled_layer_has_no_gate_kernel():
+@pytest.mark.parametrize("emit", ["aot", "always"])
+def test_cuda_compiled_layer_has_no_gate_kernel(emit, monkeypatch):
     """The compiled layer on CUDA: matches eager, and no Inductor kernel computes the
-    gates (sigmoid / softplus of the forward are inside the prep kernel)."""
+    gates (sigmoid / softplus of the forward are inside the prep kernel, whether the
+    graph launches it (``EMIT_KERNELS="always"``) or calls the gated op (default))."""
     from torch._inductor.utils import run_and_get_code
+
+    from sdm_inductor.lowerings import write_read as lowering
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
     layer = _layer().cuda()
     x = torch.randn(2, 100, 32, device="cuda")
     compiled = torch.compile(layer, fullgraph=True)
@@ -409,7 +414,10 @@ def test_cuda_compiled_layer_has_no_gate_kernel():
         y0 = layer(x)
     assert rel_err(y, y0) <= 1e-4
     kernels = dict(re.findall(r"async_compile\.triton\(\s*'(\w+)',\s*'''(.*?)'''", code, re.S))
-    assert any("_prep_kernel" in name for name in kernels), sorted(kernels)
+    if emit == "always":
+        assert any("_prep_kernel" in name for name in kernels), sorted(kernels)
+    else:
+        assert "torch.ops.sdm.write_read_gated.default(" in code
     # Inductor names its own kernels triton_<kind>_...; the op's kernels keep their names
     # (the prep kernel's own source holds a softplus, so the whole code cannot be searched)
     gate_kernels = [name for name, src in kernels.items() if name.startswith("triton_")

@@ -270,11 +270,14 @@ def _dump(name: str, code: str):
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
-@pytest.mark.parametrize("dynamic", [True, False])
-def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic):
-    """Static and symbolic lengths alike launch the single-kernel column walks (one
-    compilation for every ``T``; the step walks unrolled per chunk made Inductor define one
-    kernel per call site: benchmarks/NOTES.md run 11)."""
+@pytest.mark.parametrize("dynamic,emit", [(True, "always"), (False, "always"), (False, "aot")])
+def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emit, monkeypatch):
+    """``EMIT_KERNELS="always"``: static and symbolic lengths alike launch the single-kernel
+    column walks from the output code (one compilation for every ``T``; the step walks
+    unrolled per chunk made Inductor define one kernel per call site: benchmarks/NOTES.md
+    run 11). The default ("aot"): one extern call of the eager op each way (its step
+    walks), the neighbours still fused around it."""
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
     fn = torch.compile(gated, fullgraph=True, dynamic=dynamic)
     args = float_leaves(gated_inputs(2, 40, seed=7, device="cuda"))
 
@@ -284,16 +287,21 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic):
         return y.detach(), M.detach()
 
     (y, M), (fw, bw) = run_and_get_code(step)
-    _dump("cuda_gated_forward.py", fw)
-    _dump("cuda_gated_backward.py", bw)
-    assert not extern_calls(fw) and not extern_calls(bw), (extern_calls(fw), extern_calls(bw))
+    _dump(f"cuda_gated_forward_{emit}.py", fw)
+    _dump(f"cuda_gated_backward_{emit}.py", bw)
     names = _sdm_kernel_names()
     in_fw = {n for n in names if re.search(rf"\b{n}\b", fw)}
     in_bw = {n for n in names if re.search(rf"\b{n}\b", bw)}
     print("sdm kernels in forward code:", sorted(in_fw), "backward:", sorted(in_bw))
-    assert "_forward_kernel" in in_fw and "_reverse_kernel" in in_bw, (in_fw, in_bw)
-    assert not any(n.startswith("_step") for n in in_fw | in_bw), (in_fw, in_bw)
-    assert in_bw - in_fw, (names, in_bw)
+    if emit == "aot":
+        assert extern_calls(fw) == ["write_read"] and extern_calls(bw) == ["write_read_backward"], (
+            extern_calls(fw), extern_calls(bw))
+        assert not in_fw | in_bw, (in_fw, in_bw)
+    else:
+        assert not extern_calls(fw) and not extern_calls(bw), (extern_calls(fw), extern_calls(bw))
+        assert "_forward_kernel" in in_fw and "_reverse_kernel" in in_bw, (in_fw, in_bw)
+        assert not any(n.startswith("_step") for n in in_fw | in_bw), (in_fw, in_bw)
+        assert in_bw - in_fw, (names, in_bw)
     # the lowering against the eager op (the same kernels): only fusion-order rounding
     eager = float_leaves(args)
     loss_of(eager, gated).backward()
@@ -310,8 +318,12 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic):
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
-def test_cuda_graphs_reduce_overhead():
+@pytest.mark.parametrize("emit", ["aot", "always"])
+def test_cuda_graphs_reduce_overhead(emit, monkeypatch):
+    """CUDA graphs of both forms: the extern call of the eager op (its index checks run in
+    the warm-up, not while the graph records) and the emitted column walks."""
     from torch._dynamo.utils import counters
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
     counters.clear()
     fn = torch.compile(gated, fullgraph=True, mode="reduce-overhead")
     with torch.no_grad():
@@ -326,9 +338,11 @@ def test_cuda_graphs_reduce_overhead():
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
-def test_cuda_in_place_api_routes_to_in_place_kernels():
+def test_cuda_in_place_api_routes_to_in_place_kernels(monkeypatch):
     """``sdm_write_read`` (2.0.0 API) without grad: ``sdm::write_read_`` on the caller's
-    bank becomes ``sdm::triton_write_read_``; the bank is advanced in place."""
+    bank becomes ``sdm::triton_write_read_`` (kernels emitted); the bank is advanced in
+    place."""
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
     ins = make_inputs(2, 40, W=4, R=3, hd=HD, slots_per_stream=SPH, seed=31, device="cuda")
 
     def step(memory, *rest):

@@ -343,7 +343,9 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     for (t0, t1), pl in ahead(wins, make, bank.device, CONFIG["PLAN_AHEAD"]):
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
-        if save and whole and CONFIG["KEEP"]:
+        # not while a CUDA graph records the call (a compiled graph's extern call: nothing
+        # takes the offer there, and it would pin memory of the graph's pool)
+        if save and whole and CONFIG["KEEP"] and not torch.cuda.is_current_stream_capturing():
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
                                         device=bank.device))
         _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,

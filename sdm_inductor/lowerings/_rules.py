@@ -27,9 +27,13 @@ def keep_opaque() -> bool:
 
 def bound_args(op: torch._ops.OpOverload, args, kwargs) -> list:
     """All schema arguments in order, defaults filled (dispatch trims trailing defaults);
-    symbolic int options specialized (``validation.static_int``: they shape the kernels)."""
+    the ``chunk_size`` and ``slots_per_stream`` options specialized when symbolic
+    (``validation.static_int``: they shape the kernels)."""
     new_args, new_kwargs = fill_defaults(op._schema, args, kwargs)
-    return [static_int(a) for a in list(new_args) + list(new_kwargs.values())]
+    names = [a.name for a in op._schema.arguments]
+    values = list(new_args) + list(new_kwargs.values())
+    return [static_int(v) if n in ("chunk_size", "slots_per_stream") else v
+            for n, v in zip(names, values)]
 
 
 def register(qualname: str, rule: Rule) -> None:

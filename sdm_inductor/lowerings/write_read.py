@@ -6,19 +6,25 @@ Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules`
 1. The dtype casts the eager op does inside its body (k_val, v, q_val to the bank dtype;
    beta, g to fp32) are hoisted into the graph, where Inductor fuses them into the
    kernels that produce those tensors instead of paying a pass of their own.
-2. On a device with Triton kernels (``TRITON_OPS``: CUDA), the op becomes the matching
-   ``torch.library.triton_op``; that op decomposes into its body in the same
-   functionalization, so Inductor sees the ``wrap_triton`` kernels and launches them from
-   its own output code (and CUDA graphs / AOTInductor carry them).
-3. Elsewhere (CPU) the op stays one extern call of the chunked implementation per op
-   call. A functional call that saves nothing for a backward becomes ``clone`` +
+2. Where Inductor should emit the kernels (``EMIT_KERNELS``; a device with Triton
+   kernels, ``TRITON_OPS``: CUDA), the op becomes the matching ``torch.library.triton_op``;
+   that op decomposes into its body in the same functionalization, so Inductor sees the
+   ``wrap_triton`` kernels and launches them from its own output code (AOTInductor
+   packages carry them). A traced call launches the column walks: one launch per walk,
+   whose compilation serves every ``T``.
+3. Otherwise (CPU; CUDA under ``torch.compile`` by default) the op stays one extern call
+   of the eager implementation per op call: on CUDA the step walks, launches per chunk
+   that a graph of fixed launches cannot hold (benchmarks/NOTES.md run 11). A functional call that saves nothing for a backward becomes ``clone`` +
    ``sdm::write_read_``: Inductor reinplaces the clone, so the copy of the bank that
    the eager op makes internally fuses with whatever produced the bank (e.g. the
    ``expand_bank`` of a learned bank) instead of being a second full pass.
 """
 from __future__ import annotations
 
+import os
+
 import torch
+from torch._inductor.virtualized import V
 
 from .. import gates, ops
 from . import _rules
@@ -32,6 +38,13 @@ TRITON_OPS = {
 }
 TRITON_DEVICES = ("cuda",)
 
+# Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
+# AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
+# calls the eager implementation, whose step walks run 2.3-2.9x faster at config A than
+# the column walks (the only walk a graph can hold: benchmarks/NOTES.md run 11). "always":
+# torch.compile's output code launches them too. SDM_INDUCTOR_EMIT_KERNELS sets it.
+EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
+
 
 def triton_op(name: str, device: torch.device):
     """The triton_op for ``name`` on ``device``, or None (no kernels for that device,
@@ -44,6 +57,17 @@ def triton_op(name: str, device: torch.device):
     return getattr(torch.ops.sdm, qualname).default
 
 
+def emitted(name: str, device: torch.device):
+    """The triton_op whose kernels the graph being compiled launches from its own code
+    (``EMIT_KERNELS``), or None: the op stays an extern call."""
+    if EMIT_KERNELS not in ("aot", "always"):
+        raise ValueError(f"sdm_inductor: EMIT_KERNELS must be 'aot' or 'always', got "
+                         f"{EMIT_KERNELS!r}")
+    if EMIT_KERNELS == "aot" and not V.aot_compilation:
+        return None
+    return triton_op(name, device)
+
+
 def _cast_inputs(dtype, k_val, v, beta, g, q_val):
     """The eager op's casts, as graph ops (no-ops when the dtypes already match)."""
     return k_val.to(dtype), v.to(dtype), beta.float(), g.float(), q_val.to(dtype)
@@ -54,7 +78,7 @@ def _write_read_rule(mode, op, types, args, kwargs):
      snapshot_quant, grad_bank_fp32, save) = _rules.bound_args(op, args, kwargs)
     with mode:
         k_val, v, beta, g, q_val = _cast_inputs(bank.dtype, k_val, v, beta, g, q_val)
-        kernel = triton_op("write_read", bank.device)
+        kernel = emitted("write_read", bank.device)
         if kernel is not None:
             return kernel(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
                           snapshot_quant, save)
@@ -72,8 +96,9 @@ def _write_read_rule(mode, op, types, args, kwargs):
 
 
 def _write_read_gated_rule(mode, op, types, args, kwargs):
-    """CUDA: the gated triton_op (the prep kernel computes the gates from the raw inputs).
-    Elsewhere: the gates as graph ops (Inductor fuses them with their producers) and
+    """CUDA: the gated triton_op where the kernels are emitted, else the op as one extern
+    call (either way the prep kernel computes the gates from the raw inputs). Elsewhere:
+    the gates as graph ops (Inductor fuses them with their producers) and
     ``sdm::write_read``, which its own rule then rewrites."""
     (bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
      slots_per_stream, shared_bank, snapshot_quant, grad_bank_fp32,
@@ -81,14 +106,19 @@ def _write_read_gated_rule(mode, op, types, args, kwargs):
     with mode:
         dt = bank.dtype
         k_val, v, q_val = k_val.to(dt), v.to(dt), q_val.to(dt)
-        kernel = triton_op("write_read_gated", bank.device)
+        kernel = emitted("write_read_gated", bank.device)
         if kernel is not None:
             return kernel(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
                           chunk_size, snapshot_quant, save)
-        beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
-        return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
-                                        chunk_size, slots_per_stream, shared_bank,
-                                        snapshot_quant, grad_bank_fp32, save)
+        if triton_op("write_read_gated", bank.device) is None:
+            beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
+            return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                            chunk_size, slots_per_stream, shared_bank,
+                                            snapshot_quant, grad_bank_fp32, save)
+    # one extern call whose prep kernel computes the gates (no pass of their own)
+    args = (bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
+            slots_per_stream, shared_bank, snapshot_quant, grad_bank_fp32, save)
+    return mode.__torch_dispatch__(op, types, args, {})
 
 
 def _write_read_inplace_rule(mode, op, types, args, kwargs):
@@ -96,7 +126,7 @@ def _write_read_inplace_rule(mode, op, types, args, kwargs):
      shared_bank) = _rules.bound_args(op, args, kwargs)
     with mode:
         k_val, v, beta, g, q_val = _cast_inputs(bank.dtype, k_val, v, beta, g, q_val)
-        kernel = triton_op("write_read_", bank.device)
+        kernel = emitted("write_read_", bank.device)
         if kernel is not None:
             return kernel(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size)
     args = (bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
@@ -111,7 +141,7 @@ def _backward_rule(mode, op, types, args, kwargs):
         k_val, v, beta, g, q_val = _cast_inputs(grad_final.dtype, k_val, v, beta, g, q_val)
         args = (grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v,
                 beta, g, q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32)
-        kernel = triton_op("write_read_backward", grad_final.device)
+        kernel = emitted("write_read_backward", grad_final.device)
         if kernel is not None:
             return kernel(*args)
     return mode.__torch_dispatch__(op, types, args, {})
