@@ -175,6 +175,12 @@ for seg in "$@"; do
       export CXX=/usr/bin/g++
       run tests10 420 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_lowerings.py \
         tests/test_gated.py tests/test_export_aoti.py tests/test_cuda.py ;;
+    final10)   # session 10: the CUDA-graph / EMIT_KERNELS tests again, then the compile benchmark
+      export CXX=/usr/bin/g++
+      run tests_fix 150 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_lowerings.py \
+        tests/test_gated.py -k "reduce_overhead or output_code or compiled_layer"
+      run bench_compile_aot 330 python3 benchmarks/bench_compile.py --configs A,B --cases op \
+        --reps 5 --json "$OUT/bench_compile.json" ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

@@ -351,22 +351,23 @@ def test_index_checks_in_token_windows(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("sph", [24, 0])
-@pytest.mark.parametrize("where,value", [((1, 9, 3), -1), ((0, 0, 0), 48), ((1, 4, 1), 23)])
+@pytest.mark.parametrize("where,value", [((1, 9, 3), -1), ((0, 0, 0), 48), ((1, 4, 1), None)])
 def test_out_of_range_index_named_at_its_place(dtype, sph, where, value):
     """One bad index anywhere (either end of the sequence, below or above the range) in
     either index dtype is found and named with its position, own ranges per stream (24)
-    and one bank (0: [0, 48)). Row 23 is stream 0's: bad only for stream 1 of own ranges."""
-    ins = make_inputs(2, 10, W=4, R=3, hd=8, slots_per_stream=24)
-    P = 2
-    k_idx = ins.k_idx.to(dtype)
-    k_idx = k_idx.clone() if sph else (k_idx % 24) + torch.tensor([0, 24]).view(P, 1, 1).to(dtype)
+    and one bank (0: [0, 48)). ``None``: a row that stream 0 writes, written by stream 1
+    too: out of stream 1's own range, or in range but not disjoint on one bank."""
+    ins = make_inputs(2, 10, W=4, R=3, hd=8, slots_per_stream=24, seed=5)
+    k_idx = ins.k_idx.to(dtype).clone()
     q_idx = ins.q_idx.to(dtype)
+    if value is None:
+        value = int(k_idx[0, 0, 0])
     k_idx[where] = value
     bank = ins.bank.clone()
     call = lambda: torch.ops.sdm.write_read_(bank, k_idx, *ins[2:6], q_idx, ins.q_val, 16, sph,
                                              sph == 0)
-    if not sph and value == 23:
-        with pytest.raises(ValueError, match="disjoint"):   # in range, but stream 0's row
+    if not sph and 0 <= value < 48:
+        with pytest.raises(ValueError, match="disjoint"):
             call()
     else:
         want = "rows of stream" if sph else r"bank rows in \[0, 48\)"

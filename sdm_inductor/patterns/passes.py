@@ -3,7 +3,8 @@
 Two passes: the torch-level one on Dynamo's graph (``pre_grad_custom_pass``, before
 AOTAutograd: compile time is won there) and the aten-level one on post-grad graphs
 (``post_grad_custom_pre_pass``, for what reaches Inductor unrewritten). Their uuids hash
-this package's sources and the settings in ``config``, so the FX graph cache keys
+this package's sources, the settings in ``config`` and the lowerings' ``EMIT_KERNELS``,
+so the FX graph cache keys
 change whenever what the passes would do changes. Installing keeps passes already set
 by the user or other libraries: ours are appended (a list where Inductor takes one, a
 composed pass on torch versions that take a single callable).
@@ -52,7 +53,9 @@ class _SdmPass(CustomGraphPass):
 
     def uuid(self):
         h = hashlib.sha256(cgp.get_hash_for_files(_SOURCES))
-        h.update(repr((self.LEVEL, config.snapshot())).encode())
+        # the lowerings' choice too: it decides what the cached graph launches
+        from ..lowerings import write_read as lowering
+        h.update(repr((self.LEVEL, config.snapshot(), lowering.EMIT_KERNELS)).encode())
         return h.hexdigest()
 
     def __eq__(self, other):
