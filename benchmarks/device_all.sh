@@ -181,6 +181,12 @@ for seg in "$@"; do
         tests/test_gated.py -k "reduce_overhead or output_code or compiled_layer"
       run bench_compile_aot 330 python3 benchmarks/bench_compile.py --configs A,B --cases op \
         --reps 5 --json "$OUT/bench_compile.json" ;;
+    model10)   # session 10: the 4-layer model with the emitted column walks; the other CUDA tests
+      export CXX=/usr/bin/g++
+      run bench_model_always 150 python3 benchmarks/bench_compile.py --configs "" --emit always \
+        --reps 5
+      run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
+        tests/test_examples.py ;;
     *) echo "unknown segment $seg" ;;
   esac
 done
