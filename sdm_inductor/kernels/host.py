@@ -26,6 +26,11 @@ from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
 from .walk import _walk_kernel
 
 
+def _capturing(t: Tensor) -> bool:
+    """Whether a CUDA graph records this call (CPU tensors under the interpreter: never)."""
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _dummy(like: torch.Tensor) -> torch.Tensor:
     """A placeholder pointer argument for a kernel branch that is compiled out."""
     return torch.empty(1, dtype=like.dtype, device=like.device)
@@ -345,7 +350,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         # not while a CUDA graph records the call (a compiled graph's extern call: nothing
         # takes the offer there, and it would pin memory of the graph's pool)
-        if save and whole and CONFIG["KEEP"] and not torch.cuda.is_current_stream_capturing():
+        if save and whole and CONFIG["KEEP"] and not _capturing(bank):
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
                                         device=bank.device))
         _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
