@@ -37,6 +37,7 @@ import weakref
 
 import torch
 from torch import Tensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import cpu, gates, quant
 from . import validation
@@ -135,6 +136,49 @@ def kept_for_backward():
     return _KEPT.current
 
 
+# What a forward kept, by the identity of its undo log. A compiled graph calls the forward
+# and backward ops itself, with no autograd context between them, but hands the backward
+# the forward's own log, and its final bank and inputs (the same memory; AOTAutograd may
+# pass an alias). An entry lives as long as its log and is used only while the final bank
+# and every input are the forward's, unmodified in place since.
+_BY_LOG: dict[int, tuple] = {}
+
+
+def _signature(t: Tensor) -> tuple:
+    """A tensor's memory (its storage, held weakly: alive and the same object or not),
+    view, dtype and version."""
+    return (StorageWeakRef(t.untyped_storage()), t.storage_offset(), tuple(t.shape),
+            t.stride(), t.dtype, _version(t))
+
+
+def _same(t: Tensor, sig: tuple) -> bool:
+    ref = sig[0]
+    return (not ref.expired() and StorageWeakRef(t.untyped_storage()) == ref
+            and _signature(t)[1:] == sig[1:])
+
+
+def _register_by_log(readings: Tensor, rows: Tensor, final: Tensor, inputs) -> None:
+    """Key the forward's untaken offer (``keep_for_backward``) by its log ``rows``."""
+    offered = _KEPT.offered
+    if offered is None or offered[0]() is not readings or rows.numel() == 0:
+        return
+    key = id(rows)
+    _BY_LOG[key] = (weakref.ref(rows), [_signature(t) for t in (final, *inputs)], offered[1])
+    weakref.finalize(rows, _BY_LOG.pop, key, None)
+
+
+def _kept_by_log(rows: Tensor, final: Tensor, inputs):
+    """What the forward that made the log ``rows`` kept, if this backward's ``final`` and
+    inputs are that forward's, unmodified; else None."""
+    entry = _BY_LOG.get(id(rows))
+    if entry is None or entry[0]() is not rows:
+        return None
+    tensors = (final, *inputs)
+    if len(entry[1]) != len(tensors) or not all(map(_same, tensors, entry[1])):
+        return None
+    return entry[2]
+
+
 @contextlib.contextmanager
 def _backward_with(kept):
     _KEPT.current = kept
@@ -214,6 +258,7 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     readings, rows, scales = _impl(bank).forward(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
         q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
+    _register_by_log(readings, rows, final, (k_idx, k_val, v, beta, g, q_idx, q_val))
     return readings, final, rows, scales
 
 
@@ -391,10 +436,14 @@ def write_read_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: T
     _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
                     k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant)
     dtype = grad_final.dtype
-    return _impl(grad_final).backward(
-        grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val.to(dtype),
-        v.to(dtype), beta.float(), g.float(), q_idx, q_val.to(dtype), chunk_size, snapshot_quant,
-        grad_bank_fp32)
+    kept = _KEPT.current   # an eager autograd call's (its context), or by the log's identity
+    if kept is None:
+        kept = _kept_by_log(saved_rows, final_bank, (k_idx, k_val, v, beta, g, q_idx, q_val))
+    with _backward_with(kept):
+        return _impl(grad_final).backward(
+            grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
+            k_val.to(dtype), v.to(dtype), beta.float(), g.float(), q_idx, q_val.to(dtype),
+            chunk_size, snapshot_quant, grad_bank_fp32)
 
 
 @write_read_backward.register_fake

@@ -206,7 +206,22 @@ def test_forward_hands_kept_values_to_its_own_backward(monkeypatch):
     torch.ops.sdm.write_read_backward(
         torch.ones_like(y1), torch.zeros_like(ins.bank), ins.bank,
         *torch.ops.sdm.write_read(*ins, 16, 8)[2:], *tuple(ins)[1:], 16, "none", False)
-    assert seen == ["call 3", "call 1", None], seen
+    # called with a forward's own outputs and inputs, as a compiled graph calls it (no
+    # autograd context): that forward's offer, found by its undo log's identity; none once
+    # an input was modified in place, or for another forward's log
+    k_val = ins.k_val.clone()
+    args = (ins.bank, ins.k_idx, k_val, *tuple(ins)[3:])
+    y, final, rows, scales = torch.ops.sdm.write_read(*args, 16, 8)   # call 5
+    other = torch.ops.sdm.write_read(*args, 16, 8)[2]                 # call 6
+
+    def backward(log):
+        torch.ops.sdm.write_read_backward(torch.ones_like(y), torch.zeros_like(final), final,
+                                          log, scales, *args[1:], 16, "none", False)
+    backward(rows)
+    backward(other)
+    k_val.mul_(1.0)
+    backward(rows)
+    assert seen == ["call 3", "call 1", None, "call 5", None, None], seen
 
 
 def test_block_bounded_working_memory(monkeypatch):
