@@ -142,6 +142,26 @@ def float_leaves(args):
     return [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
 
 
+def test_emit_kernels_policy(monkeypatch):
+    """Which graphs launch the CUDA kernels from their own code: by default AOTInductor
+    packages only (torch.compile keeps the op as an extern call of the eager step walks);
+    "always" for every graph; a bad setting is named. CPU has no kernels to emit."""
+    from torch._inductor.virtualized import V
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    if lowering.triton_op("write_read", cuda) is None:
+        pytest.skip("the sdm Triton ops are not registered (no triton)")
+    assert lowering.EMIT_KERNELS == "aot"
+    assert lowering.emitted("write_read", cuda) is None
+    with V.set_aot_compilation(True):
+        assert lowering.emitted("write_read", cuda) is lowering.triton_op("write_read", cuda)
+        assert lowering.emitted("write_read", cpu) is None
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
+    assert lowering.emitted("write_read_backward", cuda) is not None
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", "sometimes")
+    with pytest.raises(ValueError, match="EMIT_KERNELS.*'sometimes'"):
+        lowering.emitted("write_read", cuda)
+
+
 def test_symbolic_int_options_are_specialized():
     """``dynamic=True`` makes int arguments and closure variables symbolic. The chunk size
     and the slots per stream shape the kernels: the graph specializes on them (a guard;
