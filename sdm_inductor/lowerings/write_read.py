@@ -14,10 +14,11 @@ Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules`
    whose compilation serves every ``T``.
 3. Otherwise (CPU; CUDA under ``torch.compile`` by default) the op stays one extern call
    of the eager implementation per op call: on CUDA the step walks, launches per chunk
-   that a graph of fixed launches cannot hold (benchmarks/NOTES.md run 11). A functional call that saves nothing for a backward becomes ``clone`` +
-   ``sdm::write_read_``: Inductor reinplaces the clone, so the copy of the bank that
-   the eager op makes internally fuses with whatever produced the bank (e.g. the
-   ``expand_bank`` of a learned bank) instead of being a second full pass.
+   that a graph of fixed launches cannot hold (benchmarks/NOTES.md run 11). A functional
+   call that saves nothing for a backward becomes ``clone`` + ``sdm::write_read_``:
+   Inductor reinplaces the clone, so the copy of the bank that the eager op makes
+   internally fuses with whatever produced the bank (e.g. the ``expand_bank`` of a
+   learned bank) instead of being a second full pass.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ TRITON_DEVICES = ("cuda",)
 
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
-# calls the eager implementation, whose step walks run 2.3-2.9x faster at config A than
+# calls the eager implementation, whose step walks run 2.5-2.6x faster at config A than
 # the column walks (the only walk a graph can hold: benchmarks/NOTES.md run 11). "always":
 # torch.compile's output code launches them too. SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
