@@ -205,12 +205,13 @@ def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per
                   per_write_gate=g.shape[2] == k_idx.shape[2] and k_idx.shape[2] > 1)
 
 
-def _capturing(t: Tensor) -> bool:
+def capturing(t: Tensor) -> bool:
     """A CUDA-graph capture is recording this call (e.g. a compiled graph's extern call
     under mode="reduce-overhead"): the index checks' host sync would break the capture,
     so they run in the eager calls before it (warm-up) and the kernels mask out-of-range
     rows in the replays; nothing of the call is kept past it (``repeated_write_slots``
-    then counts only when given the indices)."""
+    then counts only when given the indices; the CUDA forward offers no kept Phase 1).
+    CPU tensors (the interpreter runs the CUDA host code on them): never."""
     return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
@@ -219,11 +220,11 @@ def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_qua
     """The checks that read data and the dispatch record of a call; the repeat count's
     source (``repeated_write_slots``)."""
     _KEPT.offered = None   # an untaken offer of an earlier call is never held past this one
-    capturing = _capturing(bank)
-    if CHECK_INDICES.get(bank.device.type, True) and not capturing:
+    recording = capturing(bank)
+    if CHECK_INDICES.get(bank.device.type, True) and not recording:
         check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
     # a recorded call's k_idx lives in the graph's memory pool: never held past the call
-    _STATE.repeats_of = None if capturing else (k_idx, _version(k_idx))
+    _STATE.repeats_of = None if recording else (k_idx, _version(k_idx))
     P, T, W = k_idx.shape
     _STATE.dispatch = dict(
         device=str(bank.device), impl=getattr(_impl(bank), "NAME", "?"), P=P, T=T, W=W,

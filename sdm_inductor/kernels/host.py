@@ -26,11 +26,6 @@ from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
 from .walk import _walk_kernel
 
 
-def _capturing(t: Tensor) -> bool:
-    """Whether a CUDA graph records this call (CPU tensors under the interpreter: never)."""
-    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def _dummy(like: torch.Tensor) -> torch.Tensor:
     """A placeholder pointer argument for a kernel branch that is compiled out."""
     return torch.empty(1, dtype=like.dtype, device=like.device)
@@ -343,6 +338,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         return plan(S, *_contig(k_idx[:, sl], k_val[:, sl]), b, a,
                     *_contig(q_idx[:, sl], q_val[:, sl]), C, gate_params)
 
+    from .. import ops
     whole = len(wins) == 1
     keep = None
     for (t0, t1), pl in ahead(wins, make, bank.device, CONFIG["PLAN_AHEAD"]):
@@ -350,7 +346,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         # not while a CUDA graph records the call (a compiled graph's extern call: nothing
         # takes the offer there, and it would pin memory of the graph's pool)
-        if save and whole and CONFIG["KEEP"] and not _capturing(bank):
+        if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
                                         device=bank.device))
         _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
@@ -360,7 +356,6 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     if rows is None:
         rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
     if keep is not None:
-        from .. import ops
         ops.keep_for_backward(readings, keep)
     return readings, rows, scales
 
