@@ -187,6 +187,22 @@ for seg in "$@"; do
         --reps 5
       run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
         tests/test_examples.py ;;
+    fuse11)   # session 11: the dB launch with restore, d ev and Dw . M0 folded in (FUSE_GROUP)
+      run test_cuda_fuse 240 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
+        tests/test_gated.py
+      cd benchmarks
+      run ab_fuse_A 200 python3 ab_cuda.py --config A --chunks 64,128 --rows fb,ag \
+        --a FUSE_GROUP=0 --b FUSE_GROUP=1 --rounds 3
+      run ab_fuse_B 110 python3 ab_cuda.py --config B --chunks 128 --rows fb,ag \
+        --a FUSE_GROUP=0 --b FUSE_GROUP=1 --rounds 3
+      cd .. ;;
+    compile11)   # session 11: compiled calls with the kept backward; per-kernel profile
+      export CXX=/usr/bin/g++
+      run bench_compile_aot 300 python3 benchmarks/bench_compile.py --configs A,B --cases op \
+        --reps 5 --no-model
+      cd benchmarks
+      run profile_phase1 120 python3 profile_phase1.py 128 --whole PDL=0
+      cd .. ;;
     *) echo "unknown segment $seg" ;;
   esac
 done

@@ -151,8 +151,8 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
     old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
     mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
     isw = ks[None, :] < nw[:, None]
-    dr = tl.load(scr_dr + tf[:, :, None] * DS + sc[None, None, :], mask=(mk & isw)[:, :, None],
-                 other=0.0)
+    dr = tl.load(scr_dr + tf[:, :, None] * DS + sc[None, None, :],
+                 mask=(mk & isw)[:, :, None] & cm[None, None, :], other=0.0)
     fg = c * C + tf
     dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, :, None] * hd + cols[None, None, :],
                   mask=(mk & (~isw) & (fg < T))[:, :, None] & cm[None, None, :],
@@ -165,8 +165,8 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
         tfm = tl.load(g_tok_ptr + gb + pos + m, mask=mm, other=0)
         wtm = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)
         is_w = m < nw
-        drm = tl.load(scr_dr + tfm[:, None] * DS + sc[None, :], mask=(mm & is_w)[:, None],
-                      other=0.0)
+        drm = tl.load(scr_dr + tfm[:, None] * DS + sc[None, :],
+                      mask=(mm & is_w)[:, None] & cm[None, :], other=0.0)
         fgm = c * C + tfm
         dym = tl.load(dy_ptr + (p.to(tl.int64) * T + fgm)[:, None] * hd + cols[None, :],
                       mask=(mm & (~is_w) & (fgm < T))[:, None] & cm[None, :],
