@@ -195,6 +195,8 @@ for seg in "$@"; do
         --a FUSE_GROUP=0 --b FUSE_GROUP=1 --rounds 3
       run ab_fuse_B 110 python3 ab_cuda.py --config B --chunks 128 --rows fb,ag \
         --a FUSE_GROUP=0 --b FUSE_GROUP=1 --rounds 3
+      run ab_fuse_tile 90 python3 ab_cuda.py --config A --chunks 128 --rows ag \
+        --a NG_GROUP_DEV=16 --b NG_GROUP_DEV=32 --rounds 3
       cd .. ;;
     compile11)   # session 11: compiled calls with the kept backward; per-kernel profile
       export CXX=/usr/bin/g++
