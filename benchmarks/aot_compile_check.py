@@ -158,18 +158,6 @@ def main(dtype="bf16"):
                 g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32,
                 dy_ptr=bank), dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
                                    KW=CFG["KW_GROUP"], CP=C), CFG["WARPS_GROUP"])
-    for q, restore in ((0, True), (1, True), (2, True), (0, False)):
-        compile_one(sb._step_bwd_group_dev_kernel, dict(
-            dB_ptr=bank, work_ptr=bank, log_ptr=bank if q == 0 else "*u8", scale_ptr=f32,
-            slot_ptr=i32, g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
-            g_ent_ptr=i32, g_ev_ptr=f32, g_log_ptr=i32, dr_ptr=f32, dy_ptr=bank, pe_ptr=f32,
-            pm_ptr=f32), dict(C=C, W=W, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP_DEV"],
-                              KW=CFG["KW_GROUP"], CP=C, QMODE=q, RESTORE=restore),
-            CFG["WARPS_GROUP"])
-    compile_one(sb._step_bwd_dw_kernel, dict(dB_ptr=bank, work_ptr=bank, slot_ptr=i32,
-                coef_ptr=f32, d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
-                dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or BDB, WP=W, CP=C, EV="", EV_DB="", M0W=False),
-                CFG["WARPS_DW"] or wg)
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,

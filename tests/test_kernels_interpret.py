@@ -279,11 +279,6 @@ def case_step_walk():
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
-    # the separate restore, d ev and Dw . M0 launches (FUSE_GROUP=0)
-    host.CONFIG.update(FUSE_GROUP=0)
-    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
-                       repeats=True, seed=21), 16)
-    host.CONFIG.update(FUSE_GROUP=1)
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128)
     host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2)   # 3 chunks: backward windows of 1 and 2
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
@@ -322,7 +317,7 @@ def _kept_for_backward():
     dy, dM = torch.randn(2, 37, 18, generator=gen), torch.randn(ins.bank.shape, generator=gen)
     _, _, g_ref = reference_outputs(ins, (dy, dM))
 
-    def grads(keep: int, gated: bool = False, mode: str = "none"):
+    def grads(keep: int, gated: bool = False):
         host.CONFIG["KEEP"] = keep
         x = [t.clone().requires_grad_() for t in (ins.bank, ins.k_val, ins.v, ins.q_val)]
         if gated:
@@ -334,7 +329,7 @@ def _kept_for_backward():
         else:
             x[3:3] = [t.clone().requires_grad_() for t in (ins.beta, ins.g)]
             y, M, _, _ = torch.ops.sdm.write_read(x[0], ins.k_idx, x[1], x[2], x[3], x[4],
-                                                  ins.q_idx, x[5], 16, 10, snapshot_quant=mode)
+                                                  ins.q_idx, x[5], 16, 10)
         torch.autograd.backward((y, M), (dy, dM))
         return ops.last_dispatch().get("phase1_backward"), [t.grad for t in x]
 
@@ -344,16 +339,6 @@ def _kept_for_backward():
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
         _check("kept grad " + n, a, r, 1e-5)
-    # scaled logs: a kept backward restores the rows inside its dB launch (FUSE_GROUP), or
-    # in a launch of its own; the same dequantized rows either way
-    for mode in ("fp8", "int4"):
-        (how_k, fused) = grads(1, mode=mode)
-        host.CONFIG["FUSE_GROUP"] = 0
-        (_, apart) = grads(1, mode=mode)
-        host.CONFIG["FUSE_GROUP"] = 1
-        assert how_k == "kept", how_k
-        for n, a, b in zip(NAMES, fused, apart):
-            _check(f"{mode} kept grad {n}, restored in the dB launch", a, b, 1e-5)
     (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
     assert how_k == "kept", how_k
     for i, (a, b) in enumerate(zip(kept, recomputed)):

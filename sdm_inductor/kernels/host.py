@@ -50,8 +50,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1,
               WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
-              EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              FUSE_GROUP=1, NG_GROUP_DEV=16)
+              EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -87,13 +86,6 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather launch.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
 # launch, whose [W, BD] tiles of dB and chunk-start rows fill the registers.
-# FUSE_GROUP: the backward step walk's dB launch (one program per tile of distinct touched
-# slots) also computes the d ev partials and each written slot's Dw . M0 from the one
-# chunk-start row it loads, and restores the written rows from the undo log when the
-# forward kept v - r0: four launches per chunk instead of six (0: the separate restore,
-# d ev and Dw . M0 passes, kept for measurements). NG_GROUP_DEV: its positions per tile (the
-# other *_GROUP knobs as the dB launch's; 16 x 2 members x 64 columns: 108 registers at 8
-# warps, against 180 at NG_GROUP's 32).
 
 
 def _prec(dtype: torch.dtype) -> str:

@@ -366,9 +366,6 @@ class Groups:
     decay: Tensor   # fp32 exp(gend) if the slot is written in the chunk, else 1
     tok: Tensor     # int32 token of the entry at this position
     ev: Tensor      # fp32 ev of the entry at this position
-    ent: Tensor     # int32 the entry at this position (``perm``)
-    log_row: Tensor  # int32 at the start of a written slot's group: its run, i.e. its row
-    # of the chunk's undo log (the write entries sorted before it); elsewhere unspecified
 
 
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
@@ -459,12 +456,9 @@ def entry_groups(pl: "Plan") -> Groups:
     start = take(pl.gs) == torch.arange(C * E, device=perm.device)
     slot = torch.where(start, take(pl.slot), -1)
     n_w = take(pl.nw)
-    # a write run's place in the runs order is its exclusive rank among the sorted writes
-    is_w = (perm % E < pl.W).to(torch.int32)
-    log_row = torch.cumsum(is_w, 1, dtype=torch.int32) - is_w
     return Groups(slot.to(torch.int32), torch.where(slot >= 0, take(pl.na), 0).to(torch.int32),
                   n_w, torch.where(n_w > 0, take(pl.decay), 1.0), (perm // E).to(torch.int32),
-                  take(pl.ev), pl.perm.view(B, C * E), log_row)
+                  take(pl.ev))
 
 
 def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):

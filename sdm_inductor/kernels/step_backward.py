@@ -103,11 +103,10 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
                         hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                         BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                        EV: tl.constexpr = "", EV_DB: tl.constexpr = "", M0W: tl.constexpr = True):
+                        EV: tl.constexpr = "", EV_DB: tl.constexpr = ""):
     _grid_dependency(PDL)
     # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
-    # launch) and of the dB rows (read again by the dB launch). M0W=False: the dB launch
-    # (``_step_bwd_group_dev_kernel``) takes the Dw . M0w partials, once per written slot
+    # launch) and of the dB rows (read again by the dB launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     cb = tl.program_id(1)
     w = tl.arange(0, WP)
@@ -117,13 +116,12 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
     Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB).to(tl.float32)
+    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV).to(tl.float32)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
-    if M0W:
-        M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV).to(tl.float32)
-        tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
+    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
     dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
     tl.store(dd_ptr + buf, dd, mask=cm)
 
@@ -229,100 +227,6 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                 dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG, KW, BD, hd)
 
 
-@triton.jit
-def _group_members(g_ent_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, mpos, inb, mk, isw, p, c, T, hd,
-                   cols, cm, sc, E: tl.constexpr, C: tl.constexpr, DS):
-    """Members at sorted positions ``mpos`` (any shape; mask ``mk``, write members
-    ``isw``): their entry indices, weights ``ev`` and ``z`` rows (``d r0`` of a write member,
-    ``dy`` of a read member; fp32, the tile's columns on a new last axis)."""
-    ent = tl.load(g_ent_ptr + gb + mpos, mask=inb, other=0)
-    wt = tl.load(g_ev_ptr + gb + mpos, mask=inb, other=0.0)
-    tf = ent // E
-    # columns past hd masked too: the last token's row ends the buffer, and an int4 log's
-    # masked columns dequantize to -8 * scale, not 0 (the d ev sums run over all columns)
-    dr = tl.load(scr_dr + tl.expand_dims(tf, -1) * DS + sc, mask=tl.expand_dims(mk & isw, -1) & cm,
-                 other=0.0)
-    fg = c * C + tf
-    dyf = tl.load(dy_ptr + tl.expand_dims(p.to(tl.int64) * T + fg, -1) * hd + cols,
-                  mask=tl.expand_dims(mk & (~isw) & (fg < T), -1) & cm, other=0.0).to(tl.float32)
-    return ent, wt, dr + dyf
-
-
-@triton.jit(do_not_specialize=["c", "P", "T", "NC", "NB", "NCW"])
-def _step_bwd_group_dev_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, slot_ptr, g_slot_ptr,
-                               g_len_ptr, g_nw_ptr, g_decay_ptr, g_ent_ptr, g_ev_ptr, g_log_ptr,
-                               dr_ptr, dy_ptr, pe_ptr, pm_ptr, c, P, T, hd, width, NC, NB, NCW,
-                               C: tl.constexpr, W: tl.constexpr, E: tl.constexpr,
-                               BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr,
-                               CP: tl.constexpr, QMODE: tl.constexpr, RESTORE: tl.constexpr,
-                               PDL: tl.constexpr):
-    """The dB launch with the passes that read the same rows folded in: each distinct
-    touched slot's chunk-start row ``M0`` (with ``RESTORE``, a written slot's comes from the
-    undo log and goes back into the working bank here, so no restore launch runs; else the
-    working bank already holds it) serves the ``d ev`` partials of the group's members
-    (``z . M0``, instead of a launch that gathered ``M0`` once per entry) and the written
-    slot's ``Dw . M0`` partial (at the group's lead write entry; the Dw launch then reads no
-    chunk-start row). dB as ``_step_bwd_group_kernel``."""
-    _grid_dependency(PDL)
-    CE: tl.constexpr = C * E
-    NGT: tl.constexpr = (CE + NG - 1) // NG
-    pid = tl.program_id(0)       # p * NGT + tile
-    p = pid // NGT
-    pos = (pid % NGT) * NG + tl.arange(0, NG)
-    cb = tl.program_id(1)
-    cols = cb * BD + tl.arange(0, BD)
-    cm = cols < hd
-    sc = tl.arange(0, BD)
-    gb = (p * NC + c).to(tl.int64) * CE
-    scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
-    prow = (cb * NB + p * NCW + c % NCW).to(tl.int64)   # this chunk's row of the partials
-    fm = pos < CE
-    sl = tl.load(g_slot_ptr + gb + pos, mask=fm, other=-1)
-    ln = tl.load(g_len_ptr + gb + pos, mask=fm, other=0)
-    nw = tl.load(g_nw_ptr + gb + pos, mask=fm, other=0)
-    dec = tl.load(g_decay_ptr + gb + pos, mask=fm, other=1.0)
-    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-    wm = (sl >= 0)[:, None] & cm[None, :]
-    wr = (sl >= 0) & (nw > 0)    # a slot the chunk wrote
-    if RESTORE:
-        lr = tl.load(g_log_ptr + gb + pos, mask=fm & wr, other=0)
-        x = _load_log(log_ptr, scale_ptr, (c * P + p).to(tl.int64) * C * W + lr, wr, width,
-                      cols, cm, QMODE).to(work_ptr.dtype.element_ty)
-        tl.store(work_ptr + ro, x, mask=wr[:, None] & cm[None, :])
-        kept = tl.load(work_ptr + ro, mask=wm & (~wr)[:, None], other=0.0)
-        m0 = tl.where(wr[:, None], x.to(tl.float32), kept.to(tl.float32))
-    else:
-        m0 = tl.load(work_ptr + ro, mask=wm, other=0.0).to(tl.float32)
-    old = tl.load(dB_ptr + ro, mask=wm, other=0.0).to(tl.float32)
-    # Dw . M0 of a written slot, at its lead (first) write entry
-    lead = tl.load(g_ent_ptr + gb + pos, mask=fm, other=0)
-    tl.store(pm_ptr + (prow * C + lead // E) * W + lead % E, tl.sum(old * m0, axis=1), mask=wr)
-    # an entry that touches nothing is a group of its own with no slot: its d ev is 0
-    none = fm & (tl.load(slot_ptr + gb + lead, mask=fm, other=0) < 0)
-    tl.store(pe_ptr + prow * CE + lead, tl.zeros([NG], tl.float32), mask=none)
-    ks = tl.arange(0, KW)
-    mpos = pos[:, None] + ks[None, :]
-    mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
-    ent, wt, z = _group_members(g_ent_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, mpos,
-                                fm[:, None] & (mpos < CE), mk, ks[None, :] < nw[:, None], p, c,
-                                T, hd, cols[None, None, :], cm[None, None, :],
-                                sc[None, None, :], E, C, hd)
-    acc = tl.sum(wt[:, :, None] * z, axis=1)
-    tl.store(pe_ptr + prow * CE + ent, tl.sum(z * m0[:, None, :], axis=2), mask=mk)
-    m = KW
-    n_max = tl.max(ln, axis=0)  # largest group
-    while m < n_max:  # data-dependent trip count
-        mm = m < ln
-        entm, wtm, zm = _group_members(g_ent_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos + m, mm, mm,
-                                       m < nw, p, c, T, hd, cols[None, :], cm[None, :],
-                                       sc[None, :], E, C, hd)
-        acc += wtm[:, None] * zm
-        tl.store(pe_ptr + prow * CE + entm, tl.sum(zm * m0, axis=1), mask=mm)
-        m += 1
-    new = dec[:, None] * old + acc
-    tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
-
-
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
                  config: dict, vmr_kept=None) -> dict:
     """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
@@ -349,39 +253,17 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(3))
     vmr = torch.empty(P, CP, hd, **f32) if vmr_kept is None else vmr_kept
     vmr_cs = 0 if vmr_kept is None else P * CP * hd   # elements between two chunks' blocks
-    BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
-    NCBG = -(-hd // BDG)
-    # FUSE_GROUP: the dB launch also takes the d ev and Dw . M0w partials (and, when the
-    # forward kept v - r0, so that no gather needs the chunk-start rows first, the restore)
-    fuse = bool(config["FUSE_GROUP"])
-    restore_in_groups = fuse and vmr_kept is not None
-    widths = dict(ev=(NCBG if fuse else NCB, E), coef=(NCBD, W), m=(NCBG if fuse else NCBD, W),
-                  b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
+    widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
-    if fuse:   # written at the lead write entry of each written slot only (the only ones read)
-        parts["m"].zero_()
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
+    BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
-    if fuse:
-        NGG = config["NG_GROUP_DEV"]
-    g_groups = (P * -(-C * E // NGG), NCBG)
     pd = pdl(config, dB)
-    group_args = dict(C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP,
-                      num_warps=config["WARPS_GROUP"], num_stages=1, **pd)
-    if fuse:
-        groups = Relaunch(_step_bwd_group_dev_kernel, g_groups, "c", dB, work, log, scales,
-                          pl.slot, gr.slot, gr.length, gr.n_w, gr.decay, gr.ent, gr.ev,
-                          gr.log_row, dr, dy, parts["ev"], parts["m"], 0, P, T, hd, width, NC,
-                          NBW, NCW, W=W, QMODE=qmode, RESTORE=restore_in_groups, **group_args)
-    else:
-        groups = Relaunch(_step_bwd_group_kernel, g_groups, "c", dB, gr.slot, gr.length, gr.n_w,
-                          gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC, **group_args)
     steps = [
-        *([] if restore_in_groups else [Relaunch(
-            _step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
-            pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
-            num_warps=ww, num_stages=1, **pd)]),
+        Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
+                 pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
+                 num_warps=ww, num_stages=1, **pd),
         # v - r0: gathered here unless the forward kept it
         *([] if vmr_kept is not None else [Relaunch(
             _step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd, NC,
@@ -393,16 +275,18 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, work, pl.slot, pl.coef, delta, ddelta,
                  parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BDD,
                  WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], EV_DB=EVICT[config["EV_DB"]],
-                 M0W=not fuse, num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
+                 num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  **pd),
-        *([] if fuse else [Relaunch(
-            _step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
-            NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
-            num_warps=wg, num_stages=1, **pd)]),
-        groups,
+        Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
+                 NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
+                 num_warps=wg, num_stages=1, **pd),
+        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // BDG)), "c", dB,
+                 gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC,
+                 C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP,
+                 num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
