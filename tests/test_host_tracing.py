@@ -97,3 +97,28 @@ def test_static_shapes_trace_the_flat_sort():
     Symbolic shapes keep the segmented sort (no guard on the length)."""
     assert _sort_ranks("fake") == [1]
     assert _sort_ranks("symbolic") == [2]
+
+
+def test_traced_gated_call_hands_the_kernels_contiguous_raw_gates():
+    """The prep kernel reads the raw gates through strides that tracing records as numbers;
+    a compiled graph may lay out a non-contiguous gate input (a slice of a projection) its
+    own way, so a traced call copies the raw gates to contiguous first (on the H200 an
+    AOTInductor package read wrong gates, NaN readings, without it). Eager calls read them
+    in place."""
+    bank, k_idx, k_val, v, _, _, q_idx, q_val = _inputs(37)
+    proj = torch.randn(1, 37, 2 * 2 + 3)            # [B, T, ...], P = 2 streams: 2 heads
+    b_raw, a_raw = proj[..., :2], proj[..., 2:4]    # views, not contiguous
+    A_log, dt_bias = torch.zeros(2), torch.zeros(2)
+
+    def gated(bank, k_idx, k_val, v, b_raw, a_raw, q_idx, q_val, A_log, dt_bias):
+        return host.forward_once(bank, k_idx, k_val, v, b_raw, a_raw, q_idx, q_val, C, "none",
+                                 False, gate_params=(A_log, dt_bias))
+    gm = make_fx(gated, tracing_mode="symbolic")(bank, k_idx, k_val, v, b_raw, a_raw, q_idx,
+                                                 q_val, A_log, dt_bias)
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    preps = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)
+             and kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ == "_prep_kernel"]
+    assert preps, "no prep kernel launch was traced"
+    for name in ("beta_ptr", "g_ptr"):
+        t = preps[0].kwargs["kwargs"][name].meta["val"]
+        assert t.is_contiguous(), (name, t.shape, t.stride())

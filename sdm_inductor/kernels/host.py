@@ -13,6 +13,7 @@ import os
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 from .. import quant
 from . import backward as bwd
@@ -268,9 +269,14 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     With ``gate_params = (A_log, dt_bias)``, ``beta`` / ``g`` are the raw gate inputs
     ``[Bg, T, GH]`` that the prep kernel reads through their strides (no copy)."""
     k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
-    if gate_params is None:
+    if gate_params is None or is_fake(beta) or is_fake(g):
+        # a traced call's raw gates are made contiguous too: the kernel reads them through
+        # strides that tracing bakes into the graph as numbers, and the compiled graph may
+        # give a non-contiguous input (a view of a projection) a layout of its own. On the
+        # H200 an AOTInductor package of the layer read wrong gates without this (readings
+        # off by 5e-3, NaN at T=45: examples/export_aoti.py), and matched eager with it
         beta, g = _contig(beta, g)
-    else:
+    if gate_params is not None:
         gate_params = _contig(*gate_params)
     P, T, W = k_idx.shape
     raw, rows, scales = saved_buffers(bank, P, T, W, chunk_size, snapshot_quant, save)

@@ -51,7 +51,8 @@ def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tenso
     ``g = -exp(A_log) * softplus(a_raw + dt_bias)`` in fp32 from the raw inputs.
 
     ``b_raw`` / ``a_raw``: ``[P, T]`` or ``[B, T, H]`` (``P = B * H``, stream ``b * H + h``),
-    any float dtype and any strides (read in place, no copy); ``A_log`` / ``dt_bias``
+    any float dtype and any strides (an eager call reads them in place; a traced one copies
+    them to contiguous, ``host.forward_once``); ``A_log`` / ``dt_bias``
     ``[P]``. Other inputs and the outputs as ``triton_write_read``.
     """
     final = bank.clone()
