@@ -247,10 +247,17 @@ def main():
 
 
 def phase1_ms(name, C):
-    """Phase 1 alone (``phase1.plan``) at a config: the part of the forward before the walk."""
+    """Phase 1 alone (``phase1.plan``) at a config: the part of the forward before the walk.
+    Launched as the eager op launches it (``wrap_triton`` off: through the higher-order op
+    each launch costs ~100 us of host time and the figure would be the host's)."""
+    from sdm_inductor.kernels.launch import set_wrap_triton_enabled
     from sdm_inductor.kernels.phase1 import plan
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
-    return bench(lambda: plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C), rep=100)
+
+    def run():
+        with set_wrap_triton_enabled(False):
+            return plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C)
+    return bench(run, rep=100)
 
 
 def table(rows, args, bw, mem, dec):
