@@ -14,7 +14,8 @@ import torch
 
 import sdm_inductor  # noqa: F401  (registers the ops and the CUDA implementation)
 from sdm_inductor import ops
-from sdm_inductor.testing import FLOAT_INPUTS, make_inputs, reference_outputs, rel_err
+from sdm_inductor.testing import (FLOAT_INPUTS, make_inputs, reference_outputs, rel_err,
+                                  undo_log_rows_used)
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -289,4 +290,6 @@ def test_triton_ops_match_eager_op():
     y, M, rows, scales = torch.ops.sdm.triton_write_read(*ins, 32, "fp8", True)
     y2, M2, rows2, scales2 = _op(ins, 32, mode="fp8")
     assert torch.equal(y, y2) and torch.equal(M, M2)
-    assert rows.shape == rows2.shape and rows.dtype == rows2.dtype and torch.equal(scales, scales2)
+    assert rows.shape == rows2.shape and rows.dtype == rows2.dtype
+    live = undo_log_rows_used(ins[1], 32)   # the log's other rows are unspecified
+    assert torch.equal(scales[live], scales2[live]) and torch.equal(rows[live], rows2[live])

@@ -256,8 +256,9 @@ def saved_buffers(bank: Tensor, P: int, T: int, W: int, C: int, mode: str, save:
         return None, bank.new_empty(0, W, width, dtype=dtype), bank.new_empty(
             0, dtype=torch.float32)
     n = -(-T // C) * P * C   # C * W rows per segment; those past its count stay unset
-    if scaled:   # zeros: the unset rows quantize to zeros with scale 1, not to garbage
-        return bank.new_zeros(n, W, hd), None, None
+    if scaled:   # the unset rows stay unset (unspecified, as in the unscaled log): packing
+        # quantizes whatever they hold, and no backward reads them
+        return bank.new_empty(n, W, hd), None, None
     rows = bank.new_empty(n, W, width, dtype=dtype)
     return rows, rows, bank.new_empty(0, dtype=torch.float32)
 
