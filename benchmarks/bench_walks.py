@@ -1,0 +1,59 @@
+"""Step walks against column walks over a grid of shapes, eager (``WALK`` = "step" /
+"column"), interleaved per shape: the data a per-call choice of walk would rest on.
+
+    python benchmarks/bench_walks.py [--rounds 2]
+
+Prints, per shape (P streams, T tokens, hd columns, slots per stream, W = R, C), the
+no-grad forward and the forward + backward through autograd of each walk (medians of the
+rounds) and column / step.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from bench_cuda import autograd_step, bench, make_inputs
+from sdm_inductor.kernels import host
+
+SHAPES = [  # P, T, hd, sph, W(=R), C
+    (16, 2048, 128, 4096, 32, 64),    # the 4-layer model of bench_compile.py
+    (64, 1024, 64, 4096, 32, 64),
+    (32, 512, 128, 2048, 16, 64),
+    (8, 2048, 512, 16384, 64, 64),
+    (4, 4096, 256, 16384, 64, 64),
+    (2, 8192, 768, 36864, 64, 128),   # config A
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    print("| P | T | hd | sph | W=R | C | no-grad step / column ms | ratio | fwd+bwd step / column ms | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    keep = dict(host.CONFIG)
+    for P, T, hd, sph, W, C in SHAPES:
+        bank, *rest = make_inputs(P=P, T=T, hd=hd, sph=sph, W=W, R=W)
+        dy, dM = torch.randn_like(rest[2]), torch.randn_like(bank)
+
+        def fwd():
+            return host.forward(bank, *rest, C, "none", False)
+        ag = autograd_step((bank, *rest), dy, dM, C, "none")
+        t = {(w, k): [] for w in ("step", "column") for k in ("fwd", "ag")}
+        for _ in range(args.rounds):
+            for walk in ("step", "column"):
+                host.CONFIG.update(keep, WALK=walk)
+                t[(walk, "fwd")].append(bench(fwd, rep=50))
+                t[(walk, "ag")].append(bench(ag, rep=100))
+        m = {k: statistics.median(v) for k, v in t.items()}
+        print(f"| {P} | {T} | {hd} | {sph} | {W} | {C} | {m['step', 'fwd']:.2f} / "
+              f"{m['column', 'fwd']:.2f} | {m['column', 'fwd'] / m['step', 'fwd']:.2f} | "
+              f"{m['step', 'ag']:.2f} / {m['column', 'ag']:.2f} | "
+              f"{m['column', 'ag'] / m['step', 'ag']:.2f} |", flush=True)
+    host.CONFIG.update(keep)
+
+
+if __name__ == "__main__":
+    main()
