@@ -268,7 +268,8 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     """One pass over the whole sequence: (readings, saved rows, saved scales). Traceable.
 
     With ``gate_params = (A_log, dt_bias)``, ``beta`` / ``g`` are the raw gate inputs
-    ``[Bg, T, GH]`` that the prep kernel reads through their strides (no copy)."""
+    ``[Bg, T, GH]`` that the prep kernel reads through their strides (in place when eager;
+    a traced call copies them to contiguous first, below)."""
     k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
     if gate_params is None or is_fake(beta) or is_fake(g):
         # a traced call's raw gates are made contiguous too: the kernel reads them through
