@@ -191,26 +191,6 @@ for seg in "$@"; do
         --reps 5
       run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
         tests/test_examples.py ;;
-    fuse11)   # session 11: the dB launch with restore, d ev and Dw . M0 folded in (FUSE_GROUP)
-      run test_cuda_fuse 240 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
-        tests/test_gated.py
-      cd benchmarks
-      run ab_fuse_A 200 python3 ab_cuda.py --config A --chunks 64,128 --rows fb,ag \
-        --a FUSE_GROUP=0 --b FUSE_GROUP=1 --rounds 3
-      run ab_fuse_B 110 python3 ab_cuda.py --config B --chunks 128 --rows fb,ag \
-        --a FUSE_GROUP=0 --b FUSE_GROUP=1 --rounds 3
-      run ab_fuse_tile 90 python3 ab_cuda.py --config A --chunks 128 --rows ag \
-        --a NG_GROUP_DEV=16 --b NG_GROUP_DEV=32 --rounds 3
-      cd .. ;;
-    fuse11b)   # session 11: where the fused dB launch's time goes; its tile
-      cd benchmarks
-      run profile_fused 120 python3 profile_phase1.py 128 --whole PDL=0 FUSE_GROUP=1 NG_GROUP_DEV=32
-      run profile_apart 120 python3 profile_phase1.py 128 --whole PDL=0 FUSE_GROUP=0
-      run ab_fuse_tiles 150 python3 ab_cuda.py --config A --chunks 128 --rows ag \
-        --a NG_GROUP_DEV=32 --b NG_GROUP_DEV=32 KW_GROUP=1 --rounds 2
-      run ab_fuse_tiles2 150 python3 ab_cuda.py --config A --chunks 128 --rows ag \
-        --a NG_GROUP_DEV=32 --b NG_GROUP_DEV=64 BD_GROUP=32 --rounds 2
-      cd .. ;;
     compile11)   # session 11: compiled calls with the kept backward; per-kernel profile
       export CXX=/usr/bin/g++
       run bench_compile_aot 300 python3 benchmarks/bench_compile.py --configs A,B --cases op \
