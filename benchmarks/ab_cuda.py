@@ -17,9 +17,8 @@ import statistics
 
 import torch
 
-from bench_cuda import CONFIGS, autograd_step, bench, make_inputs
-from sdm_inductor.kernels import host, phase1
-from sdm_inductor.kernels.launch import set_wrap_triton_enabled
+from bench_cuda import CONFIGS, autograd_step, bench, eager_plan, make_inputs
+from sdm_inductor.kernels import host
 
 
 def parse(kvs):
@@ -73,8 +72,7 @@ def main():
             _, rows, sc = host.forward(bank, *rest, C, "none", True)
             return host.backward(dy, dM, bank, rows, sc, *rest, C, "none", False)
         def plan():
-            with set_wrap_triton_enabled(False):
-                return phase1.plan(bank.shape[0], *rest[:2], *rest[3:], C)
+            return eager_plan(bank.shape[0], *rest[:2], *rest[3:], C)
         rows = {"plan": ("plan", plan, 100), "fwd": ("no-grad fwd", fwd, 100),
                 "fb": ("fwd+bwd", fb, 200),
                 "ag": ("fwd+bwd autograd", autograd_step((bank, *rest), dy, dM, C, "none"), 200)}

@@ -246,18 +246,21 @@ def main():
     table(rows, args, bw, mem, dec)
 
 
-def phase1_ms(name, C):
-    """Phase 1 alone (``phase1.plan``) at a config: the part of the forward before the walk.
-    Launched as the eager op launches it (``wrap_triton`` off: through the higher-order op
-    each launch costs ~100 us of host time and the figure would be the host's)."""
+def eager_plan(S, k_idx, k_val, beta, g, q_idx, q_val, C):
+    """``phase1.plan`` launched as the eager op launches it (``wrap_triton`` off: through
+    the higher-order op each launch costs ~100 us of host time, and a timing of it would
+    be the host's)."""
     from sdm_inductor.kernels.launch import set_wrap_triton_enabled
     from sdm_inductor.kernels.phase1 import plan
-    bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
+    with set_wrap_triton_enabled(False):
+        return plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
 
-    def run():
-        with set_wrap_triton_enabled(False):
-            return plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C)
-    return bench(run, rep=100)
+
+def phase1_ms(name, C):
+    """Phase 1 alone (``eager_plan``) at a config: the part of the forward before the walk."""
+    bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
+    return bench(lambda: eager_plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C),
+                 rep=100)
 
 
 def table(rows, args, bw, mem, dec):

@@ -20,9 +20,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench_cuda import CONFIGS, bench, make_inputs
-from sdm_inductor.kernels import host, phase1
-from sdm_inductor.kernels.launch import set_wrap_triton_enabled
+from bench_cuda import CONFIGS, bench, eager_plan, make_inputs
+from sdm_inductor.kernels import host
 
 
 def kernel_table(fn, title, top=14):
@@ -77,8 +76,7 @@ def main():
             args = [x[:, :T1].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)]
 
             def run():
-                with set_wrap_triton_enabled(False):
-                    return phase1.plan(S, *args, C)
+                return eager_plan(S, *args, C)
             print(f"plan {name}: {bench(run, rep=100):.3f} ms")
             kernel_table(run, f"plan {name}")
 
