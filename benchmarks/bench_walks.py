@@ -1,7 +1,7 @@
 """Step walks against column walks over a grid of shapes, eager (``WALK`` = "step" /
 "column"), interleaved per shape: the data a per-call choice of walk would rest on.
 
-    python benchmarks/bench_walks.py [--rounds 2]
+    python benchmarks/bench_walks.py [--rounds 2] [--grid]
 
 Prints, per shape (P streams, T tokens, hd columns, slots per stream, W = R, C), the
 no-grad forward and the forward + backward through autograd of each walk (medians of the
@@ -26,15 +26,30 @@ SHAPES = [  # P, T, hd, sph, W(=R), C
     (2, 8192, 768, 36864, 64, 128),   # config A
 ]
 
+# --grid: columns x W x streams at 32K tokens in all, C = 64 (the data a rule is fitted on),
+# then shapes outside it (the check of the rule: not used to make it)
+GRID = [(P, 32768 // P, hd, 16384, W, 64)
+        for hd in (64, 128, 256) for W in (16, 32, 64) for P in (4, 16, 64)]
+HELD_OUT = [
+    (8, 4096, 96, 8192, 24, 64),
+    (32, 1024, 192, 8192, 48, 64),
+    (2, 8192, 128, 16384, 32, 64),
+    (128, 256, 64, 2048, 16, 64),
+    (16, 2048, 128, 4096, 32, 128),
+    (8, 2048, 384, 16384, 32, 128),
+]
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--grid", action="store_true", help="GRID then HELD_OUT instead of SHAPES")
     args = ap.parse_args()
+    shapes = GRID + HELD_OUT if args.grid else SHAPES
     print("| P | T | hd | sph | W=R | C | no-grad step / column ms | ratio | fwd+bwd step / column ms | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     keep = dict(host.CONFIG)
-    for P, T, hd, sph, W, C in SHAPES:
+    for P, T, hd, sph, W, C in shapes:
         bank, *rest = make_inputs(P=P, T=T, hd=hd, sph=sph, W=W, R=W)
         dy, dM = torch.randn_like(rest[2]), torch.randn_like(bank)
 

@@ -191,6 +191,25 @@ for seg in "$@"; do
         --reps 5
       run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
         tests/test_examples.py ;;
+    ncu12)   # session 12: Nsight Compute sections of one launch of each main kernel, A C=128
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      echo "ncu: $NCU"
+      cd benchmarks
+      python3 ncu_step.py A 128 PDL=0 > "$OUT/ncu_warm.log" 2>&1   # compiles the kernels once
+      for k in _step_gather_kernel _step_write_kernel _step_mix_kernel _step_bwd_group_kernel \
+               _step_bwd_dw_kernel _step_restore_kernel _step_bwd_dev_kernel _step_bwd_gather_kernel \
+               _pairs_kernel _prep_kernel _groups_kernel; do
+        skip=5; case $k in _step*) ;; *) skip=0 ;; esac   # Phase 1 kernels: one launch per plan
+        run ncu_$k 90 "$NCU" --profile-from-start off --clock-control none -k regex:"^$k" \
+          --launch-skip $skip --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+          python3 ncu_step.py A 128 PDL=0
+      done
+      cd .. ;;
+    walks12)   # session 12: step against column walks over GRID, then HELD_OUT
+      cd benchmarks
+      run walks_grid 420 python3 bench_walks.py --grid --rounds 2
+      cd .. ;;
     compile11)   # session 11: compiled calls with the kept backward; per-kernel profile
       export CXX=/usr/bin/g++
       run bench_compile_aot 300 python3 benchmarks/bench_compile.py --configs A,B --cases op \
