@@ -36,16 +36,24 @@ def _ptxas_report(ptx: str) -> str:
     return f"regs={regs[-1] if regs else '?'} spill_stores={spill[-1] if spill else '?'}"
 
 
+# integer arguments that are multiples of 16 at the configs (Triton's launcher marks such
+# values, and 16-byte aligned pointers, ``tt.divisibility = 16``, which enables vector
+# loads: without the marks the kernels compile to other code than the GPU runs)
+DIV16_INTS = ("hd", "width")
+
+
 def compile_one(kernel, types: dict, consts: dict, num_warps=4):
     if "PDL" in kernel.arg_names:   # the step kernels as launched on sm_90: with PDL
         consts = dict(consts, PDL=True)
-    sig = {}
-    for name in kernel.arg_names:
+    sig, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
         if name in consts:
             sig[name] = "constexpr"
         else:
             sig[name] = types.get(name, "i32")
-    src = ASTSource(kernel, sig, constexprs={k: v for k, v in consts.items()})
+            if sig[name].startswith("*") or name in DIV16_INTS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(kernel, sig, constexprs={k: v for k, v in consts.items()}, attrs=attrs)
     ck = triton.compile(src, target=TARGET, options=dict(num_warps=num_warps,
                                                          launch_pdl=consts.get("PDL", False)))
     shown = {k: v for k, v in consts.items() if k in ("C", "BD", "QMODE", "SAVE")}

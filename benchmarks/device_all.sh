@@ -206,6 +206,24 @@ for seg in "$@"; do
           python3 ncu_step.py A 128 PDL=0
       done
       cd .. ;;
+    cl12)   # session 12: write / dB programs over several column blocks (CL_*), A/B + ncu
+      cd benchmarks
+      run ab_clg3 150 python3 ab_cuda.py --rows ag --rounds 3 --chunks 128 --b CL_GROUP=3
+      run ab_clg6 150 python3 ab_cuda.py --rows ag --rounds 3 --chunks 128 --b CL_GROUP=6
+      run ab_clw3 150 python3 ab_cuda.py --rows fwd,ag --rounds 3 --chunks 128 --b CL_WRITE=3
+      run ab_clg3_B 100 python3 ab_cuda.py --config B --rows ag --rounds 3 --chunks 128 --b CL_GROUP=3
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for v in 3 6; do
+        run ncu_group_cl$v 90 "$NCU" --profile-from-start off --clock-control none \
+          -k regex:"^_step_bwd_group" --launch-skip 5 --launch-count 1 --section SpeedOfLight \
+          --section Occupancy --section LaunchStats --section SchedulerStats \
+          python3 ncu_step.py A 128 PDL=0 CL_GROUP=$v
+      done
+      run ncu_write 90 "$NCU" --profile-from-start off --clock-control none \
+        -k regex:"^_step_write" --launch-skip 5 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis python3 ncu_step.py A 128 PDL=0
+      cd .. ;;
     walks12)   # session 12: step against column walks over GRID, then HELD_OUT
       cd benchmarks
       run walks_grid 420 python3 bench_walks.py --grid --rounds 2

@@ -269,7 +269,8 @@ def case_step_walk():
     tiles per chunk, runs and groups longer than the inline members, token blocks of the
     products, the backward's windows of partial sums, the undo log, and the
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
-    each (stream, column block), picked by a ticket."""
+    each (stream, column block), picked by a ticket; write and dB programs of one and of
+    several column blocks."""
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs, reference_outputs
@@ -280,7 +281,10 @@ def case_step_walk():
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128)
-    host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2)   # 3 chunks: backward windows of 1 and 2
+    # 3 chunks: backward windows of 1 and 2; from here the write and dB programs take two
+    # column blocks each (CL_*; at hd = 40 in blocks of 16, the last program's second is
+    # past the bank's columns)
+    host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=25), 16)
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=26), 128)

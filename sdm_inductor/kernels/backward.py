@@ -126,15 +126,11 @@ def _dev_tile(pe_ptr, off, rows, ents, em, dr0, dyt, W: tl.constexpr):
 
 
 @triton.jit
-def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
-                dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, CE: tl.constexpr, NG: tl.constexpr,
-                KW: tl.constexpr, BD: tl.constexpr, DS):
-    """dB at the chunk start of the groups starting in positions [f0, f0 + NG): decay of a
-    written slot plus the members' terms (``d r0`` of write members, ``dy`` of read
-    members) in the group's order. The first ``KW`` members load with the group header, so
-    their gathers share one round trip with the old rows; only groups longer than ``KW``
-    (rare for sparse slots) take the loop, one member per round trip. ``scr_dr + tok * DS
-    + sc`` holds token ``tok``'s ``d r0`` for the tile's columns."""
+def _group_head(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0,
+                CE: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
+    """What a dB tile needs before its row loads, independent of the columns: the headers
+    of the groups starting in positions [f0, f0 + NG) and their first ``KW`` members
+    (token, weight, which are live and which are write members)."""
     pos = f0 + tl.arange(0, NG)
     fm = pos < CE
     sl = tl.load(g_slot_ptr + gb + pos, mask=fm, other=-1)
@@ -146,11 +142,22 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
     inb = fm[:, None] & (mpos < CE)
     tf = tl.load(g_tok_ptr + gb + mpos, mask=inb, other=0)
     wt = tl.load(g_ev_ptr + gb + mpos, mask=inb, other=0.0)
+    mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
+    isw = ks[None, :] < nw[:, None]
+    return pos, sl, ln, nw, dec, tf, wt, mk, isw
+
+
+@triton.jit
+def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf, wt,
+                mk, isw, p, c, T, hd, cols, cm, sc, C, KW: tl.constexpr, DS):
+    """dB of one tile's groups (``_group_head``) in the columns ``cols``: decay of a written
+    slot plus the members' terms (``d r0`` of write members, ``dy`` of read members) in the
+    group's order. The first ``KW`` members are gathered in one round trip with the old
+    rows; only groups longer than ``KW`` (rare for sparse slots) take the loop, one member
+    per round trip. ``scr_dr + tok * DS + sc`` holds token ``tok``'s ``d r0`` for ``cols``."""
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
     old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
-    mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
-    isw = ks[None, :] < nw[:, None]
     dr = tl.load(scr_dr + tf[:, :, None] * DS + sc[None, None, :],
                  mask=(mk & isw)[:, :, None] & cm[None, None, :], other=0.0)
     fg = c * C + tf
@@ -175,6 +182,18 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
         m += 1
     new = dec[:, None] * old.to(tl.float32) + acc
     tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
+
+
+@triton.jit
+def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
+                dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, CE: tl.constexpr, NG: tl.constexpr,
+                KW: tl.constexpr, BD: tl.constexpr, DS):
+    """dB at the chunk start of the groups starting in positions [f0, f0 + NG), columns
+    ``cols`` (``_group_head`` then ``_group_cols``)."""
+    pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
+        g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0, CE, NG, KW)
+    _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf, wt,
+                mk, isw, p, c, T, hd, cols, cm, sc, C, KW, DS)
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "B", "C_LO", "N_WIN", "NCW"])

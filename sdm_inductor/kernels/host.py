@@ -51,7 +51,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=1,
               WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
-              EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1)
+              EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
+              CL_GROUP=1, CL_WRITE=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -197,9 +198,11 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
                    inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
                    num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
-    write = Relaunch(_step_write_kernel, (P * nrt, NCBW), "c", bank, delta, ru.slot, ru.length,
-                     ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW, NG=NG,
-                     KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, EV=EVICT[CONFIG["EV_WO"]],
+    CLW = min(CONFIG["CL_WRITE"], NCBW)   # column blocks per write program
+    write = Relaunch(_step_write_kernel, (P * nrt, -(-NCBW // CLW)), "c", bank, delta, ru.slot,
+                     ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,
+                     NG=NG, KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, EV=EVICT[CONFIG["EV_WO"]],
+                     CL=CLW,
                      num_warps=CONFIG["WARPS_STEP_W"],
                      num_stages=1, **pd)
     for c in range(NC):   # kernel boundaries order the chunks

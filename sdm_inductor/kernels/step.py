@@ -185,21 +185,25 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
 def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                        run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
                        BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
-                       SAVE: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = ""):
+                       SAVE: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
+                       CL: tl.constexpr = 1):
+    """The runs of one tile of ``NG`` write positions, in ``CL`` column blocks of ``BD`` one
+    after the other: the run headers load once for all of them (as the dB launch)."""
     _grid_dependency(PDL)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
-    cb = tl.program_id(1)
     p = pid // NRT
     f0 = (pid % NRT) * NG
     b = p * NC + c
-    cols = cb * BD + tl.arange(0, BD)
-    cm = cols < hd
     sc = tl.arange(0, BD)
     rb = b.to(tl.int64) * C * W
     lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
     sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                                       run_coef_ptr, rb, f0, C * W, NG, KW)
-    scr_d = d_ptr + p.to(tl.int64) * CP * hd + cb * BD
-    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
-                cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)
+    for j in tl.static_range(CL):
+        cb = tl.program_id(1) * CL + j
+        cols = cb * BD + sc
+        cm = cols < hd
+        scr_d = d_ptr + p.to(tl.int64) * CP * hd + cb * BD
+        _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
+                    cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)

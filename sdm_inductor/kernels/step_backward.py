@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backward import _group_tile, _load_log, _qkt_dy
+from .backward import _group_cols, _group_head, _load_log, _qkt_dy
 from .launch import EVICT, Relaunch, pdl, pow2
 from .step import _block_program, _gather_half, _grid_dependency, _token_program
 
@@ -211,20 +211,28 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
 def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
                            g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
                            E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
-                           KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+                           KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
+                           CL: tl.constexpr = 1):
+    """dB of the groups starting in one tile of ``NG`` positions, in ``CL`` column blocks of
+    ``BD`` (one after the other): the tile's headers load once for all of them. The launch
+    measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
+    offsets were most of each program's instructions at one block per program."""
     _grid_dependency(PDL)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
     pid = tl.program_id(0)       # p * NGT + tile
     p = pid // NGT
     f0 = (pid % NGT) * NG
-    cb = tl.program_id(1)
-    cols = cb * BD + tl.arange(0, BD)
-    cm = cols < hd
     sc = tl.arange(0, BD)
     gb = (p * NC + c).to(tl.int64) * C * E
-    scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
-    _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
-                dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG, KW, BD, hd)
+    pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
+        g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0, C * E, NG, KW)
+    for j in tl.static_range(CL):
+        cb = tl.program_id(1) * CL + j
+        cols = cb * BD + sc
+        cm = cols < hd
+        scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
+        _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf,
+                    wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd)
 
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
@@ -258,6 +266,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
     BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
+    CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
     steps = [
@@ -283,9 +292,9 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
                  NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                  num_warps=wg, num_stages=1, **pd),
-        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // BDG)), "c", dB,
+        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
                  gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC,
-                 C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP,
+                 C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG,
                  num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
