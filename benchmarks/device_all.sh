@@ -224,6 +224,15 @@ for seg in "$@"; do
         --section Occupancy --section LaunchStats --section SchedulerStats \
         --section MemoryWorkloadAnalysis python3 ncu_step.py A 128 PDL=0
       cd .. ;;
+    regs12)   # session 12: the forward gather's register cap (80 -> 64 registers, 1.45 waves),
+      # the prep kernel's int32 comparison; then the walk grid
+      cd benchmarks
+      run ab_nreg0 120 python3 ab_cuda.py --rows fwd,ag --rounds 3 --chunks 64,128 --b MAXNREG_STEP=0
+      run ab_nreg32 120 python3 ab_cuda.py --rows fwd,ag --rounds 3 --chunks 64,128 --b MAXNREG_STEP=32
+      run ab_nreg0_B 100 python3 ab_cuda.py --config B --rows fwd --rounds 3 --chunks 128 --b MAXNREG_STEP=0
+      run ab_eq32 100 python3 ab_cuda.py --plan --rows fwd --rounds 3 --chunks 128 --b phase1.PREP_EQ32=0
+      run walks_grid 330 python3 bench_walks.py --grid --rounds 2
+      cd .. ;;
     walks12)   # session 12: step against column walks over GRID, then HELD_OUT
       cd benchmarks
       run walks_grid 420 python3 bench_walks.py --grid --rounds 2

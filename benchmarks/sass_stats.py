@@ -36,7 +36,7 @@ def kernels(bank="*bf16"):
                         X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
                         cnt_ptr=i32, keep_ptr=f32),
                    dict(C=C, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=C, MB=CFG["MB_STEP"],
-                        TB=64, PREC="tf32", MIX=0, KEEP=True, EV_W="", EV_R=""), CFG["WARPS_STEP"]),
+                        TB=64, PREC="tf32", MIX=0, KEEP=bool(CFG["KEEP"]), EV_W="", EV_R=""), CFG["WARPS_STEP"]),
         "dw": (sb._step_bwd_dw_kernel, dict(dB_ptr=bank, work_ptr=bank, slot_ptr=i32,
                coef_ptr=f32, d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
                dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or CFG["BD_STEP_B"], WP=W, CP=C, EV="", EV_DB=""),

@@ -276,7 +276,7 @@ def case_step_walk():
     from sdm_inductor.testing import make_inputs, reference_outputs
     host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
                        MIX_STEP=0, MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
-                       NG_GROUP=8, KW_GROUP=1)
+                       NG_GROUP=8, KW_GROUP=1, CL_GROUP=1, CL_WRITE=1)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
