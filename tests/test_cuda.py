@@ -4,8 +4,10 @@ fp32 banks: relative error <= 1e-4; bf16 banks: <= 2e-2. Gradients against autog
 through the oracle. Plus: every snapshot mode, grad_bank_fp32, P > 1, shared bank,
 per-write gates, T not a multiple of C, repeated slots, the decode path, bitwise
 determinism, CUDA-graph capture and no kernel recompilation for a new T. The Phase 2
-walks: eager calls take the step walk (``kernels/step.py``), traced ones the column walk
-(``kernels/phase2.py``); the oracle and determinism tests run both in eager.
+walks: eager calls take the step walk (``kernels/step.py``) except for small shapes
+(``launch.column_suits``), traced ones the column walk (``kernels/phase2.py``); the tests
+run the step walks unless they ask for another, and the oracle and determinism tests run
+both in eager.
 """
 from __future__ import annotations
 
@@ -44,21 +46,30 @@ def _grads(ins, C, dy, dM, **kw):
     return y, M, torch.autograd.grad(loss, [leaves[i] for i in FLOAT_INPUTS])
 
 
-@pytest.fixture(params=["auto", "column", "windows"])
-def walk(request):
-    """The Phase 2 walk of eager calls: the default (the step walk), the column walk, and
-    the step walk over token windows of 64 (each window's Phase 1 on a side stream,
-    ahead of the walk: ``pipeline.ahead``)."""
+@pytest.fixture(autouse=True)
+def step_walks_by_default():
+    """The step walks for every test here unless it asks otherwise: ``WALK="auto"`` gives
+    shapes as small as these the column walks (``launch.column_suits``), and the step
+    walks are what every larger eager call runs."""
     from sdm_inductor.kernels import host
     old = dict(host.CONFIG)
-    windows = request.param == "windows"
-    if windows:
-        host.CONFIG.update(WALK="auto", WINDOW_TOKENS=64, TRAIN_WINDOW_TOKENS=64)
-    else:
-        host.CONFIG["WALK"] = request.param
-    yield "step" if windows else request.param
+    host.CONFIG["WALK"] = "step"
+    yield
     host.CONFIG.clear()
     host.CONFIG.update(old)
+
+
+@pytest.fixture(params=["step", "column", "windows"])
+def walk(request):
+    """The Phase 2 walk of eager calls: the step walk, the column walk, and the step walk
+    over token windows of 64 (each window's Phase 1 on a side stream, ahead of the walk:
+    ``pipeline.ahead``)."""
+    from sdm_inductor.kernels import host
+    if request.param == "windows":
+        host.CONFIG.update(WALK="step", WINDOW_TOKENS=64, TRAIN_WINDOW_TOKENS=64)
+    else:
+        host.CONFIG["WALK"] = request.param
+    return request.param
 
 
 def _check(name, got, want, tol):
@@ -89,11 +100,11 @@ def test_forward_backward_vs_oracle(case, walk):
     y, M, grads = _grads(ins, C, dy, dM, shared=shared)
     assert ops.last_dispatch()["impl"] == "cuda-triton-chunked"
     if T > 16:   # not the decode path
-        assert ops.last_dispatch()["walk"] == ("step" if walk == "auto" else walk)
+        assert ops.last_dispatch()["walk"] == ("step" if walk == "windows" else walk)
         if host.CONFIG["WINDOW_TOKENS"] == 64:
             assert ops.last_dispatch()["windows"] == len(range(0, T, max(64 // C, 1) * C))
         # the backward reuses the forward's Phase 1 where the forward ran one step walk
-        assert ops.last_dispatch()["phase1_backward"] == ("kept" if walk == "auto" else
+        assert ops.last_dispatch()["phase1_backward"] == ("kept" if walk == "step" else
                                                           "recomputed")
     tol = TOL[dtype]
     _check("readings", y, y_ref, tol)
@@ -176,6 +187,24 @@ def test_out_of_range_indices_are_masked():
         torch.cuda.synchronize()
     assert torch.equal(guard[S:], before)
     assert torch.isfinite(bank).all()
+
+
+@pytest.mark.parametrize("shape", [dict(P=2, T=200, W=16, R=16, hd=128),
+                                   dict(P=2, T=200, W=32, R=8, hd=64)])
+def test_auto_walk_follows_the_shape_rule(shape):
+    """``WALK="auto"``: the column walks where ``launch.column_suits`` (W, R <= 16, P * hd
+    <= 4096, C <= 64), the step walks elsewhere; the backward follows the same rule (it
+    finds the forward's kept values only after a step walk)."""
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.launch import column_suits
+    host.CONFIG["WALK"] = "auto"
+    ins = _inputs(torch.float32, slots_per_stream=64, **shape)
+    dy = torch.randn(2, 200, shape["hd"], device="cuda")
+    _grads(ins, 64, dy, torch.randn_like(ins.bank))
+    column = column_suits(2, shape["W"], shape["R"], 64, shape["hd"])
+    assert column == (shape["W"] <= 16)
+    assert ops.last_dispatch()["walk"] == ("column" if column else "step")
+    assert ops.last_dispatch()["phase1_backward"] == ("recomputed" if column else "kept")
 
 
 def test_deterministic_bitwise(walk):

@@ -373,7 +373,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("T", [9, 150])   # decode (no grad) / chunked
-def test_cuda_gated_op_matches_torch_gates(dtype, tol, T):
+@pytest.mark.parametrize("walk", ["auto", "step"])   # auto: the column walks at this shape
+def test_cuda_gated_op_matches_torch_gates(dtype, tol, T, walk, monkeypatch):
+    from sdm_inductor.kernels import host
+    monkeypatch.setitem(host.CONFIG, "WALK", walk)
     ins = make_inputs(P=4, T=T, W=8, R=6, hd=40, slots_per_stream=64, dtype=dtype,
                       device="cuda", seed=T)
     raw = raw_gates(4, T, "tokens", seed=T, dtype=dtype, device="cuda")

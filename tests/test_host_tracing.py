@@ -122,3 +122,24 @@ def test_traced_gated_call_hands_the_kernels_contiguous_raw_gates():
     for name in ("beta_ptr", "g_ptr"):
         t = preps[0].kwargs["kwargs"][name].meta["val"]
         assert t.is_contiguous(), (name, t.shape, t.stride())
+
+
+def test_auto_walk_rule_and_its_boundaries():
+    """``WALK="auto"`` on an eager call: the column walks exactly where ``column_suits``
+    holds (W, R <= 16, P * hd <= 4096, C <= 64), the step walks one past each bound;
+    "step" / "column" force theirs, and a traced (fake) call always takes the column walks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sdm_inductor.kernels.launch import column_suits, step_walks
+    bank = torch.empty(8, 128)   # hd = 128
+    auto, step, column = ({"WALK": w} for w in ("auto", "step", "column"))
+    assert column_suits(32, 16, 16, 64, 128)                  # P * hd = 4096
+    for P, W, R, C in ((33, 16, 16, 64), (32, 17, 16, 64), (32, 16, 17, 64), (32, 16, 16, 65)):
+        assert not column_suits(P, W, R, C, 128), (P, W, R, C)
+        assert step_walks(auto, bank, (P, W, R, C))
+    assert not step_walks(auto, bank, (32, 16, 16, 64))
+    assert step_walks(step, bank, (32, 16, 16, 64))
+    assert not step_walks(column, bank, (2, 64, 64, 128))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(bank)
+        assert not step_walks(auto, fake, (2, 64, 64, 128))

@@ -508,7 +508,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     scales = saved_scales if saved_scales.numel() else torch.empty(1, dtype=torch.float32,
                                                                   device=dev)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
-    step = step_walks(config, dB)
+    step = step_walks(config, dB, (P, W, R, C))
     ctx = (dB, work, saved_rows.shape[-1], qmode, prec, config, step)
 
     def make(win):   # Phase 1 of a window: independent of the bank

@@ -52,7 +52,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1)
+              CL_GROUP=3, CL_WRITE=1, CG_GATHER=0)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -130,7 +130,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    kind = walk_kind(C, bank)
+    kind = walk_kind(C, bank, P, W, R)
     if kind == "grid":
         _grid_walk(bank, pl, v, out, saved_arg, saved is not None)
         return out
@@ -156,14 +156,15 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
 GRID_WALK_MAX_C = 128
 
 
-def walk_kind(C: int, bank: Tensor) -> str:
-    """The Phase 2 walk of a call on ``bank``. A traced call (Inductor's generated code,
-    AOTInductor) needs one launch whose compilation serves every ``T``: the column walk;
-    eager calls (and CUDA graphs of them) loop over the chunks on the host: the step walk
-    (``launch.step_walks``, the backward's rule too)."""
+def walk_kind(C: int, bank: Tensor, P: int, W: int, R: int) -> str:
+    """The Phase 2 walk of a call on ``bank`` with ``P`` streams and ``W`` / ``R`` slots per
+    token. A traced call (Inductor's generated code, AOTInductor) needs one launch whose
+    compilation serves every ``T``: the column walk; eager calls (and CUDA graphs of them)
+    loop over the chunks on the host: the step walk, except for the small shapes where the
+    column walk measured faster (``launch.step_walks``, the backward's rule too)."""
     if CONFIG["WALK"] == "grid" and C <= GRID_WALK_MAX_C:
         return "grid"
-    return "step" if step_walks(CONFIG, bank) else "column"
+    return "step" if step_walks(CONFIG, bank, (P, W, R, C)) else "column"
 
 
 def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
@@ -192,7 +193,7 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
                       EV_W=EVICT[CONFIG["EV_GW"]], EV_R=EVICT[CONFIG["EV_GR"]],
-                      KEEP=keep is not None,
+                      KEEP=keep is not None, CM=".cg" if CONFIG["CG_GATHER"] else "",
                       num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
                       **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
@@ -303,15 +304,17 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     """``IMPLS`` interface: advance ``bank`` in place; (readings, saved rows, saved scales).
 
     With ``gate_params`` the gates are computed in the prep kernel (``forward_gated``)."""
-    P, T, _ = k_idx.shape
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
     C = chunk_size
     path = "empty" if T == 0 else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
-    step = path == "chunked" and walk_kind(C, bank) == "step"
+    walk = walk_kind(C, bank, P, W, R) if path == "chunked" else None
+    step = walk == "step"
     tokens = CONFIG["TRAIN_WINDOW_TOKENS"] if save else CONFIG["WINDOW_TOKENS"]
     windowed = path == "chunked" and (not save or (step and tokens > 0))
     wins = token_windows(T, C, tokens) if windowed else [(0, T)]
     windows = len(wins)
-    _record(path, windows, bank, C)
+    _record(path, windows, bank, walk)
     if step:
         return _step_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant,
                              save, gate_params, wins)
@@ -400,9 +403,8 @@ def raw_gate_layout(x: Tensor) -> Tensor:
     return x if x.dim() == 3 else x.unsqueeze(-1)
 
 
-def _record(path: str, windows: int, bank: Tensor, C: int):
+def _record(path: str, windows: int, bank: Tensor, walk: str | None):
     from .. import ops
-    walk = walk_kind(C, bank) if path == "chunked" else None
     bd = {"grid": _walk_block_cols(bank.shape[1]), "step": CONFIG["BD_STEP"]}.get(walk, CONFIG["BD"])
     ops.record_dispatch(kernel_path=path, windows=windows, walk=walk, block_cols=bd,
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))

@@ -25,12 +25,28 @@ def pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
 
 
-def step_walks(config: dict, t) -> bool:
-    """Whether a call on tensor ``t`` takes the step walks (launches per chunk): asked
-    for (``WALK`` "step", or "auto", the default) and eager. A traced call (fake, or
-    functional over fake, tensors) must launch one kernel per walk, whose compilation
-    serves every ``T``: the column walks."""
-    return config["WALK"] in ("step", "auto") and not _is_fake(t)
+def column_suits(P: int, W: int, R: int, C: int, hd: int) -> bool:
+    """``WALK="auto"``'s choice of the column walks for an eager call: few slots per token
+    (W, R <= 16), at most 4096 columns over all streams (P * hd), chunks of at most 64.
+    There each column walk program's chain is short and the step walks' ~10 launches per
+    chunk cost more than their gathers. Fitted on ``bench_walks.py --grid`` (27 shapes,
+    C = 64, H200; benchmarks/NOTES.md run 13): the rule's column walks were faster in all
+    7 of its grid shapes (no-grad 0.59-0.98 of the step walks' time, forward + backward
+    0.67-0.97), and no shape outside it was more than 10 % slower on the step walks. Of 6
+    shapes left out of the fit, one (W = 24, 8 x 96 columns) ran 15 % faster on the
+    column walks than the rule's choice."""
+    return max(W, R) <= 16 and P * hd <= 4096 and C <= 64
+
+
+def step_walks(config: dict, t, shape=None) -> bool:
+    """Whether a call on tensor ``t`` (the bank, ``[S, hd]``) takes the step walks
+    (launches per chunk): ``WALK`` "step", or "auto" (the default) unless ``column_suits``
+    the call's ``shape = (P, W, R, C)``; and eager. A traced call (fake, or functional
+    over fake, tensors) must launch one kernel per walk, whose compilation serves every
+    ``T``: the column walks."""
+    if _is_fake(t) or config["WALK"] not in ("step", "auto"):
+        return False
+    return config["WALK"] == "step" or shape is None or not column_suits(*shape, t.shape[1])
 
 
 def pdl(config: dict, t) -> dict:
