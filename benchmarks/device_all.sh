@@ -224,28 +224,13 @@ for seg in "$@"; do
         --section Occupancy --section LaunchStats --section SchedulerStats \
         --section MemoryWorkloadAnalysis python3 ncu_step.py A 128 PDL=0
       cd .. ;;
-    regs12)   # session 12: the forward gather's register cap (80 -> 64 registers, 1.45 waves),
-      # the prep kernel's int32 comparison; then the walk grid
+    regs12)   # session 12: the forward gather's register cap (80 -> 64 registers, 1.45 waves);
+      # then the walk grid (the prep kernel's int32 comparison, measured here, was removed)
       cd benchmarks
       run ab_nreg0 120 python3 ab_cuda.py --rows fwd,ag --rounds 3 --chunks 64,128 --b MAXNREG_STEP=0
       run ab_nreg32 120 python3 ab_cuda.py --rows fwd,ag --rounds 3 --chunks 64,128 --b MAXNREG_STEP=32
       run ab_nreg0_B 100 python3 ab_cuda.py --config B --rows fwd --rounds 3 --chunks 128 --b MAXNREG_STEP=0
-      run ab_eq32 100 python3 ab_cuda.py --plan --rows fwd --rounds 3 --chunks 128 --b phase1.PREP_EQ32=0
       run walks_grid 330 python3 bench_walks.py --grid --rounds 2
-      cd .. ;;
-    knobs12)   # session 12: gather rows past L1 (.cg), a higher register cap; dB tiles with CL=3
-      cd benchmarks
-      run ab_cg 120 python3 ab_cuda.py --rows fwd,ag --rounds 3 --chunks 64,128 --b CG_GATHER=1
-      run ab_cg_B 100 python3 ab_cuda.py --config B --rows fwd,ag --rounds 3 --chunks 128 --b CG_GATHER=1
-      run ab_nreg128 100 python3 ab_cuda.py --rows fwd --rounds 3 --chunks 128 --b MAXNREG_STEP=128
-      run ab_clg2 100 python3 ab_cuda.py --rows ag --rounds 3 --chunks 128 --b CL_GROUP=2
-      run ab_kw1 100 python3 ab_cuda.py --rows ag --rounds 3 --chunks 128 --b KW_GROUP=1
-      run ab_ng16 100 python3 ab_cuda.py --rows ag --rounds 3 --chunks 128 --b NG_GROUP=16 WARPS_GROUP=4
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      run ncu_gather_cg 90 "$NCU" --profile-from-start off --clock-control none \
-        -k regex:"^_step_gather" --launch-skip 5 --launch-count 1 --section SpeedOfLight \
-        --section MemoryWorkloadAnalysis --section SchedulerStats \
-        python3 ncu_step.py A 128 PDL=0 CG_GATHER=1
       cd .. ;;
     walks12)   # session 12: step against column walks over GRID, then HELD_OUT
       cd benchmarks

@@ -52,7 +52,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1, CG_GATHER=0)
+              CL_GROUP=3, CL_WRITE=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -193,7 +193,7 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
                       EV_W=EVICT[CONFIG["EV_GW"]], EV_R=EVICT[CONFIG["EV_GR"]],
-                      KEEP=keep is not None, CM=".cg" if CONFIG["CG_GATHER"] else "",
+                      KEEP=keep is not None,
                       num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
                       **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,

@@ -51,8 +51,7 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
                  slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr, bout_ptr,
                  T, Tp, S, C, GH, sb_b, sb_h, sb_t, sa_b, sa_h, sa_t, SPAN,
                  W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
-                 WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr,
-                 EQ32: tl.constexpr = False):
+                 WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr):
     pid = tl.program_id(0)            # p * Tp + t
     p = pid // Tp
     t = pid % Tp
@@ -84,12 +83,9 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
     kid = tl.load(kidx_ptr + src * W + w, mask=wm & tvalid, other=-1).to(tl.int64)
     kv = tl.load(kval_ptr + src * W + w, mask=wm & tvalid, other=0.0).to(tl.float32)
     ok = wm & tvalid & (kid >= 0) & (kid < S)
-    # first occurrence of each entry's slot in this token (dense-key meaning of repeats);
-    # EQ32: the W x W comparison in int32 (fewer registers and instructions than int64):
-    # two in-range slots (< S < 2**31, known on the host) are equal iff their int32 are
+    # first occurrence of each entry's slot in this token (dense-key meaning of repeats)
     wc = tl.arange(0, WP)
-    k32 = kid.to(tl.int32) if EQ32 else kid
-    same = (k32[:, None] == k32[None, :]) & ok[:, None] & ok[None, :]
+    same = (kid[:, None] == kid[None, :]) & ok[:, None] & ok[None, :]
     first = tl.min(tl.where(same, wc[None, :], WP), axis=1)
     first = tl.where(ok, first, w)
     active = ok & (first == w)
@@ -381,8 +377,6 @@ PAIR_ENTRIES_WIDE = 16
 PAIR_ACC = True
 # warps of ``_prep_kernel`` (one program per token)
 PREP_WARPS = 4
-# the prep kernel compares a token's write slots in int32 when the bank has < 2**31 rows
-PREP_EQ32 = True
 # ``_groups_kernel`` (one program per segment): positions per block of its two scans, warps
 GROUPS_BLK = 2048
 GROUPS_WARPS = 8
@@ -505,7 +499,7 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, 
     launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, beta, A_log, dt_bias,
            slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa, span,
            W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None,
-           EQ32=PREP_EQ32 and isinstance(S, int) and S < 2 ** 31, num_warps=PREP_WARPS)
+           num_warps=PREP_WARPS)
     return slot, val, gate, key, first, NC, bout
 
 

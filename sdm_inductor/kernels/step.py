@@ -46,17 +46,15 @@ def _grid_dependency(PDL: tl.constexpr):
 
 @triton.jit
 def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr, cols, cm,
-                 hd, EV: tl.constexpr, CM: tl.constexpr = ""):
+                 hd, EV: tl.constexpr):
     """sum_e ev_e M0[slot_e, cols] over ``n`` entries from ``base`` (slot -1: nothing);
-    ``EV``: the L2 eviction policy of the row loads (``launch.EVICT``); ``CM``: their
-    cache modifier (".cg": not allocated in L1, where random rows hit 9 % of the time)."""
+    ``EV``: the L2 eviction policy of the row loads (``launch.EVICT``)."""
     e = tl.arange(0, NP)
     em = e < n
     sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
     wt = tl.load(ev_ptr + base + e, mask=em, other=0.0)
     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, eviction_policy=EV,
-                   cache_modifier=CM)
+                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, eviction_policy=EV)
     return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
 
 
@@ -159,16 +157,15 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
                         MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
                         MIX: tl.constexpr, PDL: tl.constexpr, EV_W: tl.constexpr = "",
-                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False,
-                        CM: tl.constexpr = ""):
+                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False):
     _grid_dependency(PDL)
     # MIX: the last program of each (stream, column block) computes its delta and
     # readings (else ``_step_mix_kernel`` does, as a third launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     # EV_W / EV_R: the write rows are read again by this step's write launch, the read
     # rows are not
-    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd, EV_W, CM)
-    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd, EV_R, CM)
+    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd, EV_W)
+    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd, EV_R)
     _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
                    cols, cm, C, CP, KEEP)
     if MIX:
