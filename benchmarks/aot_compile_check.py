@@ -79,6 +79,18 @@ def main(dtype="bf16"):
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=phase1.GROUPS_BLK),
                     phase1.GROUPS_WARPS)
+    for kt in (i32, i64):   # the two-launch form of the same scans (GROUPS_PAR)
+        blk = phase1.GROUPS_PAR_BLK
+        compile_one(phase1._groups_local_kernel,
+                    dict(skey_ptr=kt, wex_ptr=i32, gsp_ptr=i32, gen_ptr=i32, agg_ptr=i32),
+                    dict(BLK=blk), phase1.GROUPS_PAR_WARPS)
+        compile_one(phase1._groups_carry_kernel, dict(agg_ptr=i32, carry_ptr=i32), dict(NBP=16),
+                    1)
+        compile_one(phase1._groups_final_kernel,
+                    dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
+                         na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
+                         wex_ptr=i32, gsp_ptr=i32, gen_ptr=i32, carry_ptr=i32),
+                    dict(E=W + R, BLK=blk), phase1.GROUPS_PAR_WARPS)
     for CC in (64, 128, 256):
         compile_one(phase1._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
@@ -122,7 +134,7 @@ def main(dtype="bf16"):
                     dict(bank_ptr=bank, d_ptr=f32, run_slot_ptr=i32, run_len_ptr=i32,
                          run_decay_ptr=f32, run_tok_ptr=i32, run_coef_ptr=f32, log_ptr=bank),
                     dict(C=CC, W=W, BD=CFG["BD_STEP_W"], NG=CFG["NG_STEP"], KW=CFG["KW_STEP"],
-                         CP=CC, SAVE=CC == 64, EV=EVICT[CFG["EV_WO"]]),
+                         CP=CC, SAVE=CC == 64, EV=EVICT[CFG["EV_WO"]], CL=CFG["CL_WRITE"]),
                     num_warps=CFG["WARPS_STEP_W"])
     for mode in (1, 2):
         compile_one(quantize._quantize_kernel, dict(raw_ptr=bank, out_ptr="*u8", scale_ptr=f32),
@@ -165,7 +177,8 @@ def main(dtype="bf16"):
     compile_one(sb._step_bwd_group_kernel, dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32,
                 g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32,
                 dy_ptr=bank), dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
-                                   KW=CFG["KW_GROUP"], CP=C), CFG["WARPS_GROUP"])
+                                   KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"]),
+                CFG["WARPS_GROUP"])
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,
