@@ -79,18 +79,6 @@ def main(dtype="bf16"):
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=phase1.GROUPS_BLK),
                     phase1.GROUPS_WARPS)
-    for kt in (i32, i64):   # the two-launch form of the same scans (GROUPS_PAR)
-        blk = phase1.GROUPS_PAR_BLK
-        compile_one(phase1._groups_local_kernel,
-                    dict(skey_ptr=kt, wex_ptr=i32, gsp_ptr=i32, gen_ptr=i32, agg_ptr=i32),
-                    dict(BLK=blk), phase1.GROUPS_PAR_WARPS)
-        compile_one(phase1._groups_carry_kernel, dict(agg_ptr=i32, carry_ptr=i32), dict(NBP=16),
-                    1)
-        compile_one(phase1._groups_final_kernel,
-                    dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
-                         na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
-                         wex_ptr=i32, gsp_ptr=i32, gen_ptr=i32, carry_ptr=i32),
-                    dict(E=W + R, BLK=blk), phase1.GROUPS_PAR_WARPS)
     for CC in (64, 128, 256):
         compile_one(phase1._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,

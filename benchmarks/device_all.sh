@@ -232,13 +232,9 @@ for seg in "$@"; do
       run ab_nreg0_B 100 python3 ab_cuda.py --config B --rows fwd --rounds 3 --chunks 128 --b MAXNREG_STEP=0
       run walks_grid 330 python3 bench_walks.py --grid --rounds 2
       cd .. ;;
-    groups12)   # session 12: Phase 1's groups scans over parallel blocks; the CUDA tests
-      cd benchmarks
-      run ab_gpar 150 python3 ab_cuda.py --plan --rows fwd,ag --rounds 3 --chunks 64,128 \
-        --b phase1.GROUPS_PAR=0
-      run ab_gpar_B 100 python3 ab_cuda.py --config B --plan --rows fwd,ag --rounds 3 --chunks 128 \
-        --b phase1.GROUPS_PAR=0
-      cd ..
+    groups12)   # session 12: the CUDA tests of the kernels, gated op and layer (the run also
+      # measured GROUPS_PAR, Phase 1's groups scans over parallel blocks, since removed:
+      # commit 11936e8 has both)
       run cuda_tests 400 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
         tests/test_gated.py tests/test_nn.py ;;
     walks12)   # session 12: step against column walks over GRID, then HELD_OUT

@@ -364,10 +364,9 @@ def _kept_for_backward():
 
 
 def case_phase1_scans():
-    """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) and its
-    two-launch form over blocks (``GROUPS_PAR``) give exactly what the binary searches
-    and the second sort give, with int32 and int64 keys, blocks of the scan that split
-    groups, repeated and out-of-range slots; the
+    """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) gives
+    exactly what the binary searches and the second sort give, with int32 and int64
+    keys, blocks of the scan that split groups, repeated and out-of-range slots; the
     flat sort of all segments (``FLAT_SORT``) gives the segmented sort's permutation, and
     the pairs kernel's lane accumulators (``PAIR_ACC``) its Gram rows up to rounding."""
     import torch
@@ -386,20 +385,13 @@ def case_phase1_scans():
         phase1.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
         phase1.SCAN_GROUPS, phase1.FLAT_SORT, phase1.PAIR_ACC = False, False, False
         want = phase1.plan(*args)
-        phase1.SCAN_GROUPS, phase1.GROUPS_PAR = True, False
+        phase1.SCAN_GROUPS = True
         scans = phase1.plan(*args)
-        # the two-launch form: blocks of 16 (4 blocks of the first case's 56 positions, 80
-        # of the second's 1280) and of 256 (the first case in one partial block)
-        phase1.GROUPS_PAR = True
-        par = []
-        for blk in (16, 256):
-            phase1.GROUPS_PAR_BLK = blk
-            par.append(phase1.plan(*args))
         phase1.FLAT_SORT, phase1.PAIR_ACC = True, True
         P, T, W = ins.k_idx.shape
         assert phase1._flat_span(args[0], P * -(-T // C), C, W + ins.q_idx.shape[2]) > 0
         flat = phase1.plan(*args)
-        for got in (scans, *par, flat):
+        for got in (scans, flat):
             for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
                 assert torch.equal(getattr(got, f), getattr(want, f)), f
             for f in ("slot", "length", "decay", "tok", "coef"):

@@ -201,102 +201,6 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 
 
 @triton.jit
-def _groups_local_kernel(skey_ptr, wex_ptr, gsp_ptr, gen_ptr, agg_ptr, CE, NBLK,
-                         BLK: tl.constexpr):
-    """``_groups_kernel``'s scans inside one block of ``BLK`` sorted positions of one
-    segment (grid ``(B, NBLK)``): each position's exclusive write rank, group start and
-    group end as seen within the block (-1 / ``CE`` where the block has none), and the
-    block's write count, last group start and first group end (``agg [B, 3, NBLK]``),
-    which ``_groups_final_kernel`` combines across blocks."""
-    b = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
-    seg = b * CE
-    j = blk * BLK + tl.arange(0, BLK)
-    m = j < CE
-    k = tl.load(skey_ptr + seg + j, mask=m, other=0)
-    kp = tl.load(skey_ptr + seg + j - 1, mask=m & (j > 0), other=0)
-    kn = tl.load(skey_ptr + seg + j + 1, mask=m & (j + 1 < CE), other=0)
-    start = m & ((j == 0) | ((k >> 1) != (kp >> 1)))
-    end = m & ((j == CE - 1) | ((k >> 1) != (kn >> 1)))
-    isw = (m & ((k & 1) == 0)).to(tl.int32)
-    gst = tl.associative_scan(tl.where(start, j, -1), 0, _max_fn)
-    gen = tl.associative_scan(tl.where(end, j, CE), 0, _min_fn, reverse=True)
-    tl.store(wex_ptr + seg + j, tl.cumsum(isw, 0) - isw, mask=m)
-    tl.store(gsp_ptr + seg + j, gst, mask=m)
-    tl.store(gen_ptr + seg + j, gen, mask=m)
-    ab = b * 3 * NBLK + blk
-    tl.store(agg_ptr + ab, tl.sum(isw, 0))
-    tl.store(agg_ptr + ab + NBLK, tl.max(gst, 0))
-    tl.store(agg_ptr + ab + 2 * NBLK, tl.min(gen, 0))
-
-
-@triton.jit
-def _groups_carry_kernel(agg_ptr, carry_ptr, CE, NBLK, NBP: tl.constexpr):
-    """Per segment (one program each), from the blocks' aggregates: each block's carries,
-    ``carry [B, 3, NBLK]``: the write count of the blocks before it, the last group start
-    before it (-1: none) and the first group end after it (``CE``: none)."""
-    b = tl.program_id(0).to(tl.int64)
-    q = tl.arange(0, NBP)
-    qm = q < NBLK
-    ab = b * 3 * NBLK
-    cnt = tl.load(agg_ptr + ab + q, mask=qm, other=0)
-    tl.store(carry_ptr + ab + q, tl.cumsum(cnt, 0) - cnt, mask=qm)
-    last_start = tl.load(agg_ptr + ab + NBLK + q, mask=qm, other=-1)
-    first_end = tl.load(agg_ptr + ab + 2 * NBLK + q, mask=qm, other=CE)
-    before = tl.associative_scan(last_start, 0, _max_fn)    # inclusive, then shifted
-    after = tl.associative_scan(first_end, 0, _min_fn, reverse=True)
-    q1 = tl.minimum(q + 1, NBP - 1)
-    tl.store(carry_ptr + ab + NBLK + q1, before, mask=(q + 1 < NBLK))
-    tl.store(carry_ptr + ab + NBLK, -1)
-    tl.store(carry_ptr + ab + 2 * NBLK + q - 1, after, mask=qm & (q > 0))
-    tl.store(carry_ptr + ab + 2 * NBLK + NBLK - 1, CE)
-
-
-@triton.jit
-def _groups_final_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
-                         rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr, gen_ptr,
-                         carry_ptr, CE, CW, NBLK, E: tl.constexpr, BLK: tl.constexpr):
-    """The block-local scans of ``_groups_local_kernel`` completed with the carries of
-    ``_groups_carry_kernel``, then ``_groups_kernel``'s outputs: the group's sizes for every
-    member (entry order) and each write at its place in the runs order. The same values
-    as the one-program scans, in parallel blocks."""
-    b = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
-    seg = b * CE
-    rseg = b * CW
-    cb = b * 3 * NBLK
-    j = blk * BLK + tl.arange(0, BLK)
-    m = j < CE
-    gst = tl.maximum(tl.load(gsp_ptr + seg + j, mask=m, other=0),
-                     tl.load(carry_ptr + cb + NBLK + blk))
-    gen = tl.minimum(tl.load(gen_ptr + seg + j, mask=m, other=0),
-                     tl.load(carry_ptr + cb + 2 * NBLK + blk))
-    gst = tl.where(m, gst, 0)
-    gen = tl.where(m, gen, 0)
-    # exclusive write ranks at the group's first and last positions (maybe other blocks)
-    w_lo = (tl.load(wex_ptr + seg + gst, mask=m, other=0)
-            + tl.load(carry_ptr + cb + gst // BLK, mask=m, other=0))
-    w_hi = (tl.load(wex_ptr + seg + gen, mask=m, other=0)
-            + tl.load(carry_ptr + cb + gen // BLK, mask=m, other=0))
-    k = tl.load(skey_ptr + seg + j, mask=m, other=0)
-    k_end = tl.load(skey_ptr + seg + gen, mask=m, other=1)
-    nw = w_hi + ((k_end & 1) == 0).to(tl.int32) - w_lo
-    na = gen - gst + 1
-    ent = tl.load(perm_ptr + seg + j, mask=m, other=0)
-    tl.store(gs_ptr + seg + ent, gst.to(tl.int32), mask=m)
-    tl.store(nw_ptr + seg + ent, nw, mask=m)
-    tl.store(na_ptr + seg + ent, na.to(tl.int32), mask=m)
-    isw = m & ((k & 1) == 0)
-    dest = tl.load(wex_ptr + seg + j, mask=isw, other=0) + tl.load(carry_ptr + cb + blk)
-    sl = tl.load(slot_ptr + seg + ent, mask=isw, other=-1)
-    lead = (j == gst) & (sl >= 0)
-    tl.store(rslot_ptr + rseg + dest, tl.where(lead, sl, -1), mask=isw)
-    tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
-    tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
-    tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
-
-
-@triton.jit
 def _gram_add(acc, x, tf, ok, cols, ACC: tl.constexpr):
     """``row[tf] += x`` for the lanes in ``ok`` by a one-hot sum over the lanes (no two
     writers, a fixed order). ``ACC``: ``acc`` is ``[lanes, CP]`` and keeps each lane's
@@ -476,12 +380,6 @@ PREP_WARPS = 4
 # ``_groups_kernel`` (one program per segment): positions per block of its two scans, warps
 GROUPS_BLK = 2048
 GROUPS_WARPS = 8
-# GROUPS_PAR: the same scans over (segment, block of GROUPS_PAR_BLK positions) programs, the
-# blocks' carries by a small launch between; the one-program-per-segment kernel
-# measured bound by one segment's latency (128 programs at config A, 12 % occupancy)
-GROUPS_PAR = True
-GROUPS_PAR_BLK = 1024
-GROUPS_PAR_WARPS = 4
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
@@ -500,27 +398,13 @@ def _search_groups(key: Tensor, skey: Tensor):
 
 def _scan_groups(skey: Tensor, perm: Tensor, slot: Tensor, C: int, W: int, R: int):
     """``gs, nw, na`` (entry order) and the write runs' ``slot, length, tok`` and entry
-    index (run order) of every segment: by ``_groups_kernel`` (one program per segment)
-    or, with ``GROUPS_PAR``, by launches over blocks of ``GROUPS_PAR_BLK`` positions (the
-    blocks' scans, their carries per segment, then the outputs)."""
+    index (run order) of every segment, by ``_groups_kernel``."""
     B, CE = skey.shape
     CW = C * W
     dev = skey.device
     i32 = dict(dtype=torch.int32, device=dev)
     gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
     rslot, rlen, rtok, rent = (torch.empty(B, CW, **i32) for _ in range(4))
-    if GROUPS_PAR:
-        BLK = min(GROUPS_PAR_BLK, pow2(CE))
-        NBLK = -(-CE // BLK)
-        gen = torch.empty(B, CE, **i32)
-        agg, carry = (torch.empty(B, 3, NBLK, **i32) for _ in range(2))
-        launch(_groups_local_kernel, (B, NBLK), skey, wex, gsp, gen, agg, CE, NBLK, BLK=BLK,
-               num_warps=GROUPS_PAR_WARPS)
-        launch(_groups_carry_kernel, (B,), agg, carry, CE, NBLK, NBP=pow2(NBLK), num_warps=1)
-        launch(_groups_final_kernel, (B, NBLK), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
-               rent, wex, gsp, gen, carry, CE, CW, NBLK, E=W + R, BLK=BLK,
-               num_warps=GROUPS_PAR_WARPS)
-        return gs, nw, na, (rslot, rlen, rtok, rent)
     launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
            wex, gsp, CE, CW, E=W + R, BLK=min(GROUPS_BLK, pow2(CE)), num_warps=GROUPS_WARPS)
     return gs, nw, na, (rslot, rlen, rtok, rent)
