@@ -237,6 +237,12 @@ for seg in "$@"; do
       # commit 11936e8 has both)
       run cuda_tests 400 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
         tests/test_gated.py tests/test_nn.py ;;
+    final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
+      # examples, export, AOTI with the system compiler)
+      export CXX=/usr/bin/g++
+      run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json"
+      run cuda_rest 360 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests \
+        --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py ;;
     walks12)   # session 12: step against column walks over GRID, then HELD_OUT
       cd benchmarks
       run walks_grid 420 python3 bench_walks.py --grid --rounds 2
