@@ -5,7 +5,8 @@
 
 Prints, per shape (P streams, T tokens, hd columns, slots per stream, W = R, C), the
 no-grad forward and the forward + backward through autograd of each walk (medians of the
-rounds) and column / step.
+rounds), column / step, and the walk ``WALK="auto"`` takes (``launch.column_suits``,
+fitted on ``--grid``'s first 27 shapes in session 12).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from bench_cuda import autograd_step, bench, make_inputs
 from sdm_inductor.kernels import host
+from sdm_inductor.kernels.launch import column_suits
 
 SHAPES = [  # P, T, hd, sph, W(=R), C
     (16, 2048, 128, 4096, 32, 64),    # the 4-layer model of bench_compile.py
@@ -46,8 +48,9 @@ def main():
     ap.add_argument("--grid", action="store_true", help="GRID then HELD_OUT instead of SHAPES")
     args = ap.parse_args()
     shapes = GRID + HELD_OUT if args.grid else SHAPES
-    print("| P | T | hd | sph | W=R | C | no-grad step / column ms | ratio | fwd+bwd step / column ms | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    print("| P | T | hd | sph | W=R | C | no-grad step / column ms | ratio | fwd+bwd step / column ms "
+          "| ratio | auto |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     keep = dict(host.CONFIG)
     for P, T, hd, sph, W, C in shapes:
         bank, *rest = make_inputs(P=P, T=T, hd=hd, sph=sph, W=W, R=W)
@@ -66,7 +69,8 @@ def main():
         print(f"| {P} | {T} | {hd} | {sph} | {W} | {C} | {m['step', 'fwd']:.2f} / "
               f"{m['column', 'fwd']:.2f} | {m['column', 'fwd'] / m['step', 'fwd']:.2f} | "
               f"{m['step', 'ag']:.2f} / {m['column', 'ag']:.2f} | "
-              f"{m['column', 'ag'] / m['step', 'ag']:.2f} |", flush=True)
+              f"{m['column', 'ag'] / m['step', 'ag']:.2f} | "
+              f"{'column' if column_suits(P, W, W, C, hd) else 'step'} |", flush=True)
     host.CONFIG.update(keep)
 
 

@@ -57,13 +57,16 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
 # call takes the column walk) or "auto" (the default: step when eager, column when
-# traced; measured in benchmarks/NOTES.md run 7). *_STEP: the step walk's gather launch (columns per
+# traced, measured in benchmarks/NOTES.md run 7, and column for the small eager shapes
+# of ``launch.column_suits``, run 13). *_STEP: the step walk's gather launch (columns per
 # program, warps, column slice of its delta product); *_STEP_W: its write launch;
 # MIX_STEP=1: the gather launch's last programs compute delta (no mix launch), else the
 # mix launch does, in column slices of MB_MIX. The backward's step walk
 # (step_backward.py): BD_STEP_B columns per program of its row passes, MB_MIX_B of its
 # products; its restore pass takes the write launch's BD_STEP_W / NG_STEP, its dB pass
-# *_GROUP (columns, positions and members per tile, warps).
+# *_GROUP (columns, positions and members per tile, warps; CL_GROUP: column blocks per
+# program, whose group headers load once: 3 measured 2.5 % faster at A, NOTES.md run 13).
+# CL_WRITE: the same for the forward's write launch (3 measured 5 % slower; 1).
 # WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this many
 # tokens, so its working memory (Phase 1 of a window) does not grow with T.
 # TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training calls
@@ -74,8 +77,9 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # kernels are bound by per-segment latency, and each window costs host time), so off by
 # default. Traced calls (one triton_op) cannot loop over a length: the whole sequence.
 # WARPS_STEP_B: warps of the backward step walk's row passes; MAXNREG_STEP (0: none): a
-# register cap for the forward gather (more programs resident per SM; 80: 2-2.5 % faster
-# at A, NOTES.md run 8).
+# register cap for the forward gather (80: 2-2.5 % faster at A, NOTES.md run 8; with it
+# ptxas now gives the kernel 64 registers, without 40: no cap and a cap of 32 measured 2-3
+# and 9-11 % slower, run 13).
 # TB_MIX / WARPS_MIX: token block and warps of the forward's product launch (the
 # gather's ``TB`` stays 64); TB_MIX_B / WARPS_MIX_B: the same for the backward's two.
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``).
