@@ -32,9 +32,10 @@ def column_suits(P: int, W: int, R: int, C: int, hd: int) -> bool:
     chunk cost more than their gathers. Fitted on ``bench_walks.py --grid`` (27 shapes,
     C = 64, H200; benchmarks/NOTES.md run 13): the rule's column walks were faster in all
     7 of its grid shapes (no-grad 0.59-0.98 of the step walks' time, forward + backward
-    0.67-0.97), and no shape outside it was more than 10 % slower on the step walks. Of 6
-    shapes left out of the fit, one (W = 24, 8 x 96 columns) ran 15 % faster on the
-    column walks than the rule's choice."""
+    0.67-0.97); of the 20 it leaves to the step walks, the column walks were faster in
+    three, by at most 14 % (0.86 no-grad, 0.91 forward + backward). Of 6 shapes left out
+    of the fit, one (W = 24, 8 x 96 columns) ran 15 % faster on the column walks than
+    the rule's choice."""
     return max(W, R) <= 16 and P * hd <= 4096 and C <= 64
 
 
