@@ -4,7 +4,8 @@ Everything here depends on shapes only: no ``.item()``, no host sync, no data-de
 Python, so the same functions serve the eager op (``IMPLS['cuda']``), CUDA-graph capture
 and the ``triton_op`` bodies that Inductor traces (``triton_ops.py``). The one choice that
 depends on how a call runs is the walk (``walk_kind``): eager calls loop over the chunks
-on the host (the step walks), traced calls launch one kernel for all chunks.
+on the host (the step walks; small shapes take the column walks, ``launch.column_suits``),
+traced calls launch one kernel for all chunks.
 """
 from __future__ import annotations
 
