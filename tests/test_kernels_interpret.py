@@ -282,11 +282,13 @@ def case_step_walk():
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128)
     # 3 chunks: backward windows of 1 and 2; from here the write and dB programs take two
-    # column blocks each (CL_*; at hd = 40 in blocks of 16, the last program's second is
-    # past the bank's columns)
+    # column blocks each (CL_*; at hd = 40 in blocks of 16, the last program's second block
+    # is past the bank's columns)
     host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=25), 16)
+    _train(make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=10, per_write_gate=True,
+                       repeats=True, seed=28), 16)
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=26), 128)
     # token windows (Phase 1 per window, the backward's windows last first): 32 + 5 tokens
     host.CONFIG.update(TRAIN_WINDOW_TOKENS=32)
