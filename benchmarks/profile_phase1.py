@@ -8,9 +8,10 @@ tokens, and the host time of the eager calls (config A of SDM_SPEC section 5):
 profiled time includes its wait for the kernel before it, so per-kernel tables need
 ``PDL=0``.)
 
-Prints, for each C: ``plan`` (whole sequence / 1024 tokens) timed by do_bench, the CUDA
-time of each kernel in one call of each (torch.profiler), and the host time of enqueueing
-a no-grad forward and a forward + backward (no synchronisation) against their wall time.
+Prints, for each C: ``plan`` (whole sequence / 1024 tokens) timed by do_bench, its host
+time of enqueueing against its wall time, the CUDA time of each kernel in one call of each
+(torch.profiler), and the host time of enqueueing a no-grad forward and a forward +
+backward (no synchronisation) against their wall time.
 """
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ def main():
             def run():
                 return eager_plan(S, *args, C)
             print(f"plan {name}: {bench(run, rep=100):.3f} ms")
+            # host time of enqueueing the plan (no sync) against its wall time: near
+            # equal means the plan is bound by its launches, not its kernels
+            h, w = host_time(run)
+            print(f"plan {name}: host {h:.2f} ms, wall {w:.2f} ms")
             kernel_table(run, f"plan {name}")
 
         for win in (1 << 20,) + (() if whole else (1024,)):
