@@ -62,6 +62,47 @@ def compile_one(kernel, types: dict, consts: dict, num_warps=4):
     return ck
 
 
+def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
+    """``(kernel, argument types, constexprs, warps)`` of the step walks' row launches at
+    W = R = 64 and chunk ``C``, with ``host.CONFIG``'s launch parameters: the forward's
+    gather and write, the backward's Dw, ``d ev`` and dB (also ``sass_stats.py``'s)."""
+    f32, i32 = "*fp32", "*i32"
+    W = R = 64
+    BDB, wg = CFG["BD_STEP_B"], CFG["WARPS_STEP_B"]
+    return {
+        "gather": (step._step_gather_kernel,
+                   dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
+                        X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
+                        cnt_ptr=i32, keep_ptr=f32),
+                   dict(C=C, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=C,
+                        MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"],
+                        EV_W=EVICT[CFG["EV_GW"]], EV_R=EVICT[CFG["EV_GR"]],
+                        KEEP=bool(CFG["KEEP"])),
+                   CFG["WARPS_STEP"]),
+        "write": (step._step_write_kernel,
+                  dict(bank_ptr=bank, d_ptr=f32, run_slot_ptr=i32, run_len_ptr=i32,
+                       run_decay_ptr=f32, run_tok_ptr=i32, run_coef_ptr=f32, log_ptr=bank),
+                  dict(C=C, W=W, BD=CFG["BD_STEP_W"], NG=CFG["NG_STEP"], KW=CFG["KW_STEP"],
+                       CP=C, SAVE=save, EV=EVICT[CFG["EV_WO"]], CL=CFG["CL_WRITE"]),
+                  CFG["WARPS_STEP_W"]),
+        "dw": (step_backward._step_bwd_dw_kernel,
+               dict(dB_ptr=bank, work_ptr=bank, slot_ptr=i32, coef_ptr=f32, d_ptr=f32,
+                    dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
+               dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]],
+                    EV_DB=EVICT[CFG["EV_DB"]]),
+               CFG["WARPS_DW"] or wg),
+        "dev": (step_backward._step_bwd_dev_kernel,
+                dict(work_ptr=bank, slot_ptr=i32, dr_ptr=f32, dy_ptr=bank, pe_ptr=f32),
+                dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C), wg),
+        "group": (step_backward._step_bwd_group_kernel,
+                  dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
+                       g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32, dy_ptr=bank),
+                  dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
+                       KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"]),
+                  CFG["WARPS_GROUP"]),
+    }
+
+
 def main(dtype="bf16"):
     bank = "*bf16" if dtype == "bf16" else "*fp32"
     f32, i32, i64 = "*fp32", "*i32", "*i64"
@@ -106,24 +147,12 @@ def main(dtype="bf16"):
                     dict(C=CC, W=W, R=R, BD=128, EW=128, NG=64, CP=CC, SAVE=True, PREC=prec,
                          PREC_G=prec, ONE_PROGRAM=False, STAGES=CFG["STAGES_WALK"]), num_warps=8)
     for CC in (64, 128, 256):   # the step walk: a gather and a write launch per chunk
-        compile_one(step._step_gather_kernel,
-                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
-                         X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
-                         cnt_ptr=i32, keep_ptr=f32),
-                    dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=CC,
-                         MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"],
-                         EV_W=EVICT[CFG["EV_GW"]], EV_R=EVICT[CFG["EV_GR"]],
-                         KEEP=bool(CFG["KEEP"])),
-                    num_warps=CFG["WARPS_STEP"])
+        specs = step_specs(CC, bank, prec, save=CC == 64)
+        compile_one(*specs["gather"])
         compile_one(step._step_mix_kernel,
                     dict(X_ptr=f32, QKX_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=f32, out_ptr=bank),
                     dict(C=CC, MB=CFG["MB_MIX"], TB=64, CP=CC, PREC=prec))
-        compile_one(step._step_write_kernel,
-                    dict(bank_ptr=bank, d_ptr=f32, run_slot_ptr=i32, run_len_ptr=i32,
-                         run_decay_ptr=f32, run_tok_ptr=i32, run_coef_ptr=f32, log_ptr=bank),
-                    dict(C=CC, W=W, BD=CFG["BD_STEP_W"], NG=CFG["NG_STEP"], KW=CFG["KW_STEP"],
-                         CP=CC, SAVE=CC == 64, EV=EVICT[CFG["EV_WO"]], CL=CFG["CL_WRITE"]),
-                    num_warps=CFG["WARPS_STEP_W"])
+        compile_one(*specs["write"])
     for mode in (1, 2):
         compile_one(quantize._quantize_kernel, dict(raw_ptr=bank, out_ptr="*u8", scale_ptr=f32),
                     dict(MODE=mode, RB=quantize.ROWS_PER_PROGRAM, HP=512))
@@ -153,20 +182,13 @@ def main(dtype="bf16"):
                                                 EV=EVICT[CFG["EV_BW"]]), wg)
     compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                 dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
-    compile_one(sb._step_bwd_dw_kernel, dict(dB_ptr=bank, work_ptr=bank, slot_ptr=i32,
-                coef_ptr=f32, d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
-                dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]],
-                     EV_DB=EVICT[CFG["EV_DB"]]), CFG["WARPS_DW"] or wg)
+    specs = step_specs(C, bank, "tf32", save=True)
+    compile_one(*specs["dw"])
     compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
                 dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
                 pb_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
-    compile_one(sb._step_bwd_dev_kernel, dict(work_ptr=bank, slot_ptr=i32, dr_ptr=f32,
-                dy_ptr=bank, pe_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C), wg)
-    compile_one(sb._step_bwd_group_kernel, dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32,
-                g_nw_ptr=i32, g_decay_ptr=f32, g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32,
-                dy_ptr=bank), dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
-                                   KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"]),
-                CFG["WARPS_GROUP"])
+    compile_one(*specs["dev"])
+    compile_one(*specs["group"])
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,
