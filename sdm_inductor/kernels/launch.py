@@ -39,7 +39,7 @@ def column_suits(P: int, W: int, R: int, C: int, hd: int) -> bool:
     return max(W, R) <= 16 and P * hd <= 4096 and C <= 64
 
 
-def step_walks(config: dict, t, shape=None) -> bool:
+def step_walks(config: dict, t, shape: tuple) -> bool:
     """Whether a call on tensor ``t`` (the bank, ``[S, hd]``) takes the step walks
     (launches per chunk): ``WALK`` "step", or "auto" (the default) unless ``column_suits``
     the call's ``shape = (P, W, R, C)``; and eager. A traced call (fake, or functional
@@ -47,7 +47,7 @@ def step_walks(config: dict, t, shape=None) -> bool:
     ``T``: the column walks."""
     if _is_fake(t) or config["WALK"] not in ("step", "auto"):
         return False
-    return config["WALK"] == "step" or shape is None or not column_suits(*shape, t.shape[1])
+    return config["WALK"] == "step" or not column_suits(*shape, t.shape[1])
 
 
 def pdl(config: dict, t) -> dict:
