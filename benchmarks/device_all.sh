@@ -191,6 +191,23 @@ for seg in "$@"; do
         --reps 5
       run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
         tests/test_examples.py ;;
+    dist13)   # session 13 (kind nvidia-h200-x2): the distributed tests on 2 GPUs with NCCL,
+      # bench_distributed at 1 and 2 GPUs (eager); then Phase 1's host time on GPU 0
+      run dist_tests 280 env SDM_DIST_DEVICE=cuda python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/test_distributed.py
+      for n in 1 2; do
+        run bench_dist_$n 100 python3 -m torch.distributed.run --nproc-per-node $n \
+          benchmarks/bench_distributed.py --json /tmp/bench_dist_$n.json
+      done
+      python3 benchmarks/bench_distributed.py --table /tmp/bench_dist_[12].json
+      (cd benchmarks && CUDA_VISIBLE_DEVICES=0 run profile_phase1 100 python3 profile_phase1.py \
+        128 --whole PDL=0; cat "$OUT/profile_phase1.log") ;;
+    dist13c)   # session 13 (nvidia-h200-x2): bench_distributed compiled at 1 and 2 GPUs
+      for n in 1 2; do
+        run bench_dist_compiled_$n 240 python3 -m torch.distributed.run --nproc-per-node $n \
+          benchmarks/bench_distributed.py --compile --json /tmp/bench_dist_compiled_$n.json
+      done
+      python3 benchmarks/bench_distributed.py --table /tmp/bench_dist_compiled_*.json ;;
     ncu12)   # session 12: Nsight Compute sections of one launch of each main kernel, A C=128
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       echo "ncu: $NCU"

@@ -5,6 +5,10 @@ The tests run on 2 CPU processes with the gloo backend, started once for the mod
 (rendezvous through a file, no port to pick), and compare what they compute with one
 process on the full tensors. A worker that fails raises in its process; the traceback
 comes back here and the group is restarted for the next test.
+
+``SDM_DIST_DEVICE=cuda`` runs the same tests on one GPU per process with NCCL (the CUDA
+Triton kernels inside DTensor and FSDP2); they skip when there are fewer GPUs than
+processes.
 """
 from __future__ import annotations
 
@@ -26,6 +30,13 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 # 2 processes in CI (2 cores); SDM_DIST_WORLD=4 adds the 2 x 2 mesh checks
 WORLD = int(os.environ.get("SDM_DIST_WORLD", "2"))
+DEVICE = os.environ.get("SDM_DIST_DEVICE", "cpu")  # "cuda": one GPU per rank, NCCL
+if DEVICE not in ("cpu", "cuda"):
+    raise ValueError(f"SDM_DIST_DEVICE must be 'cpu' or 'cuda', got {DEVICE!r}")
+if DEVICE == "cuda":
+    pytestmark = [pytestmark, pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < WORLD
+        or not dist.is_nccl_available(), reason=f"needs {WORLD} GPUs and NCCL")]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -101,8 +112,12 @@ def _serve(rank, store, inbox, outbox):
     import traceback
 
     torch.set_num_threads(1)  # two processes on a 2-core machine
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=300))
+    kw = {}
+    if DEVICE == "cuda":  # "cuda" below means this rank's GPU
+        torch.cuda.set_device(rank)
+        kw["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", init_method=f"file://{store}",
+                            rank=rank, world_size=WORLD, timeout=timedelta(seconds=300), **kw)
     while (task := inbox.get()) is not None:
         worker, args = task
         try:
@@ -174,8 +189,8 @@ def _check_against_one_process(ins, dt_args, sph, tol, label, fn=None, **kw):
 
     mesh = dt_args[0].device_mesh
     gen = torch.Generator().manual_seed(7)  # the same weights on every rank
-    wy = torch.randn(ins.v.shape, generator=gen).to(ins.v.dtype)
-    wM = torch.randn(ins.bank.shape, generator=gen).to(ins.bank.dtype)
+    wy = torch.randn(ins.v.shape, generator=gen).to(ins.v)
+    wM = torch.randn(ins.bank.shape, generator=gen).to(ins.bank)
     y0, M0, g0 = _fwd_bwd(list(ins), sph, (wy, wM), **kw)
     dw = [distribute_tensor(w, mesh, [Replicate()] * mesh.ndim) for w in (wy, wM)]
     y, M, grads = _fwd_bwd(dt_args, sph, dw, fn, **kw)
@@ -194,13 +209,13 @@ def _dtensor_worker(rank, world):
     from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard, distribute_tensor,
                                           init_device_mesh)
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     S0, S1, S2, R = [Shard(0)], [Shard(1)], [Shard(2)], [Replicate()]
     P, T, sph, hd = 4, 20, 8, 8  # T = 20 with chunks of 16: the padded tail is hit
 
     for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         ins = make_inputs(P, T, W=3, R=2, hd=hd, slots_per_stream=sph, per_write_gate=True,
-                          dtype=dtype, seed=1)
+                          dtype=dtype, seed=1, device=DEVICE)
         label = f"streams {dtype}"
         # streams: bank rows and every [P, T, *] input split by streams
         y, M, grads = _check_against_one_process(ins, _distribute(ins, mesh, [S0] * 8), sph, tol,
@@ -220,19 +235,19 @@ def _dtensor_worker(rank, world):
         assert y.placements == (Shard(2),) and M.placements == (Shard(1),)
         assert grads[0].placements == (Shard(1),) and grads[1].placements == (Partial(),)
 
-    ins = make_inputs(P, T, W=3, R=2, hd=hd, slots_per_stream=sph, seed=2)
+    ins = make_inputs(P, T, W=3, R=2, hd=hd, slots_per_stream=sph, seed=2, device=DEVICE)
     # a replicated bank is sliced, a v sharded over time moved by all-to-all: still streams
     mixed = [R, S0, S0, [Shard(1)], S0, S0, S0, S0]
     y, M, _ = _check_against_one_process(ins, _distribute(ins, mesh, mixed), sph, 1e-6, "mixed")
     assert y.placements == (Shard(0),) and M.placements == (Shard(0),)
 
     # a 2-D mesh: streams split over its second dim (the shard index comes from that dim)
-    mesh2 = init_device_mesh("cpu", (1, world))
+    mesh2 = init_device_mesh(DEVICE, (1, world))
     on_dim1 = _distribute(ins, mesh2, [[Replicate(), Shard(0)]] * 8)
     y, M, _ = _check_against_one_process(ins, on_dim1, sph, 1e-6, "2-D mesh")
     assert y.placements == (Replicate(), Shard(0)) and M.placements == (Replicate(), Shard(0))
     if world >= 4 and world % 2 == 0:  # 2 x (world/2): streams on both dims; streams x columns
-        mesh22 = init_device_mesh("cpu", (2, world // 2))
+        mesh22 = init_device_mesh(DEVICE, (2, world // 2))
         both = _distribute(ins, mesh22, [[Shard(0), Shard(0)]] * 8)
         y, M, _ = _check_against_one_process(ins, both, sph, 1e-6, "streams on 2 mesh dims")
         assert y.placements == (Shard(0), Shard(0))
@@ -264,7 +279,7 @@ def _dtensor_worker(rank, world):
     with pytest.raises(Err, match="argument 'q_val'.*DTensor.*torch.Tensor"):
         torch.ops.sdm.write_read(*dts[:7], ins.q_val, 16, sph)
     bad = ins.k_idx.clone()
-    bad[:, 3, 1] = ((torch.arange(P) + 1) % P) * sph  # every stream writes a row of the next
+    bad[:, 3, 1] = ((torch.arange(P, device=DEVICE) + 1) % P) * sph  # a row of the next stream
     dts[1] = distribute_tensor(bad, mesh, S0)
     rows = P // world * sph
     with pytest.raises(Err, match=rf"'k_idx'.*stream shard {rank} of {world}.*by -{rank * rows}"):
@@ -273,7 +288,7 @@ def _dtensor_worker(rank, world):
     # layout helpers: plain sharding rules
     B, H, K = 4, 2, 3
     gen = torch.Generator().manual_seed(4)  # the same tensors on every rank
-    x = torch.randn(B, T, H * K, generator=gen)
+    x = torch.randn(B, T, H * K, generator=gen).to(DEVICE)
     for placement in (S0, [Shard(1)], R):
         xs = torch.ops.sdm.split_heads(distribute_tensor(x, mesh, placement), H)
         assert xs.placements == tuple(placement), placement
@@ -281,10 +296,10 @@ def _dtensor_worker(rank, world):
         xm = torch.ops.sdm.merge_heads(xs, H)
         assert xm.placements == tuple(placement), placement
         _close(xm, x, 0, f"merge_heads {placement}")
-    odd = torch.randn(3, T, H * K, generator=gen)  # 3 batches do not split over 2 ranks
+    odd = torch.randn(3, T, H * K, generator=gen).to(DEVICE)  # 3 batches: uneven over 2 ranks
     xs = torch.ops.sdm.split_heads(distribute_tensor(odd, mesh, S0), H)
     _close(xs, torch.ops.sdm.split_heads(odd, H), 0, "split_heads, uneven batch")
-    mem = torch.randn(sph, hd, generator=gen)
+    mem = torch.randn(sph, hd, generator=gen).to(DEVICE)
     for placement, out in ((R, R), (S1, S1), (S0, R)):  # rows: replicated first
         e = torch.ops.sdm.expand_bank(distribute_tensor(mem, mesh, placement), 3)
         assert isinstance(e, DTensor) and e.placements == tuple(out), (placement, e.placements)
@@ -298,12 +313,13 @@ def _gated_worker(rank, world):
     from sdm_inductor.testing import make_inputs
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
-    mesh = init_device_mesh("cpu", (world,))
-    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, seed=21)
+    mesh = init_device_mesh(DEVICE, (world,))
+    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, seed=21, device=DEVICE)
     gen = torch.Generator().manual_seed(22)
     for shape in ((4, 20), (2, 20, 2)):   # [P, T] and [B, T, H] with P = B * H
-        raw = [torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)]
-        par = [torch.rand(4, generator=gen).log(), torch.randn(4, generator=gen) - 2]
+        raw = [torch.randn(shape, generator=gen).to(DEVICE) for _ in range(2)]
+        par = [torch.rand(4, generator=gen).log().to(DEVICE),
+               (torch.randn(4, generator=gen) - 2).to(DEVICE)]
         full = [ins.bank, ins.k_idx, ins.k_val, ins.v, *raw, *par, ins.q_idx, ins.q_val]
         leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in full]
         dts = [distribute_tensor(t.detach(), mesh, [Shard(0)]).requires_grad_(t.is_floating_point())
@@ -334,8 +350,9 @@ def _dtensor_compile_worker(rank, world):
     from torch.distributed.tensor import Shard, init_device_mesh
 
     _fast_compile()
-    mesh = init_device_mesh("cpu", (world,))
-    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, per_write_gate=True, seed=3)
+    mesh = init_device_mesh(DEVICE, (world,))
+    ins = make_inputs(4, 20, W=3, R=2, hd=8, slots_per_stream=8, per_write_gate=True, seed=3,
+                      device=DEVICE)
     compiled = torch.compile(sdm_inductor.write_read, fullgraph=True)
     y, M, grads = _check_against_one_process(ins, _distribute(ins, mesh, [[Shard(0)]] * 8), 8,
                                              1e-6, "compiled", fn=compiled)
@@ -374,7 +391,7 @@ def _model(dtype):
             return self.out(h)
 
     torch.manual_seed(0)
-    net = Net().to(dtype)
+    net = Net().to(DEVICE, dtype)
     with torch.no_grad():  # livelier banks and decays than the init, so every term matters
         for layer in net.layers:
             layer.memory.normal_()
@@ -403,7 +420,7 @@ def _fsdp_worker(rank, world, compiled, dtype, tol):
     ref = copy.deepcopy(net)  # one process, whole batch, eager
     exact = copy.deepcopy(net).float() if dtype != torch.float32 else None  # bf16 yardstick
     yardstick = ref if exact is None else exact
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     for layer in net.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)
@@ -412,8 +429,8 @@ def _fsdp_worker(rank, world, compiled, dtype, tol):
             layer.compile()
     B, T = 2 * world, 24  # 24 tokens, chunks of 16: padding
     gen = torch.Generator().manual_seed(1)
-    X = torch.randn(B, T, D_IN, generator=gen).to(dtype)
-    Y = torch.randn(B, T, 1, generator=gen).to(dtype)
+    X = torch.randn(B, T, D_IN, generator=gen).to(DEVICE, dtype)
+    Y = torch.randn(B, T, 1, generator=gen).to(DEVICE, dtype)
     mine = slice(rank * B // world, (rank + 1) * B // world)
     # AdamW divides by the gradient's running size: a near-zero bf16 gradient that rounds
     # differently flips a whole lr-sized step. Plain SGD keeps bf16 differences at their size.
@@ -482,7 +499,7 @@ def test_bench_distributed_runs_under_torchrun(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
            "--master-addr", "127.0.0.1", "--master-port", str(port),
-           str(REPO / "benchmarks" / "bench_distributed.py"), "--tiny", "--device", "cpu",
+           str(REPO / "benchmarks" / "bench_distributed.py"), "--tiny", "--device", DEVICE,
            "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
