@@ -172,7 +172,7 @@ def run(a):
     from torch.distributed.tensor import init_device_mesh
 
     device, backend = _device(a.device)
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     rank, n = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(device.type, (n,))
     runs = []
