@@ -120,13 +120,13 @@ def main(dtype="bf16"):
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=phase1.GROUPS_BLK),
                     phase1.GROUPS_WARPS)
-    for CC in (64, 128, 256):
+    for CC, split in ((64, True), (128, True), (128, False), (256, True)):
         compile_one(phase1._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
                          A_ptr=f32, QK_ptr=f32),
                     dict(W=W, R=R, EB=32 if CC <= 128 else phase1.PAIR_ENTRIES_WIDE, CP=CC,
-                         KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC))
+                         KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC, SPLIT=split))
     for CC in (64, 128, 256):
         compile_one(phase2._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

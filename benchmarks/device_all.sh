@@ -191,6 +191,20 @@ for seg in "$@"; do
         --reps 5
       run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
         tests/test_examples.py ;;
+    phase1_13)   # session 13: the pairs kernel in two programs per token (PAIR_SPLIT) and
+      # the prep kernel's repeat branch: interleaved A/B (A side: both off), then each alone
+      run test_cuda 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
+      OFF="phase1.PAIR_SPLIT=0 phase1.PREP_REPEAT_BRANCH=0"
+      cd benchmarks
+      run ab_A 200 python3 ab_cuda.py --config A --chunks 64,128 --plan --rows fwd,ag \
+        --rounds 3 --a $OFF --b
+      run ab_B 120 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd,ag \
+        --rounds 3 --a $OFF --b
+      run ab_split 80 python3 ab_cuda.py --config A --chunks 128 --plan --rows fwd --rounds 3 \
+        --a phase1.PAIR_SPLIT=0 --b
+      run ab_branch 80 python3 ab_cuda.py --config A --chunks 128 --plan --rows fwd \
+        --rounds 3 --a phase1.PREP_REPEAT_BRANCH=0 --b
+      cd .. ;;
     dist13)   # session 13 (kind nvidia-h200-x2): the distributed tests on 2 GPUs with NCCL,
       # bench_distributed at 1 and 2 GPUs (eager); then Phase 1's host time on GPU 0
       run dist_tests 280 env SDM_DIST_DEVICE=cuda python3 -m pytest -q -rA -p no:cacheprovider \

@@ -370,7 +370,8 @@ def case_phase1_scans():
     exactly what the binary searches and the second sort give, with int32 and int64
     keys, blocks of the scan that split groups, repeated and out-of-range slots; the
     flat sort of all segments (``FLAT_SORT``) gives the segmented sort's permutation, and
-    the pairs kernel's lane accumulators (``PAIR_ACC``) its Gram rows up to rounding."""
+    the pairs kernel's lane accumulators (``PAIR_ACC``) in two programs per token
+    (``PAIR_SPLIT``) its Gram rows up to rounding and the same per-entry weights."""
     import torch
     from sdm_inductor.kernels import phase1
     from sdm_inductor.testing import make_inputs
@@ -386,10 +387,11 @@ def case_phase1_scans():
         phase1._key_dtype = lambda S, C, E, dt=key_dtype: dt
         phase1.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
         phase1.SCAN_GROUPS, phase1.FLAT_SORT, phase1.PAIR_ACC = False, False, False
+        phase1.PAIR_SPLIT = False
         want = phase1.plan(*args)
         phase1.SCAN_GROUPS = True
         scans = phase1.plan(*args)
-        phase1.FLAT_SORT, phase1.PAIR_ACC = True, True
+        phase1.FLAT_SORT, phase1.PAIR_ACC, phase1.PAIR_SPLIT = True, True, True
         P, T, W = ins.k_idx.shape
         assert phase1._flat_span(args[0], P * -(-T // C), C, W + ins.q_idx.shape[2]) > 0
         flat = phase1.plan(*args)

@@ -51,7 +51,8 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
                  slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr, bout_ptr,
                  T, Tp, S, C, GH, sb_b, sb_h, sb_t, sa_b, sa_h, sa_t, SPAN,
                  W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
-                 WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr):
+                 WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr,
+                 REPEAT_BRANCH: tl.constexpr = True):
     pid = tl.program_id(0)            # p * Tp + t
     p = pid // Tp
     t = pid % Tp
@@ -89,7 +90,17 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
     first = tl.min(tl.where(same, wc[None, :], WP), axis=1)
     first = tl.where(ok, first, w)
     active = ok & (first == w)
-    kd = tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0), axis=1)
+    if REPEAT_BRANCH:
+        # a token without repeated slots (the common case) keeps its weights: the W x W
+        # sum below would give each entry its own weight alone
+        if tl.sum((ok & (first != w)).to(tl.int32), axis=0) > 0:
+            kd = tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0),
+                        axis=1)
+        else:
+            kd = kv
+    else:
+        kd = tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0),
+                    axis=1)
     kd = tl.where(active, kd, 0.0)
     if GATED:
         # g = -exp(A_log[p]) * softplus(a + dt_bias[p]), one per token (G == 1)
@@ -215,21 +226,17 @@ def _gram_add(acc, x, tf, ok, cols, ACC: tl.constexpr):
 
 
 @triton.jit
-def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
-                  gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
-                  C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
-                  KM: tl.constexpr, ACC: tl.constexpr):
-    """One program per (segment, token i): the cumulative decays of the token's entries
-    and the Gram rows ``A[i, :]`` / ``QK[i, :]``, by walking each entry's group (its
-    slot's write members, in token order). The first ``KM`` members of every group load
-    as one tile (two dependent round trips for the whole block of entries); only groups
-    with more writes in the chunk take the loops, one member per round trip."""
-    pid = tl.program_id(0)            # b * C + i
-    b = pid // C
-    i = pid % C
-    E: tl.constexpr = W + R
-    seg = b.to(tl.int64) * C * E      # first entry of the segment
-    cols = tl.arange(0, CP)
+def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr, ev_ptr,
+                  coef_ptr, decay_ptr, seg, i, cols, E0: tl.constexpr, E1: tl.constexpr,
+                  W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
+                  KM: tl.constexpr, ACC: tl.constexpr, BUILD_A: tl.constexpr,
+                  BUILD_QK: tl.constexpr):
+    """Entries ``[E0, E1)`` of token ``i``: their cumulative decays and per-entry weights
+    (stored), and their terms of the Gram rows ``A[i, :]`` (write entries, if ``BUILD_A``)
+    and ``QK[i, :]`` (read entries, if ``BUILD_QK``), returned. Each entry walks its group;
+    the first ``KM`` members of every group load as one tile (two dependent round trips for
+    the whole block of entries); only groups with more writes in the chunk take the loops,
+    one member per round trip."""
     km = tl.arange(0, KM)[None, :]
     if ACC:
         a_row = tl.zeros([EB, CP], tl.float32)
@@ -238,9 +245,9 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
         a_row = tl.zeros([CP], tl.float32)
         qk_row = tl.zeros([CP], tl.float32)
     # entry blocks unrolled: a block of only write (read) entries builds only A (QK) rows
-    for e0 in tl.static_range(0, E, EB):
+    for e0 in tl.static_range(E0, E1, EB):
         e = e0 + tl.arange(0, EB)
-        em = e < E
+        em = e < E1
         off = seg + i * E + e
         val = tl.load(val_ptr + off, mask=em, other=0.0)
         gs = tl.load(gs_ptr + off, mask=em, other=0)
@@ -272,9 +279,9 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
                 x = tl.sum(tl.where(sel, xt, 0.0), axis=1)
                 tf = tl.sum(tl.where(sel, tt, 0), axis=1)
                 mm = k < nw
-                if e0 < W:
+                if BUILD_A and e0 < W:
                     a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
-                if e0 + EB > W:
+                if BUILD_QK and e0 + EB > W:
                     qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
         run = tl.sum(gt, axis=1)
         m = KM
@@ -286,9 +293,9 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
             run += gf
             tf = f // E
             x = val * kf * tl.exp(gam - run)
-            if e0 < W:
+            if BUILD_A and e0 < W:
                 a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
-            if e0 + EB > W:
+            if BUILD_QK and e0 + EB > W:
                 qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
             m += 1
         tl.store(gam_ptr + off, gam, mask=em)
@@ -299,9 +306,43 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
     if ACC:
         a_row = tl.sum(a_row, axis=0)
         qk_row = tl.sum(qk_row, axis=0)
+    return a_row, qk_row
+
+
+@triton.jit
+def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
+                  gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
+                  C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
+                  KM: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr):
+    """One program per (segment, token i), or with ``SPLIT`` two (grid ``(B * C, 2)``):
+    one for the write entries and ``A[i, :]``, one for the read entries and ``QK[i, :]``.
+    Split, each program keeps one Gram row's accumulator instead of two: fewer registers,
+    more programs per SM for a kernel bound by its loads' latency."""
+    pid = tl.program_id(0)            # b * C + i
+    b = pid // C
+    i = pid % C
+    E: tl.constexpr = W + R
+    seg = b.to(tl.int64) * C * E      # first entry of the segment
+    cols = tl.arange(0, CP)
     cm = cols < C
-    tl.store(A_ptr + pid.to(tl.int64) * C + cols, a_row, mask=cm)
-    tl.store(QK_ptr + pid.to(tl.int64) * C + cols, qk_row, mask=cm)
+    row = pid.to(tl.int64) * C + cols
+    if SPLIT:
+        if tl.program_id(1) == 0:
+            a_row, _ = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
+                                     gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, W,
+                                     W, E, EB, CP, KM, ACC, True, False)
+            tl.store(A_ptr + row, a_row, mask=cm)
+        else:
+            _, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
+                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, W, E,
+                                      W, E, EB, CP, KM, ACC, False, True)
+            tl.store(QK_ptr + row, qk_row, mask=cm)
+    else:
+        a_row, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
+                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, E,
+                                      W, E, EB, CP, KM, ACC, True, True)
+        tl.store(A_ptr + row, a_row, mask=cm)
+        tl.store(QK_ptr + row, qk_row, mask=cm)
 
 
 @dataclass
@@ -375,8 +416,14 @@ PAIR_MEMBERS = 4
 PAIR_ENTRIES_WIDE = 16
 # Gram rows summed over the entry lanes once per token (``_gram_add``'s ``ACC``)
 PAIR_ACC = True
+# the pairs kernel as two programs per token, write entries / A and read entries / QK
+# (run 14)
+PAIR_SPLIT = True
+PAIR_WARPS = 4
 # warps of ``_prep_kernel`` (one program per token)
 PREP_WARPS = 4
+# the prep kernel sums repeated slots' weights only in tokens that repeat a slot (run 14)
+PREP_REPEAT_BRANCH = True
 # ``_groups_kernel`` (one program per segment): positions per block of its two scans, warps
 GROUPS_BLK = 2048
 GROUPS_WARPS = 8
@@ -499,7 +546,7 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, 
     launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, beta, A_log, dt_bias,
            slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa, span,
            W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None,
-           num_warps=PREP_WARPS)
+           REPEAT_BRANCH=PREP_REPEAT_BRANCH, num_warps=PREP_WARPS)
     return slot, val, gate, key, first, NC, bout
 
 
@@ -534,9 +581,11 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     A = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     gend = torch.empty_like(val)
-    launch(_pairs_kernel, (B * C,), val, gate, perm, gs, nw, gam, gend, ev, coef, decay, A, QK,
-           C, W=W, R=R, EB=min(32 if C <= 128 else PAIR_ENTRIES_WIDE, pow2(E)), CP=pow2(C),
-           KM=PAIR_MEMBERS, ACC=PAIR_ACC, num_warps=4)
+    split = PAIR_SPLIT and W > 0 and R > 0
+    launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, gs, nw, gam, gend, ev,
+           coef, decay, A, QK, C, W=W, R=R,
+           EB=min(32 if C <= 128 else PAIR_ENTRIES_WIDE, pow2(max(W, R) if split else E)),
+           CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split, num_warps=PAIR_WARPS)
 
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
