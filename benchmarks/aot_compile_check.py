@@ -44,7 +44,7 @@ DIV16_INTS = ("hd", "width")
 
 def compile_one(kernel, types: dict, consts: dict, num_warps=4):
     if "PDL" in kernel.arg_names:   # the step kernels as launched on sm_90: with PDL
-        consts = dict(consts, PDL=True)
+        consts = dict(consts, PDL=max(1, int(CFG["PDL"])))
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in consts:

@@ -191,6 +191,15 @@ for seg in "$@"; do
         --reps 5
       run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
         tests/test_examples.py ;;
+    pdl13)   # session 13: early loads before the programmatic-launch wait (PDL=2, the
+      # default now) against the wait first (PDL=1): the kernel tests, then A/B
+      run test_cuda 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
+      cd benchmarks
+      run ab_pdl_A 200 python3 ab_cuda.py --config A --chunks 64,128 --rows fwd,ag --rounds 3 \
+        --a PDL=1 --b PDL=2
+      run ab_pdl_B 120 python3 ab_cuda.py --config B --chunks 128 --rows fwd,ag --rounds 3 \
+        --a PDL=1 --b PDL=2
+      cd .. ;;
     phase1_13)   # session 13: the pairs kernel in two programs per token (PAIR_SPLIT) and
       # the prep kernel's repeat branch: interleaved A/B (A side: both off), then each alone
       run test_cuda 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda.py

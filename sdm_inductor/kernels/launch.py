@@ -55,11 +55,12 @@ def pdl(config: dict, t) -> dict:
     dependent launch (``PDL``, ``launch_pdl``) where the device has it (sm_90+) and
     ``config["PDL"]`` asks for it. Each such launch may start while the kernel before it
     still runs; the kernel's first statement waits for it (``step._grid_dependency``),
-    so only the launch latency overlaps, never data."""
+    so only the launch latency overlaps, never data (``PDL=2``: also the loads of what no
+    launch of the walk writes)."""
     on = (bool(config["PDL"]) and t.device.type == "cuda"
           and os.environ.get("TRITON_INTERPRET") != "1"
           and torch.cuda.get_device_capability(t.device) >= (9, 0))
-    return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
+    return dict(PDL=int(config["PDL"]), launch_pdl=True) if on else dict(PDL=False)
 
 
 def launch(kernel, grid, *args, **meta):

@@ -38,21 +38,34 @@ def _grid_dependency(PDL: tl.constexpr):
     sm_90+: ``launch.pdl``), the kernel's programs may be resident before the previous
     kernel in the stream has finished: wait for it (its writes then visible) before any
     load or store, then let the next kernel's programs launch, so a launch's latency hides
-    behind the tail of the one before."""
+    behind the tail of the one before.
+
+    Kernels that call it twice, as ``_grid_dependency(PDL == 1)`` first and
+    ``_grid_dependency(PDL == 2)`` after their *early loads*, wait at the second call when
+    ``PDL == 2``. Early loads read only what no launch of the walk writes (Phase 1's arrays,
+    the call's inputs, the forward's undo log in the backward): all of it was complete
+    before the walk's first launch, and a programmatic launch starts only once the kernel
+    before it has passed its own wait, so the kernel two back has finished. Their latency
+    then overlaps the previous kernel's tail instead of following it."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
-def _gather_half(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr, cols, cm,
-                 hd, EV: tl.constexpr):
-    """sum_e ev_e M0[slot_e, cols] over ``n`` entries from ``base`` (slot -1: nothing);
-    ``EV``: the L2 eviction policy of the row loads (``launch.EVICT``)."""
+def _gather_index(slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr):
+    """Slots and weights of ``n`` entries from ``base`` (Phase 1's arrays: early loads)."""
     e = tl.arange(0, NP)
     em = e < n
     sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
     wt = tl.load(ev_ptr + base + e, mask=em, other=0.0)
+    return sl, wt
+
+
+@triton.jit
+def _gather_rows(bank_ptr, sl, wt, cols, cm, hd, EV: tl.constexpr):
+    """sum_e wt_e M0[sl_e, cols] (slot -1: nothing); ``EV``: the L2 eviction policy of the
+    row loads (``launch.EVICT``)."""
     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
                    mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, eviction_policy=EV)
     return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
@@ -158,14 +171,17 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
                         MIX: tl.constexpr, PDL: tl.constexpr, EV_W: tl.constexpr = "",
                         EV_R: tl.constexpr = "", KEEP: tl.constexpr = False):
-    _grid_dependency(PDL)
+    _grid_dependency(PDL == 1)
     # MIX: the last program of each (stream, column block) computes its delta and
     # readings (else ``_step_mix_kernel`` does, as a third launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
+    slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
+    slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
+    _grid_dependency(PDL == 2)
     # EV_W / EV_R: the write rows are read again by this step's write launch, the read
     # rows are not
-    r0 = _gather_half(bank_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd, EV_W)
-    inter = _gather_half(bank_ptr, slot_ptr, ev_ptr, base + W, R, RP, cols, cm, hd, EV_R)
+    r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd, EV_W)
+    inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd, EV_R)
     _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
                    cols, cm, C, CP, KEEP)
     if MIX:
@@ -189,7 +205,7 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
                        CL: tl.constexpr = 1):
     """The runs of one tile of ``NG`` write positions, in ``CL`` column blocks of ``BD`` one
     after the other: the run headers load once for all of them (as the dB launch)."""
-    _grid_dependency(PDL)
+    _grid_dependency(PDL == 1)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
     p = pid // NRT
@@ -200,6 +216,7 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
     lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
     sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                                       run_coef_ptr, rb, f0, C * W, NG, KW)
+    _grid_dependency(PDL == 2)   # the run headers are Phase 1's: early loads
     for j in tl.static_range(CL):
         cb = tl.program_id(1) * CL + j
         cols = cb * BD + sc

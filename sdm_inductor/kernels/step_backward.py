@@ -29,14 +29,15 @@ import triton.language as tl
 
 from .backward import _group_cols, _group_head, _load_log, _qkt_dy
 from .launch import EVICT, Relaunch, pdl, pow2
-from .step import _block_program, _gather_half, _grid_dependency, _token_program
+from .step import (_block_program, _gather_index, _gather_rows, _grid_dependency,
+                   _token_program)
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
 def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, width, NC,
                          C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                          QMODE: tl.constexpr, PDL: tl.constexpr):
-    _grid_dependency(PDL)
+    _grid_dependency(PDL == 1)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
     p = pid // NRT
@@ -44,9 +45,11 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cm = cols < hd
     b = p * NC + c
+    # early loads: the runs are Phase 1's, the undo log the forward's
     sl = tl.load(run_slot_ptr + b.to(tl.int64) * C * W + pos, mask=pos < C * W, other=-1)
     x = _load_log(log_ptr, scale_ptr, (c * P + p).to(tl.int64) * C * W + pos, sl >= 0, width,
                   cols, cm, QMODE)
+    _grid_dependency(PDL == 2)
     tl.store(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
              x.to(work_ptr.dtype.element_ty), mask=(sl >= 0)[:, None] & cm[None, :])
 
@@ -56,9 +59,11 @@ def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd
                             C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                             WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
                             EV: tl.constexpr = ""):
-    _grid_dependency(PDL)
+    _grid_dependency(PDL == 1)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    r0 = _gather_half(work_ptr, slot_ptr, ev_ptr, base, W, WP, cols, cm, hd, EV)
+    sl, wt = _gather_index(slot_ptr, ev_ptr, base, W, WP)
+    _grid_dependency(PDL == 2)
+    r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd, EV)
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
@@ -104,7 +109,7 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
                         hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                         BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
                         EV: tl.constexpr = "", EV_DB: tl.constexpr = ""):
-    _grid_dependency(PDL)
+    _grid_dependency(PDL == 1)
     # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
     # launch) and of the dB rows (read again by the dB launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
@@ -113,6 +118,7 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     wm = w < W
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
     cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
+    _grid_dependency(PDL == 2)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
     Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB).to(tl.float32)
@@ -179,12 +185,10 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
 
 
 @triton.jit
-def _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, vec, n: tl.constexpr, NP: tl.constexpr, cols,
-              cm, hd):
-    """The ``d ev`` partials ``vec . M0[slot_e]`` of ``n`` entries from ``base``."""
+def _dev_half(work_ptr, sl, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr, cols, cm, hd):
+    """The ``d ev`` partials ``vec . M0[sl_e]`` of ``n`` entries (slots ``sl``)."""
     e = tl.arange(0, NP)
     em = e < n
-    sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
     rows = tl.load(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
                    mask=(sl >= 0)[:, None] & cm[None, :], other=0.0).to(tl.float32)
     tl.store(pe_ptr + po + e, tl.sum(rows * vec[None, :], axis=1), mask=em)
@@ -194,17 +198,22 @@ def _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, vec, n: tl.constexpr, NP: tl
 def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB, NCW,
                          C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                          WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
-    _grid_dependency(PDL)
+    _grid_dependency(PDL == 1)
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
     cb = tl.program_id(1)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * E
-    dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
+    # early loads: the slots (Phase 1's) and dy (the call's)
+    w, r = tl.arange(0, WP), tl.arange(0, RP)
+    slw = tl.load(slot_ptr + base + w, mask=w < W, other=-1)
+    slr = tl.load(slot_ptr + base + W + r, mask=r < R, other=-1)
     tg = c * C + i
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                   other=0.0).to(tl.float32)
-    _dev_half(work_ptr, slot_ptr, pe_ptr, base, po, dr0, W, WP, cols, cm, hd)
-    _dev_half(work_ptr, slot_ptr, pe_ptr, base + W, po + W, dyt, R, RP, cols, cm, hd)
+    _grid_dependency(PDL == 2)
+    dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
+    _dev_half(work_ptr, slw, pe_ptr, po, dr0, W, WP, cols, cm, hd)
+    _dev_half(work_ptr, slr, pe_ptr, po + W, dyt, R, RP, cols, cm, hd)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
@@ -217,7 +226,7 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     ``BD`` (one after the other): the tile's headers load once for all of them. The launch
     measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
     offsets were most of each program's instructions at one block per program."""
-    _grid_dependency(PDL)
+    _grid_dependency(PDL == 1)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
     pid = tl.program_id(0)       # p * NGT + tile
     p = pid // NGT
@@ -226,6 +235,7 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     gb = (p * NC + c).to(tl.int64) * C * E
     pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
         g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0, C * E, NG, KW)
+    _grid_dependency(PDL == 2)   # the group headers are Phase 1's: early loads
     for j in tl.static_range(CL):
         cb = tl.program_id(1) * CL + j
         cols = cb * BD + sc
