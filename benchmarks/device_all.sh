@@ -191,6 +191,18 @@ for seg in "$@"; do
         --reps 5
       run tests_rest 220 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_nn.py \
         tests/test_examples.py ;;
+    pdl3_13)   # session 13: PDL=3 (backward launches that need nothing of the one before
+      # run before their wait): bitwise race check against PDL=1, A/B against PDL=2, then
+      # the kernel / gated / layer CUDA tests under PDL=3
+      cd benchmarks
+      run pdl_check 150 python3 pdl_check.py --reps 2 --chunks 64,128
+      run ab_pdl3_A 150 python3 ab_cuda.py --config A --chunks 64,128 --rows fwd,ag --rounds 3 \
+        --a PDL=2 --b PDL=3
+      run ab_pdl3_B 90 python3 ab_cuda.py --config B --chunks 128 --rows ag --rounds 3 \
+        --a PDL=2 --b PDL=3
+      cd ..
+      run tests_pdl3 300 env SDM_INDUCTOR_PDL=3 python3 -m pytest -q -x -p no:cacheprovider -m cuda \
+        tests/test_cuda.py tests/test_gated.py tests/test_nn.py ;;
     pdl13)   # session 13: early loads before the programmatic-launch wait (PDL=2, the
       # default now) against the wait first (PDL=1): the kernel tests, then A/B
       run test_cuda 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda.py

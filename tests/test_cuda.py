@@ -239,6 +239,29 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
         assert torch.equal(a, b), n
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs sm_90")
+@pytest.mark.parametrize("keep", [1, 0])
+def test_launch_overlap_modes_are_bitwise_equal(keep):
+    """``PDL`` 2 and 3 (launches that load or work before waiting for the one before,
+    ``step._grid_dependency``) give bitwise the outputs and gradients of ``PDL=1`` (every
+    launch waits before anything), with the forward's ``v - r0`` kept or gathered again."""
+    from sdm_inductor.kernels import host
+    ins = _inputs(torch.bfloat16, P=3, T=700, W=32, R=16, hd=192, slots_per_stream=512,
+                  per_write_gate=True, repeats=True)
+    dy = torch.randn(3, 700, 192, device="cuda").bfloat16()
+    dM = torch.randn_like(ins.bank)
+    host.CONFIG["KEEP"] = keep
+    got = {}
+    for pdl in (1, 2, 3):
+        host.CONFIG["PDL"] = pdl
+        y, M, grads = _grads(ins, 64, dy, dM)
+        got[pdl] = (y, M, *grads)
+    for pdl in (2, 3):
+        for n, a, b in zip(("readings", "final bank") + NAMES, got[pdl], got[1]):
+            assert torch.equal(a, b), f"PDL={pdl}: {n}"
+
+
 def test_cuda_graph_capture_and_no_recompile():
     from sdm_inductor.kernels import backward, phase1, phase2, step
     kernels = (phase1._prep_kernel, phase1._pairs_kernel, phase2._forward_kernel,

@@ -149,17 +149,18 @@ def _group_head(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_pt
 
 @triton.jit
 def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf, wt,
-                mk, isw, p, c, T, hd, cols, cm, sc, C, KW: tl.constexpr, DS):
+                mk, isw, p, c, T, hd, cols, cm, sc, C, KW: tl.constexpr, DS, CG: tl.constexpr):
     """dB of one tile's groups (``_group_head``) in the columns ``cols``: decay of a written
     slot plus the members' terms (``d r0`` of write members, ``dy`` of read members) in the
     group's order. The first ``KW`` members are gathered in one round trip with the old
     rows; only groups longer than ``KW`` (rare for sparse slots) take the loop, one member
-    per round trip. ``scr_dr + tok * DS + sc`` holds token ``tok``'s ``d r0`` for ``cols``."""
+    per round trip. ``scr_dr + tok * DS + sc`` holds token ``tok``'s ``d r0`` for ``cols``.
+    ``CG``: the cache modifier of the loads of what the walk writes (``dB``, ``d r0``)."""
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
-    old = tl.load(dB_ptr + ro, mask=wm, other=0.0)
+    old = tl.load(dB_ptr + ro, mask=wm, other=0.0, cache_modifier=CG)
     dr = tl.load(scr_dr + tf[:, :, None] * DS + sc[None, None, :],
-                 mask=(mk & isw)[:, :, None] & cm[None, None, :], other=0.0)
+                 mask=(mk & isw)[:, :, None] & cm[None, None, :], other=0.0, cache_modifier=CG)
     fg = c * C + tf
     dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, :, None] * hd + cols[None, None, :],
                   mask=(mk & (~isw) & (fg < T))[:, :, None] & cm[None, None, :],
@@ -173,7 +174,7 @@ def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw
         wtm = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)
         is_w = m < nw
         drm = tl.load(scr_dr + tfm[:, None] * DS + sc[None, :],
-                      mask=(mm & is_w)[:, None] & cm[None, :], other=0.0)
+                      mask=(mm & is_w)[:, None] & cm[None, :], other=0.0, cache_modifier=CG)
         fgm = c * C + tfm
         dym = tl.load(dy_ptr + (p.to(tl.int64) * T + fgm)[:, None] * hd + cols[None, :],
                       mask=(mm & (~is_w) & (fgm < T))[:, None] & cm[None, :],
@@ -193,7 +194,7 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
     pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
         g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0, CE, NG, KW)
     _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf, wt,
-                mk, isw, p, c, T, hd, cols, cm, sc, C, KW, DS)
+                mk, isw, p, c, T, hd, cols, cm, sc, C, KW, DS, "")
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "B", "C_LO", "N_WIN", "NCW"])

@@ -46,9 +46,31 @@ def _grid_dependency(PDL: tl.constexpr):
     the call's inputs, the forward's undo log in the backward): all of it was complete
     before the walk's first launch, and a programmatic launch starts only once the kernel
     before it has passed its own wait, so the kernel two back has finished. Their latency
-    then overlaps the previous kernel's tail instead of following it."""
+    then overlaps the previous kernel's tail instead of following it (kernels without a
+    ``PDL == 3`` form of their own treat 3 as 2).
+
+    ``PDL == 3`` goes further in the backward walk (``step_backward``): launches whose work
+    needs nothing of the launch just before them do it before waiting, and loads of what
+    the walk itself wrote two or more launches back go before the wait through L2 (``.cg``).
+    Each such kernel says why its early work is safe where it does it."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _wait(ON: tl.constexpr):
+    """``griddepcontrol.wait`` alone (``PDL == 3``: where a kernel let the next one launch
+    before its own wait, ``_launch_dependents``)."""
+    if ON:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _launch_dependents(ON: tl.constexpr):
+    """``griddepcontrol.launch_dependents`` alone, before the kernel's wait: only where the
+    next launch's work before its own wait needs nothing of the launch before this one."""
+    if ON:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -177,7 +199,7 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
-    _grid_dependency(PDL == 2)
+    _grid_dependency(PDL >= 2)
     # EV_W / EV_R: the write rows are read again by this step's write launch, the read
     # rows are not
     r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd, EV_W)
@@ -216,7 +238,7 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
     lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
     sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                                       run_coef_ptr, rb, f0, C * W, NG, KW)
-    _grid_dependency(PDL == 2)   # the run headers are Phase 1's: early loads
+    _grid_dependency(PDL >= 2)   # the run headers are Phase 1's: early loads
     for j in tl.static_range(CL):
         cb = tl.program_id(1) * CL + j
         cols = cb * BD + sc

@@ -30,13 +30,16 @@ import triton.language as tl
 from .backward import _group_cols, _group_head, _load_log, _qkt_dy
 from .launch import EVICT, Relaunch, pdl, pow2
 from .step import (_block_program, _gather_index, _gather_rows, _grid_dependency,
-                   _token_program)
+                   _launch_dependents, _token_program, _wait)
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
 def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, width, NC,
                          C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                          QMODE: tl.constexpr, PDL: tl.constexpr):
+    # PDL == 3: the next launch (the product of the chunk, which needs nothing of this one)
+    # may start at once; this one's stores still wait for the dB launch before it
+    _launch_dependents(PDL == 3)
     _grid_dependency(PDL == 1)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
@@ -50,6 +53,7 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
     x = _load_log(log_ptr, scale_ptr, (c * P + p).to(tl.int64) * C * W + pos, sl >= 0, width,
                   cols, cm, QMODE)
     _grid_dependency(PDL == 2)
+    _wait(PDL == 3)
     tl.store(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
              x.to(work_ptr.dtype.element_ty), mask=(sl >= 0)[:, None] & cm[None, :])
 
@@ -62,7 +66,7 @@ def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd
     _grid_dependency(PDL == 1)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     sl, wt = _gather_index(slot_ptr, ev_ptr, base, W, WP)
-    _grid_dependency(PDL == 2)
+    _grid_dependency(PDL >= 2)
     r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd, EV)
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
@@ -73,8 +77,14 @@ def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd
 @triton.jit(do_not_specialize=["c", "T", "NC", "vmr_cs"])
 def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
                           NC, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-                          CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
-    _grid_dependency(PDL)
+                          CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+                          KEPT: tl.constexpr = False):
+    # PDL == 3 with the forward's v - r0 kept: everything this launch reads was written
+    # before the walk, and the last readers of what it writes (the Dw and second product
+    # launches of the chunk after) have finished, so it runs whole before its wait, which
+    # only keeps the chain (its end implies the end of the launch before it)
+    EARLY: tl.constexpr = PDL == 3 and KEPT
+    _grid_dependency(PDL and not EARLY)
     p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
@@ -102,13 +112,14 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
         qd += _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, ks < C, cols, cm, C, PREC)
         k0 += TB
     tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
+    _grid_dependency(EARLY)
 
 
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
                         hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                         BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                        EV: tl.constexpr = "", EV_DB: tl.constexpr = ""):
+                        EV: tl.constexpr = "", EV_DB: tl.constexpr = "", CG: tl.constexpr = ""):
     _grid_dependency(PDL == 1)
     # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
     # launch) and of the dB rows (read again by the dB launch)
@@ -119,15 +130,21 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
     cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
     _grid_dependency(PDL == 2)
+    # PDL == 3: the dB rows (the dB launch two back) and chunk-start rows (the restore
+    # launch two back) load before the wait too, through L2 (CG = ".cg": never a line an
+    # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
-    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB).to(tl.float32)
-    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV).to(tl.float32)
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
+                 cache_modifier=CG).to(tl.float32)
+    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV,
+                 cache_modifier=CG).to(tl.float32)
+    po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
+    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
+    _grid_dependency(PDL == 3)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
-    po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
-    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
     dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
     tl.store(dd_ptr + buf, dd, mask=cm)
 
@@ -185,19 +202,25 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
 
 
 @triton.jit
-def _dev_half(work_ptr, sl, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr, cols, cm, hd):
-    """The ``d ev`` partials ``vec . M0[sl_e]`` of ``n`` entries (slots ``sl``)."""
+def _dev_rows(work_ptr, sl, cols, cm, hd, CG: tl.constexpr):
+    """The chunk-start rows ``M0[sl_e, cols]`` (``CG``: the loads' cache modifier)."""
+    return tl.load(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0,
+                   cache_modifier=CG).to(tl.float32)
+
+
+@triton.jit
+def _dev_half(rows, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr):
+    """The ``d ev`` partials ``vec . rows_e`` of ``n`` entries."""
     e = tl.arange(0, NP)
-    em = e < n
-    rows = tl.load(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0).to(tl.float32)
-    tl.store(pe_ptr + po + e, tl.sum(rows * vec[None, :], axis=1), mask=em)
+    tl.store(pe_ptr + po + e, tl.sum(rows * vec[None, :], axis=1), mask=e < n)
 
 
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
 def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB, NCW,
                          C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr):
+                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
+                         CG: tl.constexpr = ""):
     _grid_dependency(PDL == 1)
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
@@ -211,9 +234,14 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                   other=0.0).to(tl.float32)
     _grid_dependency(PDL == 2)
+    # PDL == 3: the chunk-start rows (the restore launch four back) load before the wait,
+    # through L2, and the read entries' partials need nothing of the launch before
+    rw = _dev_rows(work_ptr, slw, cols, cm, hd, CG)
+    rr = _dev_rows(work_ptr, slr, cols, cm, hd, CG)
+    _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
+    _grid_dependency(PDL == 3)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
-    _dev_half(work_ptr, slw, pe_ptr, po, dr0, W, WP, cols, cm, hd)
-    _dev_half(work_ptr, slr, pe_ptr, po + W, dyt, R, RP, cols, cm, hd)
+    _dev_half(rw, pe_ptr, po, dr0, W, WP)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
@@ -221,11 +249,16 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                            g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
                            E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                            KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                           CL: tl.constexpr = 1):
+                           CL: tl.constexpr = 1, CG: tl.constexpr = ""):
     """dB of the groups starting in one tile of ``NG`` positions, in ``CL`` column blocks of
     ``BD`` (one after the other): the tile's headers load once for all of them. The launch
     measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
     offsets were most of each program's instructions at one block per program."""
+    # PDL == 3: nothing here depends on the launch before (d ev: it writes only its
+    # partials, and reads neither dB nor d r0), so the launch runs whole without waiting,
+    # reading what the walk wrote through L2 (CG = ".cg"); one program (the last) waits at
+    # its end, so the launch still ends after the one before
+    _launch_dependents(PDL == 3)
     _grid_dependency(PDL == 1)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
     pid = tl.program_id(0)       # p * NGT + tile
@@ -242,7 +275,10 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
         cm = cols < hd
         scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
         _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf,
-                    wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd)
+                    wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
+    if PDL == 3:
+        if (pid == tl.num_programs(0) - 1) & (tl.program_id(1) == tl.num_programs(1) - 1):
+            tl.extra.cuda.gdc_wait()
 
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
@@ -279,6 +315,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
+    cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
     steps = [
         Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
@@ -290,21 +327,21 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
             num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
-                 num_stages=1, **pd),
+                 num_stages=1, KEPT=vmr_kept is not None, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, work, pl.slot, pl.coef, delta, ddelta,
                  parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BDD,
                  WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], EV_DB=EVICT[config["EV_DB"]],
-                 num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
+                 CG=cg, num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  **pd),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
-                 NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
+                 NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg,
                  num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
                  gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC,
-                 C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG,
+                 C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
                  num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
