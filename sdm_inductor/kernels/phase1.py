@@ -15,9 +15,10 @@ Kernels:
 - torch: a stable sort of each segment's keys, and three ``searchsorted`` that give
   every entry its *group* (the entries of its segment touching the same slot): the
   write members first, in token order, then the read members.
-- ``_pairs_kernel`` (one program per token): per-slot cumulative log-decays by walking
-  each entry's group (a fixed order: deterministic, and no long cumsum), the rows of
-  the Gram matrices A and QK, and the per-entry weights Phase 2 uses.
+- ``_pairs_kernel`` (one program per token; in eager calls two, one for the write
+  entries and A, one for the read entries and QK: ``PAIR_SPLIT``): per-slot cumulative
+  log-decays by walking each entry's group (a fixed order: deterministic, and no long
+  cumsum), the rows of the Gram matrices A and QK, and the per-entry weights Phase 2 uses.
 - ``solve.inverse``: the unit-lower-triangular inverse ``X = (I + tril(beta A, -1))^-1``
   and ``QKX = QK @ X`` of every chunk (fp32).
 """
