@@ -143,8 +143,10 @@ def autograd_step(ins, dy, dM, C, mode):
         y, M, _, _ = torch.ops.sdm.write_read(lb, k_idx, lk, lv, lbeta, lg, q_idx, lq, C, sph,
                                               False, mode)
         torch.autograd.backward((y, M), (dy, dM))
+        grads = [x.grad for x in leaves]
         for x in leaves:
             x.grad = None
+        return [y, M] + grads   # for checks (pdl_check.py); the timed calls drop them
     step.leaf_bytes = sum(x.numel() * x.element_size() for x in leaves)
     return step
 

@@ -13,21 +13,14 @@ import argparse
 
 import torch
 
-from bench_cuda import CONFIGS, make_inputs
-from sdm_inductor import ops
+from bench_cuda import CONFIGS, autograd_step, make_inputs
 from sdm_inductor.kernels import host
 
 
 def train_call(ins, dy, dM, C, mode):
-    bank, k_idx, k_val, v, beta, g, q_idx, q_val = ins
-    leaves = [x.detach().clone().requires_grad_() for x in (bank, k_val, v, beta, g, q_val)]
-    lb, lk, lv, lbeta, lg, lq = leaves
-    sph = bank.shape[0] // k_idx.shape[0]
-    y, M, _, _ = torch.ops.sdm.write_read(lb, k_idx, lk, lv, lbeta, lg, q_idx, lq, C, sph,
-                                          False, mode)
-    torch.autograd.backward((y, M), (dy, dM))
+    out = autograd_step(ins, dy, dM, C, mode)()
     torch.cuda.synchronize()
-    return [y.detach(), M.detach()] + [x.grad for x in leaves]
+    return [x.detach() for x in out]
 
 
 def main():
@@ -36,7 +29,6 @@ def main():
     ap.add_argument("--chunks", default="64,128")
     ap.add_argument("--modes", default="none")
     a = ap.parse_args()
-    ops.CHECK_INDICES["cuda"] = False
     names = ("readings", "final bank", "grad bank", "grad k_val", "grad v", "grad beta",
              "grad g", "grad q_val")
     bad = 0

@@ -48,6 +48,14 @@ def _softplus(x):
     return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
 
 
+@triton.jit
+def _repeat_sums(kv, first, w, ok):
+    """Each entry's weight summed over the live entries whose slot first occurs at it (the
+    dense-key meaning of a slot repeated in one token): a W x W one-hot sum."""
+    return tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0),
+                  axis=1)
+
+
 @triton.jit(do_not_specialize=["T", "Tp", "sb_b", "sa_b", "SPAN"])
 def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_ptr, dtb_ptr,
                  slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr, bout_ptr,
@@ -94,15 +102,13 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
     active = ok & (first == w)
     if REPEAT_BRANCH:
         # a token without repeated slots (the common case) keeps its weights: the W x W
-        # sum below would give each entry its own weight alone
+        # sum would give each entry its own weight alone
         if tl.sum((ok & (first != w)).to(tl.int32), axis=0) > 0:
-            kd = tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0),
-                        axis=1)
+            kd = _repeat_sums(kv, first, w, ok)
         else:
             kd = kv
     else:
-        kd = tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0),
-                    axis=1)
+        kd = _repeat_sums(kv, first, w, ok)
     kd = tl.where(active, kd, 0.0)
     if GATED:
         # g = -exp(A_log[p]) * softplus(a + dt_bias[p]), one per token (G == 1)
@@ -425,6 +431,7 @@ PAIR_ACC = True
 # its cause was not found before the session's device time ran out, and the earlier forms
 # are the ones that passed it (NOTES.md run 14).
 PAIR_SPLIT = True
+# warps of ``_pairs_kernel`` (8 needs more registers per thread, not fewer: run 14)
 PAIR_WARPS = 4
 # warps of ``_prep_kernel`` (one program per token)
 PREP_WARPS = 4

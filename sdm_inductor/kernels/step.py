@@ -53,15 +53,14 @@ def _grid_dependency(PDL: tl.constexpr):
     needs nothing of the launch just before them do it before waiting, and loads of what
     the walk itself wrote two or more launches back go before the wait through L2 (``.cg``).
     Each such kernel says why its early work is safe where it does it."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _wait(PDL)
+    _launch_dependents(PDL)
 
 
 @triton.jit
 def _wait(ON: tl.constexpr):
     """``griddepcontrol.wait`` alone (``PDL == 3``: where a kernel let the next one launch
-    before its own wait, ``_launch_dependents``)."""
+    before its own wait, ``_launch_dependents``; also half of ``_grid_dependency``)."""
     if ON:
         tl.extra.cuda.gdc_wait()
 
