@@ -8,7 +8,8 @@ A key ``module.NAME`` sets a constant of ``sdm_inductor.kernels.module`` instead
 
 Each round times A then B (no-grad forward and forward + backward, medians of
 ``triton.testing.do_bench``); the table gives each side's median over the rounds and
-the median of the per-round ratios B / A.
+the median of the per-round ratios B / A (``--c`` / ``--d``: a third and fourth side,
+each against A).
 """
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def main():
     ap.add_argument("--chunks", default="64,128")
     ap.add_argument("--a", nargs="*", default=[])
     ap.add_argument("--b", nargs="*", default=[])
+    ap.add_argument("--c", nargs="*", default=None, help="optional third side")
+    ap.add_argument("--d", nargs="*", default=None, help="optional fourth side")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--plan", action="store_true")
     ap.add_argument("--rows", default="fwd,fb",
@@ -61,9 +64,13 @@ def main():
     dy, dM = torch.randn_like(rest[2]), torch.randn_like(bank)
     keep = dict(host.CONFIG)
     sides = {"A": parse(args.a), "B": parse(args.b)}
+    sides.update({k.upper(): parse(v) for k, v in (("c", args.c), ("d", args.d)) if v is not None})
     keep_mod = module_keys(sides)
-    print(f"config {args.config}; A = {sides['A']}, B = {sides['B']}; {args.rounds} rounds")
-    print("| C | what | A ms | B ms | B / A (median of rounds) |\n| --- | --- | --- | --- | --- |")
+    others = [k for k in sides if k != "A"]
+    print(f"config {args.config}; " + ", ".join(f"{k} = {v}" for k, v in sides.items())
+          + f"; {args.rounds} rounds")
+    print("| C | what | A ms | " + " | ".join(f"{k} ms | {k} / A" for k in others) + " |\n|"
+          + " --- |" * (3 + 2 * len(others)))
     for C in (int(c) for c in args.chunks.split(",")):
         def fwd():
             return host.forward(bank, *rest, C, "none", False)
@@ -78,14 +85,17 @@ def main():
                 "ag": ("fwd+bwd autograd", autograd_step((bank, *rest), dy, dM, C, "none"), 200)}
         asked = (["plan"] if args.plan else []) + args.rows.split(",")
         for what, fn, rep in (rows[k] for k in asked):
-            times = {"A": [], "B": []}
+            times = {k: [] for k in sides}
             for _ in range(args.rounds):
                 for side, over in sides.items():
                     apply(keep, keep_mod, over)
                     times[side].append(bench(fn, rep=rep))
-            ratio = statistics.median(b / a for a, b in zip(times["A"], times["B"]))
+            cells = []
+            for k in others:   # each side's median, and the median of its per-round ratios
+                ratio = statistics.median(b / a for a, b in zip(times["A"], times[k]))
+                cells.append(f"{statistics.median(times[k]):.2f} | {ratio:.3f}")
             print(f"| {C} | {what} | {statistics.median(times['A']):.2f} | "
-                  f"{statistics.median(times['B']):.2f} | {ratio:.3f} |", flush=True)
+                  + " | ".join(cells) + " |", flush=True)
     apply(keep, keep_mod, {})
 
 

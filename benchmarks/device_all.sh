@@ -289,6 +289,18 @@ for seg in "$@"; do
       # commit 11936e8 has both)
       run cuda_tests 400 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
         tests/test_gated.py tests/test_nn.py ;;
+    aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
+      CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/test_export_aoti.py -k cuda_dynamic ;;
+    win14)   # session 14: no-grad windows with a short first window and the walk on a
+      # high-priority stream beside the plans ahead (pipeline.priority)
+      cd benchmarks
+      for cfg in A B; do
+        run ab_win_$cfg 200 python3 ab_cuda.py --config $cfg --chunks 128 --rows fwd --rounds 3 \
+          --b WINDOW_TOKENS=4096 --c WINDOW_TOKENS=2048 FIRST_WINDOW_TOKENS=1024 WALK_PRIORITY=1 \
+          --d WINDOW_TOKENS=4096 FIRST_WINDOW_TOKENS=2048 WALK_PRIORITY=1
+      done
+      cd .. ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++
