@@ -301,6 +301,27 @@ for seg in "$@"; do
           --d WINDOW_TOKENS=4096 FIRST_WINDOW_TOKENS=2048 WALK_PRIORITY=1
       done
       cd .. ;;
+    tl14)   # session 14: the windowed no-grad call's timeline by stream; the L1 / L2 limiters
+      # of the forward gather and write launches (Nsight Compute breakdowns)
+      cd benchmarks
+      run timeline_A 150 python3 timeline.py A 128 fwd "" "WINDOW_TOKENS=4096" \
+        "WINDOW_TOKENS=4096 PLAN_AHEAD=0" "WINDOW_TOKENS=4096 WALK_PRIORITY=1"
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      run ncu_gw 150 "$NCU" --profile-from-start off --clock-control none \
+        -k regex:"^_step_(gather|write)_kernel" --launch-skip 10 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+        --metrics breakdown:l1tex__throughput.avg.pct_of_peak_sustained_active,breakdown:lts__throughput.avg.pct_of_peak_sustained_active \
+        python3 ncu_step.py A 128 PDL=0
+      cd .. ;;
+    gw14)   # session 14: the forward gather in one or two warps per program (its four warps'
+      # cross-warp sums went through shared memory with 10-way bank conflicts: ncu)
+      cd benchmarks
+      run ab_gw_A 200 python3 ab_cuda.py --config A --chunks 64,128 --rows fwd,ag --rounds 3 \
+        --b WARPS_STEP=1 MAXNREG_STEP=0 --c WARPS_STEP=2 MAXNREG_STEP=0 --d WARPS_STEP=1 MAXNREG_STEP=128
+      run ab_gw_B 150 python3 ab_cuda.py --config B --chunks 128 --rows fwd,ag --rounds 3 \
+        --b WARPS_STEP=1 MAXNREG_STEP=0 --c WARPS_STEP=2 MAXNREG_STEP=0
+      run prof_host_win 100 python3 profile_host.py 128 4096
+      cd .. ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++
