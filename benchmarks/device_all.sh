@@ -322,6 +322,17 @@ for seg in "$@"; do
         --b WARPS_STEP=1 MAXNREG_STEP=0 --c WARPS_STEP=2 MAXNREG_STEP=0
       run prof_host_win 100 python3 profile_host.py 128 4096
       cd .. ;;
+    bw14)   # session 14: the backward row passes' shared-memory traffic (ncu), and their warps
+      cd benchmarks
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      run ncu_bw 150 "$NCU" --profile-from-start off --clock-control none \
+        -k regex:"^_step_(restore|bwd_dw|bwd_dev|bwd_group)_kernel" --launch-skip 8 --launch-count 4 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section Occupancy \
+        --metrics breakdown:l1tex__throughput.avg.pct_of_peak_sustained_active \
+        python3 ncu_step.py A 128 PDL=0
+      run ab_bw_A 200 python3 ab_cuda.py --config A --chunks 128 --rows ag --rounds 3 \
+        --b WARPS_DW=2 --c WARPS_STEP_B=2 --d WARPS_STEP_B=2 WARPS_DW=4
+      cd .. ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++

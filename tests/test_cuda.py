@@ -59,17 +59,14 @@ def step_walks_by_default():
     host.CONFIG.update(old)
 
 
-@pytest.fixture(params=["step", "column", "windows", "windows_hi"])
+@pytest.fixture(params=["step", "column", "windows"])
 def walk(request):
     """The Phase 2 walk of eager calls: the step walk, the column walk, and the step walk
     over token windows of 64 (each window's Phase 1 on a side stream, ahead of the walk:
-    ``pipeline.ahead``); ``windows_hi``: a first window of 32 tokens and the walk on a
-    high-priority stream (``pipeline.priority``)."""
+    ``pipeline.ahead``)."""
     from sdm_inductor.kernels import host
-    if request.param.startswith("windows"):
+    if request.param == "windows":
         host.CONFIG.update(WALK="step", WINDOW_TOKENS=64, TRAIN_WINDOW_TOKENS=64)
-        hi = request.param == "windows_hi"
-        host.CONFIG.update(FIRST_WINDOW_TOKENS=32 if hi else 0, WALK_PRIORITY=int(hi))
     else:
         host.CONFIG["WALK"] = request.param
     return request.param
@@ -103,12 +100,9 @@ def test_forward_backward_vs_oracle(case, walk):
     y, M, grads = _grads(ins, C, dy, dM, shared=shared)
     assert ops.last_dispatch()["impl"] == "cuda-triton-chunked"
     if T > 16:   # not the decode path
-        windowed = walk.startswith("windows")
-        assert ops.last_dispatch()["walk"] == ("step" if windowed else walk)
-        if windowed:
-            win = max(64 // C, 1) * C
-            first = min(win, max(C, 32 // C * C)) if walk == "windows_hi" else win
-            assert ops.last_dispatch()["windows"] == 1 + len(range(first, T, win))
+        assert ops.last_dispatch()["walk"] == ("step" if walk == "windows" else walk)
+        if host.CONFIG["WINDOW_TOKENS"] == 64:
+            assert ops.last_dispatch()["windows"] == len(range(0, T, max(64 // C, 1) * C))
         # the backward reuses the forward's Phase 1 where the forward ran one step walk
         assert ops.last_dispatch()["phase1_backward"] == ("kept" if walk == "step" else
                                                           "recomputed")

@@ -364,21 +364,6 @@ def test_index_checks_in_token_windows(monkeypatch):
     assert torch.equal(bank, ins.bank)
 
 
-def test_kernel_token_windows_partition_the_sequence():
-    """The step walks' token windows: whole chunks, in order, covering ``[0, T)`` once;
-    a shorter first window (its Phase 1 is the one nothing hides) rounds to whole chunks."""
-    from sdm_inductor.kernels.pipeline import token_windows
-    assert token_windows(600, 64, 256) == [(0, 256), (256, 512), (512, 600)]
-    assert token_windows(600, 64, 256, first=128) == [(0, 128), (128, 384), (384, 600)]
-    assert token_windows(600, 48, 200) == [(0, 192), (192, 384), (384, 576), (576, 600)]
-    assert token_windows(100, 64, 256, first=16) == [(0, 64), (64, 100)]
-    assert token_windows(50, 16, 32, first=1000) == [(0, 32), (32, 50)]
-    for T, C, tok, first in [(8192, 128, 2048, 1024), (77, 16, 48, 20), (9, 64, 64, 0)]:
-        wins = token_windows(T, C, tok, first)
-        assert wins[0][0] == 0 and wins[-1][1] == T
-        assert all(a[1] == b[0] and a[1] % C == 0 for a, b in zip(wins, wins[1:]))
-
-
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("sph", [24, 0])
 @pytest.mark.parametrize("where,value", [((1, 9, 3), -1), ((0, 0, 0), 48), ((1, 4, 1), None)])

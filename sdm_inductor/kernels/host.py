@@ -21,7 +21,7 @@ from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
-from .pipeline import ahead, priority, token_windows
+from .pipeline import ahead, token_windows
 from .quantize import pack_log
 from .phase2 import _forward_kernel
 from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
@@ -47,13 +47,13 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
-              BD_STEP=128, WARPS_STEP=4, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
+              BD_STEP=128, WARPS_STEP=1, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
               WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "2")),
-              WARPS_STEP_B=4, MAXNREG_STEP=80, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
+              WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1, FIRST_WINDOW_TOKENS=0, WALK_PRIORITY=0)
+              CL_GROUP=3, CL_WRITE=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -78,9 +78,12 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # kernels are bound by per-segment latency, and each window costs host time), so off by
 # default. Traced calls (one triton_op) cannot loop over a length: the whole sequence.
 # WARPS_STEP_B: warps of the backward step walk's row passes; MAXNREG_STEP (0: none): a
-# register cap for the forward gather (80: 2-2.5 % faster at A, NOTES.md run 8; with it
-# ptxas now gives the kernel 64 registers, without 40: no cap and a cap of 32 measured 2-3
-# and 9-11 % slower, run 13).
+# register cap for the forward gather. WARPS_STEP=1 (NOTES.md run 15): with four warps the
+# sums over a token's entries crossed warps through shared memory with ~10-way bank
+# conflicts, whose wavefronts filled the L1 pipe (Nsight Compute: 82 % busy, ~8x the row
+# loads' own); one warp sums in registers and shuffles (164 registers, one wave of
+# programs): no-grad 9-12 % faster at A, 5 % at B. (With four warps a cap of 80 had been
+# 2-2.5 % faster, run 8; a cap of 128 on the one warp spills, 4-7 % slower.)
 # TB_MIX / WARPS_MIX: token block and warps of the forward's product launch (the
 # gather's ``TB`` stays 64); TB_MIX_B / WARPS_MIX_B: the same for the backward's two.
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``);
@@ -89,9 +92,6 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # 3: the backward walk also does work that needs nothing of the launch just before.
 # Environment: SDM_INDUCTOR_PDL.
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
-# FIRST_WINDOW_TOKENS (0: as the others): the step walks' first window, whose Phase 1
-# nothing hides. WALK_PRIORITY=1: with several windows, the walk runs on a high-priority
-# stream beside the plans ahead (``pipeline.priority``).
 # EV_*: L2 eviction policies (``launch.EVICT``: 0 none, 1 evict_first, 2 evict_last) of the
 # step walks' row loads: the forward gather's write rows (GW, read again by the write
 # launch) and read rows (GR), the write launch's old rows (WO); the backward's chunk-start
@@ -324,8 +324,7 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     step = walk == "step"
     tokens = CONFIG["TRAIN_WINDOW_TOKENS"] if save else CONFIG["WINDOW_TOKENS"]
     windowed = path == "chunked" and (not save or (step and tokens > 0))
-    first = CONFIG["FIRST_WINDOW_TOKENS"] if step else 0
-    wins = token_windows(T, C, tokens, first) if windowed else [(0, T)]
+    wins = token_windows(T, C, tokens) if windowed else [(0, T)]
     windows = len(wins)
     _record(path, windows, bank, walk)
     if step:
@@ -368,23 +367,18 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     from .. import ops
     whole = len(wins) == 1
     keep = None
-    # several windows: the walk on a high-priority stream beside the plans ahead (nothing
-    # allocated there is handed out: readings and the log are allocated above, and only
-    # a single window keeps its plan for the backward)
-    hi = not whole and CONFIG["PLAN_AHEAD"] and CONFIG["WALK_PRIORITY"]
-    with priority(bank.device, hi):
-        for (t0, t1), pl in ahead(wins, make, bank.device, CONFIG["PLAN_AHEAD"]):
-            out = readings if whole else bank.new_empty(P, t1 - t0, hd)
-            saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
-            # not while a CUDA graph records the call (a compiled graph's extern call:
-            # nothing takes the offer there, and it would pin memory of the graph's pool)
-            if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
-                keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
-                                            device=bank.device))
-            _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
-                       None if keep is None else keep.vmr)
-            if not whole:
-                readings[:, t0:t1] = out
+    for (t0, t1), pl in ahead(wins, make, bank.device, CONFIG["PLAN_AHEAD"]):
+        out = readings if whole else bank.new_empty(P, t1 - t0, hd)
+        saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
+        # not while a CUDA graph records the call (a compiled graph's extern call: nothing
+        # takes the offer there, and it would pin memory of the graph's pool)
+        if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
+            keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
+                                        device=bank.device))
+        _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
+                   None if keep is None else keep.vmr)
+        if not whole:
+            readings[:, t0:t1] = out
     if rows is None:
         rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
     if keep is not None:

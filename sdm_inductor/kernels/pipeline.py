@@ -26,13 +26,11 @@ _SIDE: dict = {}
 SINGLE_INLINE = True
 
 
-def token_windows(T: int, C: int, tokens: int, first: int = 0) -> list[tuple[int, int]]:
+def token_windows(T: int, C: int, tokens: int) -> list[tuple[int, int]]:
     """``[t0, t1)`` windows of about ``tokens`` tokens, whole chunks each (the last may
-    end in a partial chunk). ``first`` (0: ``tokens``): the first window's size, so that
-    the one Phase 1 that nothing hides (the first window's) can be short."""
+    end in a partial chunk)."""
     win = max(C, tokens // C * C)
-    head = min(win, max(C, first // C * C)) if first else win
-    return [(0, min(T, head))] + [(t0, min(T, t0 + win)) for t0 in range(head, T, win)]
+    return [(t0, min(T, t0 + win)) for t0 in range(0, T, win)]
 
 
 def overlaps(device: torch.device) -> bool:
@@ -57,38 +55,6 @@ def _tensors(obj) -> Iterator[Tensor]:
     elif isinstance(obj, (tuple, list)):
         for x in obj:
             yield from _tensors(x)
-
-
-def _priority_stream(device: torch.device) -> torch.cuda.Stream:
-    key = ("hi", device.index if device.index is not None else torch.cuda.current_device())
-    if key not in _SIDE:
-        # CUDA clamps the number to the device's range: the highest priority there is
-        _SIDE[key] = torch.cuda.Stream(device, priority=-100)
-    return _SIDE[key]
-
-
-@contextlib.contextmanager
-def priority(device: torch.device, enabled: bool):
-    """Work queued in this block runs on a high-priority stream that first waits for the
-    current one; the current stream waits for it at the end. The step walk runs there
-    while ``ahead``'s side stream (default priority) computes the next window's Phase 1:
-    when an SM frees up, the block scheduler then starts a walk program before a Phase 1
-    one, so the latency-bound walk is not queued behind Phase 1's many programs.
-
-    Tensors allocated in the block belong to the priority stream for the caching
-    allocator; the caller must hand none of them out (the step forward allocates its
-    results before the block)."""
-    if not (enabled and overlaps(device)):
-        yield
-        return
-    main = torch.cuda.current_stream(device)
-    hi = _priority_stream(device)
-    hi.wait_stream(main)
-    try:
-        with torch.cuda.stream(hi):
-            yield
-    finally:
-        main.wait_stream(hi)
 
 
 def ahead(items: Iterable, make: Callable, device: torch.device,
