@@ -333,6 +333,13 @@ for seg in "$@"; do
       run ab_bw_A 200 python3 ab_cuda.py --config A --chunks 128 --rows ag --rounds 3 \
         --b WARPS_DW=2 --c WARPS_STEP_B=2 --d WARPS_STEP_B=2 WARPS_DW=4
       cd .. ;;
+    dw14)   # session 14: the backward's Dw launch in fewer warps (its cross-warp sum had ~9-way
+      # bank conflicts too), then the benchmark
+      cd benchmarks
+      run ab_dw_A 200 python3 ab_cuda.py --config A --chunks 64,128 --rows ag --rounds 3 \
+        --b WARPS_DW=1 BD_DW=64 --c WARPS_DW=2 BD_DW=64 --d WARPS_DW=2
+      cd ..
+      run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++
