@@ -340,6 +340,23 @@ for seg in "$@"; do
         --b WARPS_DW=1 BD_DW=64 --c WARPS_DW=2 BD_DW=64 --d WARPS_DW=2
       cd ..
       run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    p1ncu14)   # session 14: Phase 1's kernels' shared-memory traffic (ncu)
+      cd benchmarks
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      run ncu_p1 150 "$NCU" --profile-from-start off --clock-control none \
+        -k regex:"^_(pairs|prep|groups)_kernel" --launch-count 4 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section Occupancy \
+        --section LaunchStats --metrics breakdown:l1tex__throughput.avg.pct_of_peak_sustained_active \
+        python3 ncu_step.py A 128 PDL=0
+      cd .. ;;
+    prep14)   # session 14: Phase 1's prep kernel in fewer warps (4 warps: 5.8 k warp
+      # instructions per token, issue-bound; 1 warp: 2.4 k)
+      cd benchmarks
+      run ab_prep_A 200 python3 ab_cuda.py --config A --chunks 64,128 --plan --rows fwd,ag --rounds 3 \
+        --b phase1.PREP_WARPS=1 --c phase1.PREP_WARPS=2
+      run ab_prep_B 120 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd --rounds 3 \
+        --b phase1.PREP_WARPS=1 --c phase1.PREP_WARPS=2
+      cd .. ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++
