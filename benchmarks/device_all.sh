@@ -357,6 +357,11 @@ for seg in "$@"; do
       run ab_prep_B 120 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd --rounds 3 \
         --b phase1.PREP_WARPS=1 --c phase1.PREP_WARPS=2
       cd .. ;;
+    bd14)   # session 14: the one-warp forward gather over 64 columns (96 registers)
+      cd benchmarks
+      run ab_bd_A 150 python3 ab_cuda.py --config A --chunks 64,128 --rows fwd --rounds 3 --b BD_STEP=64
+      run ab_bd_B 100 python3 ab_cuda.py --config B --chunks 128 --rows fwd --rounds 3 --b BD_STEP=64
+      cd .. ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++
