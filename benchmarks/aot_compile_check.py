@@ -179,7 +179,7 @@ def main(dtype="bf16"):
                     scale_ptr=f32, run_slot_ptr=i32), dict(C=C, W=W, BD=BDW, NG=NGS, QMODE=q), ww)
     compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, slot_ptr=i32, ev_ptr=f32,
                 v_ptr=bank, vmr_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C,
-                                                EV=EVICT[CFG["EV_BW"]]), wg)
+                                                EV=EVICT[CFG["EV_BW"]]), CFG["WARPS_STEP"])
     compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                 dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
     specs = step_specs(C, bank, "tf32", save=True)

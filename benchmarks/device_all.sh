@@ -362,6 +362,10 @@ for seg in "$@"; do
       run ab_bd_A 150 python3 ab_cuda.py --config A --chunks 64,128 --rows fwd --rounds 3 --b BD_STEP=64
       run ab_bd_B 100 python3 ab_cuda.py --config B --chunks 128 --rows fwd --rounds 3 --b BD_STEP=64
       cd .. ;;
+    final14)   # session 14: the kernels' CUDA tests, then the benchmark
+      run cuda_tests 300 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
+        tests/test_gated.py tests/test_nn.py
+      run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++

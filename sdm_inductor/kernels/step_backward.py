@@ -320,11 +320,13 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
                  num_warps=ww, num_stages=1, **pd),
-        # v - r0: gathered here unless the forward kept it
+        # v - r0: gathered here unless the forward kept it. The forward gather's warps:
+        # the sum over a token's entries then runs in the same order, so the gradients
+        # are bitwise those of a kept v - r0 (with BD_STEP_B == BD_STEP, the defaults)
         *([] if vmr_kept is not None else [Relaunch(
             _step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd, NC,
-            C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], num_warps=wg,
-            num_stages=1, **pd)]),
+            C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
+            num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
                  num_stages=1, KEPT=vmr_kept is not None, **pd),
