@@ -366,6 +366,10 @@ for seg in "$@"; do
       run cuda_tests 300 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
         tests/test_gated.py tests/test_nn.py
       run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    walloc14)   # session 14: the allocator's work in windowed no-grad calls
+      cd benchmarks
+      run window_alloc 150 python3 window_alloc.py A 128 8192 4096 2048
+      cd .. ;;
     final12)   # session 12: the benchmark, then every other CUDA-marked test (lowerings,
       # examples, export, AOTI with the system compiler)
       export CXX=/usr/bin/g++
