@@ -14,6 +14,8 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Nsight Compute (the ncu* segments): on PATH or in the image's install folder
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 run() {  # run NAME LIMIT command...
   local name=$1 limit=$2; shift 2
   echo "== $name"; local t0=$SECONDS
@@ -244,7 +246,6 @@ for seg in "$@"; do
       done
       python3 benchmarks/bench_distributed.py --table /tmp/bench_dist_compiled_*.json ;;
     ncu12)   # session 12: Nsight Compute sections of one launch of each main kernel, A C=128
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       echo "ncu: $NCU"
       cd benchmarks
       python3 ncu_step.py A 128 PDL=0 > "$OUT/ncu_warm.log" 2>&1   # compiles the kernels once
@@ -264,7 +265,6 @@ for seg in "$@"; do
       run ab_clg6 150 python3 ab_cuda.py --rows ag --rounds 3 --chunks 128 --b CL_GROUP=6
       run ab_clw3 150 python3 ab_cuda.py --rows fwd,ag --rounds 3 --chunks 128 --b CL_WRITE=3
       run ab_clg3_B 100 python3 ab_cuda.py --config B --rows ag --rounds 3 --chunks 128 --b CL_GROUP=3
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for v in 3 6; do
         run ncu_group_cl$v 90 "$NCU" --profile-from-start off --clock-control none \
           -k regex:"^_step_bwd_group" --launch-skip 5 --launch-count 1 --section SpeedOfLight \
@@ -306,7 +306,6 @@ for seg in "$@"; do
       cd benchmarks
       run timeline_A 150 python3 timeline.py A 128 fwd "" "WINDOW_TOKENS=4096" \
         "WINDOW_TOKENS=4096 PLAN_AHEAD=0" "WINDOW_TOKENS=4096 WALK_PRIORITY=1"
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       run ncu_gw 150 "$NCU" --profile-from-start off --clock-control none \
         -k regex:"^_step_(gather|write)_kernel" --launch-skip 10 --launch-count 2 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
@@ -324,7 +323,6 @@ for seg in "$@"; do
       cd .. ;;
     bw14)   # session 14: the backward row passes' shared-memory traffic (ncu), and their warps
       cd benchmarks
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       run ncu_bw 150 "$NCU" --profile-from-start off --clock-control none \
         -k regex:"^_step_(restore|bwd_dw|bwd_dev|bwd_group)_kernel" --launch-skip 8 --launch-count 4 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section Occupancy \
@@ -342,7 +340,6 @@ for seg in "$@"; do
       run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     p1ncu14)   # session 14: Phase 1's kernels' shared-memory traffic (ncu)
       cd benchmarks
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       run ncu_p1 150 "$NCU" --profile-from-start off --clock-control none \
         -k regex:"^_(pairs|prep|groups)_kernel" --launch-count 4 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section Occupancy \

@@ -278,7 +278,7 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                     wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
     if PDL == 3:
         if (pid == tl.num_programs(0) - 1) & (tl.program_id(1) == tl.num_programs(1) - 1):
-            tl.extra.cuda.gdc_wait()
+            _wait(True)
 
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
