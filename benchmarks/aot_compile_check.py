@@ -120,6 +120,15 @@ def main(dtype="bf16"):
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=phase1.GROUPS_BLK),
                     phase1.GROUPS_WARPS)
+        blk = phase1.GROUPS_SPLIT_BLK
+        compile_one(phase1._block_writes_kernel, dict(skey_ptr=kt, cnt_ptr=i32), dict(BLK=blk))
+        compile_one(phase1._group_bounds_kernel,
+                    dict(skey_ptr=kt, cnt_ptr=i32, wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32),
+                    dict(BLK=blk, NBP=16))
+        compile_one(phase1._group_sizes_kernel,
+                    dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
+                         na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
+                         wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32), dict(E=W + R, BLK=blk))
     for CC, split in ((64, True), (128, True), (128, False), (256, True)):
         compile_one(phase1._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,

@@ -366,7 +366,8 @@ def _kept_for_backward():
 
 
 def case_phase1_scans():
-    """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) gives
+    """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) and its
+    split form over blocks of positions (``GROUPS_SPLIT``) give
     exactly what the binary searches and the second sort give, with int32 and int64
     keys, blocks of the scan that split groups, repeated and out-of-range slots; the
     flat sort of all segments (``FLAT_SORT``) gives the segmented sort's permutation, and
@@ -389,13 +390,16 @@ def case_phase1_scans():
         phase1.SCAN_GROUPS, phase1.FLAT_SORT, phase1.PAIR_ACC = False, False, False
         phase1.PAIR_SPLIT = False
         want = phase1.plan(*args)
-        phase1.SCAN_GROUPS = True
+        phase1.SCAN_GROUPS, phase1.GROUPS_SPLIT = True, False
         scans = phase1.plan(*args)
+        # blocks of 16 / 64 positions: groups that cross one or several block edges
+        phase1.GROUPS_SPLIT, phase1.GROUPS_SPLIT_BLK = True, 16 if C == 8 else 64
+        split = phase1.plan(*args)
         phase1.FLAT_SORT, phase1.PAIR_ACC, phase1.PAIR_SPLIT = True, True, True
         P, T, W = ins.k_idx.shape
         assert phase1._flat_span(args[0], P * -(-T // C), C, W + ins.q_idx.shape[2]) > 0
         flat = phase1.plan(*args)
-        for got in (scans, flat):
+        for got in (scans, split, flat):
             for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
                 assert torch.equal(getattr(got, f), getattr(want, f)), f
             for f in ("slot", "length", "decay", "tok", "coef"):

@@ -220,6 +220,103 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 
 
 @triton.jit
+def _block_writes_kernel(skey_ptr, cnt_ptr, CE, NB, BLK: tl.constexpr):
+    """The write entries (even keys) of each block of ``BLK`` sorted positions of each
+    segment (grid ``(B, NB)``): the carries of ``_group_bounds_kernel``'s write ranks."""
+    b = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    j = blk * BLK + tl.arange(0, BLK)
+    m = j < CE
+    k = tl.load(skey_ptr + b * CE + j, mask=m, other=1)
+    tl.store(cnt_ptr + b * NB + blk, tl.sum(((k & 1) == 0).to(tl.int32), 0))
+
+
+@triton.jit
+def _bound_search(skey_ptr, seg, lo, hi, half):
+    """The first position in ``[lo, hi)`` of the segment whose ``key >> 1`` exceeds
+    ``half`` (``hi`` if none): a binary search of the sorted keys, one program's scalar."""
+    while lo < hi:  # data-dependent trip count (log2 of the range)
+        mid = (lo + hi) // 2
+        if (tl.load(skey_ptr + seg + mid) >> 1) <= half:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@triton.jit
+def _group_bounds_kernel(skey_ptr, cnt_ptr, wex_ptr, gsp_ptr, gep_ptr, CE, NB,
+                         BLK: tl.constexpr, NBP: tl.constexpr):
+    """Each sorted position's group start and end and its exclusive write rank, one block of
+    ``BLK`` positions per program (grid ``(B, NB)``): in-block scans, with the two groups
+    that cross the block's edges found by binary searches and the write ranks carried by
+    ``_block_writes_kernel``'s counts. ``_groups_kernel`` does the same in one program per
+    segment, a chain of dependent blocks (NOTES.md run 16)."""
+    b = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    seg = b * CE
+    j0 = blk * BLK
+    j = j0 + tl.arange(0, BLK)
+    m = j < CE
+    jl = tl.minimum(j, CE - 1)
+    k = tl.load(skey_ptr + seg + jl)
+    kp = tl.load(skey_ptr + seg + jl - 1, mask=jl > 0, other=0)
+    kn = tl.load(skey_ptr + seg + jl + 1, mask=jl + 1 < CE, other=0)
+    start = (jl == 0) | ((k >> 1) != (kp >> 1))
+    end = (jl == CE - 1) | ((k >> 1) != (kn >> 1))
+    # the group reaching in from the left starts at the first position of its slot; the
+    # one reaching out to the right ends before the first position past its slot
+    first_half = tl.load(skey_ptr + seg + j0) >> 1
+    g0 = _bound_search(skey_ptr, seg, j0 * 0, j0, first_half - 1)
+    j1 = tl.minimum(j0 + BLK, CE)
+    last_half = tl.load(skey_ptr + seg + j1 - 1) >> 1
+    g1 = _bound_search(skey_ptr, seg, j1, CE, last_half) - 1
+    gst = tl.associative_scan(tl.where(start & m, j, -1), 0, _max_fn)
+    gst = tl.where(gst < 0, g0, gst)
+    gen = tl.associative_scan(tl.where(end & m, j, CE), 0, _min_fn, reverse=True)
+    gen = tl.where(gen == CE, g1, gen)
+    nb = tl.arange(0, NBP)
+    carry = tl.sum(tl.load(cnt_ptr + b * NB + nb, mask=nb < blk, other=0), 0)
+    isw = (m & ((k & 1) == 0)).to(tl.int32)
+    tl.store(wex_ptr + seg + j, carry + tl.cumsum(isw, 0) - isw, mask=m)
+    tl.store(gsp_ptr + seg + j, gst.to(tl.int32), mask=m)
+    tl.store(gep_ptr + seg + j, gen.to(tl.int32), mask=m)
+
+
+@triton.jit
+def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
+                        rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr, gep_ptr,
+                        CE, CW, E: tl.constexpr, BLK: tl.constexpr):
+    """From ``_group_bounds_kernel``'s bounds and ranks: every entry's group start and
+    sizes (entry order) and each write's place in the write runs, as ``_groups_kernel``'s
+    second scan does (grid ``(B, NB)``)."""
+    b = tl.program_id(0).to(tl.int64)
+    seg = b * CE
+    rseg = b * CW
+    j = tl.program_id(1) * BLK + tl.arange(0, BLK)
+    m = j < CE
+    gst = tl.load(gsp_ptr + seg + j, mask=m, other=0)
+    gen = tl.load(gep_ptr + seg + j, mask=m, other=0)
+    w_lo = tl.load(wex_ptr + seg + gst, mask=m, other=0)
+    w_hi = tl.load(wex_ptr + seg + gen, mask=m, other=0)
+    k_end = tl.load(skey_ptr + seg + gen, mask=m, other=1)
+    nw = w_hi + ((k_end & 1) == 0).to(tl.int32) - w_lo
+    ent = tl.load(perm_ptr + seg + j, mask=m, other=0)
+    tl.store(gs_ptr + seg + ent, gst, mask=m)
+    tl.store(nw_ptr + seg + ent, nw, mask=m)
+    tl.store(na_ptr + seg + ent, gen - gst + 1, mask=m)
+    k = tl.load(skey_ptr + seg + j, mask=m, other=1)
+    isw = m & ((k & 1) == 0)
+    dest = tl.load(wex_ptr + seg + j, mask=isw, other=0)
+    sl = tl.load(slot_ptr + seg + ent, mask=isw, other=-1)
+    lead = (j == gst) & (sl >= 0)
+    tl.store(rslot_ptr + rseg + dest, tl.where(lead, sl, -1), mask=isw)
+    tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
+    tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
+    tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
+
+
+@triton.jit
 def _gram_add(acc, x, tf, ok, cols, ACC: tl.constexpr):
     """``row[tf] += x`` for the lanes in ``ok`` by a one-hot sum over the lanes (no two
     writers, a fixed order). ``ACC``: ``acc`` is ``[lanes, CP]`` and keeps each lane's
@@ -444,6 +541,12 @@ PREP_REPEAT_BRANCH = True
 # ``_groups_kernel`` (one program per segment): positions per block of its two scans, warps
 GROUPS_BLK = 2048
 GROUPS_WARPS = 8
+# The groups in three launches over blocks of GROUPS_SPLIT_BLK sorted positions
+# (``_block_writes_kernel``, ``_group_bounds_kernel``, ``_group_sizes_kernel``: every block
+# at once) instead of ``_groups_kernel``'s one program per segment (164 us at A C=128,
+# 12.5 % occupancy: NOTES.md run 15). Eager calls only, like PAIR_SPLIT.
+GROUPS_SPLIT = True
+GROUPS_SPLIT_BLK = 1024
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
@@ -469,8 +572,19 @@ def _scan_groups(skey: Tensor, perm: Tensor, slot: Tensor, C: int, W: int, R: in
     i32 = dict(dtype=torch.int32, device=dev)
     gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
     rslot, rlen, rtok, rent = (torch.empty(B, CW, **i32) for _ in range(4))
-    launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
-           wex, gsp, CE, CW, E=W + R, BLK=min(GROUPS_BLK, pow2(CE)), num_warps=GROUPS_WARPS)
+    if GROUPS_SPLIT and not is_fake(skey):
+        blk = min(GROUPS_SPLIT_BLK, pow2(CE))
+        nb = -(-CE // blk)
+        cnt = torch.empty(B, nb, **i32)
+        gep = torch.empty(B, CE, **i32)
+        launch(_block_writes_kernel, (B, nb), skey, cnt, CE, nb, BLK=blk, num_warps=4)
+        launch(_group_bounds_kernel, (B, nb), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
+               NBP=pow2(nb), num_warps=4)
+        launch(_group_sizes_kernel, (B, nb), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
+               rent, wex, gsp, gep, CE, CW, E=W + R, BLK=blk, num_warps=4)
+    else:
+        launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
+               wex, gsp, CE, CW, E=W + R, BLK=min(GROUPS_BLK, pow2(CE)), num_warps=GROUPS_WARPS)
     return gs, nw, na, (rslot, rlen, rtok, rent)
 
 
