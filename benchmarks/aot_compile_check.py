@@ -121,7 +121,9 @@ def main(dtype="bf16"):
                          wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=phase1.GROUPS_BLK),
                     phase1.GROUPS_WARPS)
         blk = phase1.GROUPS_SPLIT_BLK
-        compile_one(phase1._block_writes_kernel, dict(skey_ptr=kt, cnt_ptr=i32), dict(BLK=blk))
+        compile_one(phase1._block_writes_kernel,
+                    dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32),
+                    dict(BLK=blk, FLAT=kt == i32))
         compile_one(phase1._group_bounds_kernel,
                     dict(skey_ptr=kt, cnt_ptr=i32, wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32),
                     dict(BLK=blk, NBP=16))

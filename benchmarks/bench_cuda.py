@@ -33,6 +33,18 @@ BASELINE_1X = {"A": dict(fwd=16.2, fwdbwd=43.7, peak=3.01), "B": dict(fwd=6.3, f
 TARGET = {"A": dict(fwd=2.5, fwdbwd=8.0), "B": dict(fwd=1.5, fwdbwd=5.0)}
 
 
+def set_knob(kv: str):
+    """``KEY=INT`` sets ``kernels.host.CONFIG[KEY]``; ``module.NAME=INT`` the constant
+    ``NAME`` of ``sdm_inductor.kernels.module`` (e.g. ``phase1.PAIR_WARPS=1``)."""
+    import importlib
+    key, value = kv.split("=")
+    if "." in key:
+        mod, name = key.split(".")
+        setattr(importlib.import_module(f"sdm_inductor.kernels.{mod}"), name, int(value))
+    else:
+        host.CONFIG[key] = int(value)
+
+
 def bench(fn, rep=300):
     return triton.testing.do_bench(fn, warmup=50, rep=rep, return_mode="median")
 
@@ -210,8 +222,7 @@ def main():
                     help="skip the fp8 / BD_BWD rows, the no-grad memory and the decode step")
     args = ap.parse_args()
     for kv in args.set:
-        key, value = kv.split("=")
-        host.CONFIG[key] = int(value)
+        set_knob(kv)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "config", host.CONFIG)
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s")

@@ -289,6 +289,19 @@ for seg in "$@"; do
       # commit 11936e8 has both)
       run cuda_tests 400 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py \
         tests/test_gated.py tests/test_nn.py ;;
+    s15a)   # session 15: Phase 1's groups over blocks of sorted positions (GROUPS_SPLIT) and
+      # the split pairs kernel in one warp (PAIR_WARPS=1): per-kernel times, then whole calls
+      cd benchmarks
+      run p1prof_old 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0 \
+        phase1.GROUPS_SPLIT=0 phase1.PAIR_WARPS=4
+      run p1prof_new 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0 \
+        phase1.GROUPS_SPLIT=1 phase1.PAIR_WARPS=1
+      run ab_p1_A 230 python3 ab_cuda.py --config A --chunks 64,128 --plan --rows fwd,ag --rounds 3 \
+        --a phase1.GROUPS_SPLIT=0 phase1.PAIR_WARPS=4 --b phase1.GROUPS_SPLIT=1 phase1.PAIR_WARPS=4 \
+        --c phase1.GROUPS_SPLIT=1 phase1.PAIR_WARPS=1
+      run ab_p1_B 100 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd --rounds 3 \
+        --a phase1.GROUPS_SPLIT=0 phase1.PAIR_WARPS=4 --b phase1.GROUPS_SPLIT=1 phase1.PAIR_WARPS=1
+      cd .. ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;

@@ -14,15 +14,14 @@ import sys
 
 import torch
 
-from bench_cuda import CONFIGS, make_inputs
+from bench_cuda import CONFIGS, make_inputs, set_knob
 from sdm_inductor.kernels import host
 
 
 def main():
     name, C = sys.argv[1], int(sys.argv[2])
     for kv in sys.argv[3:]:
-        key, value = kv.split("=")
-        host.CONFIG[key] = int(value)
+        set_knob(kv)
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
     dy, dM = torch.randn_like(v), torch.randn_like(bank)
 

@@ -1,12 +1,13 @@
 """Phase 1 (``phase1.plan``) per kernel, over the whole sequence and over one window of
 tokens, and the host time of the eager calls (config A of SDM_SPEC section 5):
 
-    python benchmarks/profile_phase1.py [C ...] [--whole] [KEY=INT ...]
+    python benchmarks/profile_phase1.py [C ...] [--whole] [--plan-only] [KEY=INT ...]
 
 (``--whole``: the whole sequence only, no windows; ``KEY=INT`` overrides
 ``kernels.host.CONFIG``, e.g. ``PDL=0``: with programmatic dependent launch a kernel's
 profiled time includes its wait for the kernel before it, so per-kernel tables need
-``PDL=0``.)
+``PDL=0``; ``module.NAME=INT`` a kernels module's constant, ``bench_cuda.set_knob``;
+``--plan-only``: no whole calls.)
 
 Prints, for each C: ``plan`` (whole sequence / 1024 tokens) timed by do_bench, its host
 time of enqueueing against its wall time, the CUDA time of each kernel in one call of each
@@ -21,7 +22,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench_cuda import CONFIGS, bench, eager_plan, make_inputs
+from bench_cuda import CONFIGS, bench, eager_plan, make_inputs, set_knob
 from sdm_inductor.kernels import host
 
 
@@ -63,8 +64,7 @@ def main():
     chunks = [int(a) for a in sys.argv[1:] if a.isdigit()] or [64, 128]
     whole = "--whole" in sys.argv
     for kv in (a for a in sys.argv[1:] if "=" in a):
-        key, value = kv.split("=")
-        host.CONFIG[key] = int(value)
+        set_knob(kv)
     print("config", host.CONFIG)
     cfg = CONFIGS["A"]
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**cfg)
@@ -85,6 +85,8 @@ def main():
             print(f"plan {name}: host {h:.2f} ms, wall {w:.2f} ms")
             kernel_table(run, f"plan {name}")
 
+        if "--plan-only" in sys.argv:
+            continue
         for win in (1 << 20,) + (() if whole else (1024,)):
             host.CONFIG["WINDOW_TOKENS"] = win
 

@@ -220,15 +220,22 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 
 
 @triton.jit
-def _block_writes_kernel(skey_ptr, cnt_ptr, CE, NB, BLK: tl.constexpr):
+def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, CE, NB, BLK: tl.constexpr,
+                         FLAT: tl.constexpr):
     """The write entries (even keys) of each block of ``BLK`` sorted positions of each
-    segment (grid ``(B, NB)``): the carries of ``_group_bounds_kernel``'s write ranks."""
+    segment (grid ``(B, NB)``): the carries of ``_group_bounds_kernel``'s write ranks.
+    Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
+    came from the flat sort of all segments, offset by the segment's first position)."""
     b = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     j = blk * BLK + tl.arange(0, BLK)
     m = j < CE
     k = tl.load(skey_ptr + b * CE + j, mask=m, other=1)
     tl.store(cnt_ptr + b * NB + blk, tl.sum(((k & 1) == 0).to(tl.int32), 0))
+    sp = tl.load(sperm_ptr + b * CE + j, mask=m, other=0)
+    if FLAT:
+        sp -= b * CE
+    tl.store(perm_ptr + b * CE + j, sp.to(tl.int32), mask=m)
 
 
 @triton.jit
@@ -528,8 +535,11 @@ PAIR_ACC = True
 # its cause was not found before the session's device time ran out, and the earlier forms
 # are the ones that passed it (NOTES.md run 14).
 PAIR_SPLIT = True
-# warps of ``_pairs_kernel`` (8 needs more registers per thread, not fewer: run 14)
+# warps of the split ``_pairs_kernel`` at C <= 128 (8 needs more registers per thread, not
+# fewer: run 14) and at C > 128 (one warp would spill its [16, 256] accumulator); the
+# single form (traced calls) keeps four
 PAIR_WARPS = 4
+PAIR_WARPS_WIDE = 4
 # warps of ``_prep_kernel`` (one program per token). One: its W x W slot comparisons
 # and sums stay in one warp's registers and shuffles, 2.4 k instructions per token
 # against 4 x 1.5 k for four warps (an issue-bound kernel, run 13); NOTES.md run 15:
@@ -563,9 +573,12 @@ def _search_groups(key: Tensor, skey: Tensor):
     return gs.to(torch.int32), nw.to(torch.int32), na.to(torch.int32)
 
 
-def _scan_groups(skey: Tensor, perm: Tensor, slot: Tensor, C: int, W: int, R: int):
-    """``gs, nw, na`` (entry order) and the write runs' ``slot, length, tok`` and entry
-    index (run order) of every segment, by ``_groups_kernel``."""
+def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, C: int, W: int,
+                 R: int):
+    """``perm`` (int32 positions within the segment), ``gs, nw, na`` (entry order) and the
+    write runs' ``slot, length, tok`` and entry index (run order) of every segment, from
+    the sorted keys ``skey`` and the sort's int64 permutation ``sperm`` (``flat``: of the
+    flat sort, ``_flat_span``), by ``_groups_kernel`` or its split form."""
     B, CE = skey.shape
     CW = C * W
     dev = skey.device
@@ -577,15 +590,26 @@ def _scan_groups(skey: Tensor, perm: Tensor, slot: Tensor, C: int, W: int, R: in
         nb = -(-CE // blk)
         cnt = torch.empty(B, nb, **i32)
         gep = torch.empty(B, CE, **i32)
-        launch(_block_writes_kernel, (B, nb), skey, cnt, CE, nb, BLK=blk, num_warps=4)
+        perm = torch.empty(B, CE, **i32)
+        launch(_block_writes_kernel, (B, nb), skey, sperm, perm, cnt, CE, nb, BLK=blk,
+               FLAT=flat, num_warps=4)
         launch(_group_bounds_kernel, (B, nb), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
                NBP=pow2(nb), num_warps=4)
         launch(_group_sizes_kernel, (B, nb), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
                rent, wex, gsp, gep, CE, CW, E=W + R, BLK=blk, num_warps=4)
     else:
+        perm = _local_perm(sperm, flat)
         launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
                wex, gsp, CE, CW, E=W + R, BLK=min(GROUPS_BLK, pow2(CE)), num_warps=GROUPS_WARPS)
-    return gs, nw, na, (rslot, rlen, rtok, rent)
+    return perm, gs, nw, na, (rslot, rlen, rtok, rent)
+
+
+def _local_perm(sperm: Tensor, flat: bool) -> Tensor:
+    """The sort's permutation as int32 positions within each segment."""
+    if flat:   # a segment's keys sort to its own range of the flat order
+        B, CE = sperm.shape
+        sperm = sperm - torch.arange(0, B * CE, CE, device=sperm.device)[:, None]
+    return sperm.to(torch.int32)
 
 
 def _key_dtype(S, C: int, E: int) -> torch.dtype:
@@ -694,15 +718,14 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     dev = k_idx.device
     key = key.view(B, C * E)
     if span:
-        skey, perm = (x.view(B, C * E) for x in torch.sort(key.view(-1), stable=True))
-        # positions within the segment (a segment's keys sort to its own range)
-        perm = perm - torch.arange(0, B * C * E, C * E, device=dev)[:, None]
+        skey, sperm = (x.view(B, C * E) for x in torch.sort(key.view(-1), stable=True))
     else:
-        skey, perm = torch.sort(key, dim=-1, stable=True)
-    perm = perm.to(torch.int32)
+        skey, sperm = torch.sort(key, dim=-1, stable=True)
     if SCAN_GROUPS:
-        gs, nw, na, runs = _scan_groups(skey, perm, slot.view(B, C * E), C, W, R)
+        perm, gs, nw, na, runs = _scan_groups(skey, sperm, bool(span), slot.view(B, C * E), C,
+                                              W, R)
     else:
+        perm = _local_perm(sperm, bool(span))
         gs, nw, na = _search_groups(key, skey)
         runs = _search_runs(key, slot.view(B, C * E), C, W, R)
     gam = torch.empty_like(val)
@@ -716,7 +739,8 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, gs, nw, gam, gend, ev,
            coef, decay, A, QK, C, W=W, R=R,
            EB=min(32 if C <= 128 else PAIR_ENTRIES_WIDE, pow2(max(W, R) if split else E)),
-           CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split, num_warps=PAIR_WARPS)
+           CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split,
+           num_warps=(PAIR_WARPS if C <= 128 else PAIR_WARPS_WIDE) if split else 4)
 
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
