@@ -302,6 +302,13 @@ for seg in "$@"; do
       run ab_p1_B 100 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd --rounds 3 \
         --a phase1.GROUPS_SPLIT=0 phase1.PAIR_WARPS=4 --b phase1.GROUPS_SPLIT=1 phase1.PAIR_WARPS=1
       cd .. ;;
+    s15b)   # session 15: the split groups kernels with a segment's blocks adjacent in the grid
+      # (its scattered stores in a small region of L2), per kernel at C=64 / 128
+      cd benchmarks
+      run p1prof_b 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0
+      run p1prof_b_old 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0 \
+        phase1.GROUPS_SPLIT=0
+      cd .. ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;

@@ -223,11 +223,10 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, CE, NB, BLK: tl.constexpr,
                          FLAT: tl.constexpr):
     """The write entries (even keys) of each block of ``BLK`` sorted positions of each
-    segment (grid ``(B, NB)``): the carries of ``_group_bounds_kernel``'s write ranks.
-    Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
+    segment (grid ``(B * NB,)``): the carries of ``_group_bounds_kernel``'s write ranks. Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
     came from the flat sort of all segments, offset by the segment's first position)."""
-    b = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
+    b = (tl.program_id(0) // NB).to(tl.int64)
+    blk = tl.program_id(0) % NB
     j = blk * BLK + tl.arange(0, BLK)
     m = j < CE
     k = tl.load(skey_ptr + b * CE + j, mask=m, other=1)
@@ -255,12 +254,12 @@ def _bound_search(skey_ptr, seg, lo, hi, half):
 def _group_bounds_kernel(skey_ptr, cnt_ptr, wex_ptr, gsp_ptr, gep_ptr, CE, NB,
                          BLK: tl.constexpr, NBP: tl.constexpr):
     """Each sorted position's group start and end and its exclusive write rank, one block of
-    ``BLK`` positions per program (grid ``(B, NB)``): in-block scans, with the two groups
+    ``BLK`` positions per program (grid ``(B * NB,)``): in-block scans, with the two groups
     that cross the block's edges found by binary searches and the write ranks carried by
     ``_block_writes_kernel``'s counts. ``_groups_kernel`` does the same in one program per
     segment, a chain of dependent blocks (NOTES.md run 16)."""
-    b = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
+    b = (tl.program_id(0) // NB).to(tl.int64)
+    blk = tl.program_id(0) % NB
     seg = b * CE
     j0 = blk * BLK
     j = j0 + tl.arange(0, BLK)
@@ -293,14 +292,16 @@ def _group_bounds_kernel(skey_ptr, cnt_ptr, wex_ptr, gsp_ptr, gep_ptr, CE, NB,
 @triton.jit
 def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
                         rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr, gep_ptr,
-                        CE, CW, E: tl.constexpr, BLK: tl.constexpr):
+                        CE, CW, NB, E: tl.constexpr, BLK: tl.constexpr):
     """From ``_group_bounds_kernel``'s bounds and ranks: every entry's group start and
     sizes (entry order) and each write's place in the write runs, as ``_groups_kernel``'s
-    second scan does (grid ``(B, NB)``)."""
-    b = tl.program_id(0).to(tl.int64)
+    second scan does. Grid ``(B * NB,)``, a segment's blocks adjacent: the programs
+    resident at once cover few segments, so the scattered entry-order stores land in a
+    small region of L2 (the segment's 64 KB per array at A C=128) rather than all of it."""
+    b = (tl.program_id(0) // NB).to(tl.int64)
     seg = b * CE
     rseg = b * CW
-    j = tl.program_id(1) * BLK + tl.arange(0, BLK)
+    j = tl.program_id(0) % NB * BLK + tl.arange(0, BLK)
     m = j < CE
     gst = tl.load(gsp_ptr + seg + j, mask=m, other=0)
     gen = tl.load(gep_ptr + seg + j, mask=m, other=0)
@@ -535,10 +536,12 @@ PAIR_ACC = True
 # its cause was not found before the session's device time ran out, and the earlier forms
 # are the ones that passed it (NOTES.md run 14).
 PAIR_SPLIT = True
-# warps of the split ``_pairs_kernel`` at C <= 128 (8 needs more registers per thread, not
-# fewer: run 14) and at C > 128 (one warp would spill its [16, 256] accumulator); the
-# single form (traced calls) keeps four
-PAIR_WARPS = 4
+# warps of the split ``_pairs_kernel`` at C <= 64, 64 < C <= 128 and C > 128; the single
+# form (traced calls) keeps four. One warp at C=64 (128 registers): the kernel 193 -> 121
+# us at A (NOTES.md run 16); at C=128 one warp measured 354 against 342 us; 8 warps need
+# more registers per thread, not fewer (run 14); one warp would spill at C > 128
+PAIR_WARPS = 1
+PAIR_WARPS_128 = 4
 PAIR_WARPS_WIDE = 4
 # warps of ``_prep_kernel`` (one program per token). One: its W x W slot comparisons
 # and sums stay in one warp's registers and shuffles, 2.4 k instructions per token
@@ -562,6 +565,10 @@ GROUPS_SPLIT_BLK = 1024
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
 # ``False`` selects the searches (kept as the reference the tests compare against).
 SCAN_GROUPS = True
+
+
+def _pair_warps(C: int) -> int:
+    return PAIR_WARPS if C <= 64 else PAIR_WARPS_128 if C <= 128 else PAIR_WARPS_WIDE
 
 
 def _search_groups(key: Tensor, skey: Tensor):
@@ -591,12 +598,12 @@ def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, C: int, 
         cnt = torch.empty(B, nb, **i32)
         gep = torch.empty(B, CE, **i32)
         perm = torch.empty(B, CE, **i32)
-        launch(_block_writes_kernel, (B, nb), skey, sperm, perm, cnt, CE, nb, BLK=blk,
+        launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, CE, nb, BLK=blk,
                FLAT=flat, num_warps=4)
-        launch(_group_bounds_kernel, (B, nb), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
+        launch(_group_bounds_kernel, (B * nb,), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
                NBP=pow2(nb), num_warps=4)
-        launch(_group_sizes_kernel, (B, nb), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
-               rent, wex, gsp, gep, CE, CW, E=W + R, BLK=blk, num_warps=4)
+        launch(_group_sizes_kernel, (B * nb,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
+               rent, wex, gsp, gep, CE, CW, nb, E=W + R, BLK=blk, num_warps=4)
     else:
         perm = _local_perm(sperm, flat)
         launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
@@ -740,7 +747,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
            coef, decay, A, QK, C, W=W, R=R,
            EB=min(32 if C <= 128 else PAIR_ENTRIES_WIDE, pow2(max(W, R) if split else E)),
            CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split,
-           num_warps=(PAIR_WARPS if C <= 128 else PAIR_WARPS_WIDE) if split else 4)
+           num_warps=_pair_warps(C) if split else 4)
 
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
