@@ -309,6 +309,20 @@ for seg in "$@"; do
       run p1prof_b_old 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0 \
         phase1.GROUPS_SPLIT=0
       cd .. ;;
+    s15c)   # session 15: no-grad windows whose Phase 1 replays from CUDA graphs (PLAN_GRAPH)
+      # ahead of the walk: the new test, the host / stream timeline, then A/B against one window
+      run test_plan_graph 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "plan_graph or windows"
+      cd benchmarks
+      run timeline_pg 120 python3 timeline.py A 128 fwd "" "WINDOW_TOKENS=2048 PLAN_GRAPH=1" \
+        "WINDOW_TOKENS=4096 PLAN_GRAPH=1"
+      run ab_pg_A 220 python3 ab_cuda.py --config A --chunks 64,128 --rows fwd --rounds 3 \
+        --a plan_graph.MAX_KEYS=64 --b PLAN_GRAPH=1 WINDOW_TOKENS=4096 plan_graph.MAX_KEYS=64 \
+        --c PLAN_GRAPH=1 WINDOW_TOKENS=2048 plan_graph.MAX_KEYS=64 \
+        --d PLAN_GRAPH=1 WINDOW_TOKENS=1024 plan_graph.MAX_KEYS=64
+      run ab_pg_B 120 python3 ab_cuda.py --config B --chunks 128 --rows fwd --rounds 3 \
+        --a plan_graph.MAX_KEYS=64 --b PLAN_GRAPH=1 WINDOW_TOKENS=4096 plan_graph.MAX_KEYS=64 \
+        --c PLAN_GRAPH=1 WINDOW_TOKENS=2048 plan_graph.MAX_KEYS=64
+      cd .. ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;

@@ -168,6 +168,49 @@ def test_long_sequence_windows_and_chunk_sizes():
         host.CONFIG["WINDOW_TOKENS"] = old
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_plan_graphs_match_eager_plans(gated):
+    """No-grad windows whose Phase 1 replays from CUDA graphs (``PLAN_GRAPH``, two buffer
+    slots, ``plan_graph.py``) give bitwise the eager plans' readings and final bank: on
+    the capturing call, on calls that replay (new inputs of the same shapes), for a new
+    length (new keys), and with the gates computed from raw inputs."""
+    from sdm_inductor.kernels import host, plan_graph
+    old = dict(host.CONFIG)
+    host.CONFIG.update(WINDOW_TOKENS=128)
+    P, hd = 2, 64
+
+    def call(ins, graphs):
+        host.CONFIG["PLAN_GRAPH"] = graphs
+        bank = ins.bank.clone()
+        if gated:
+            gen = torch.Generator(device="cuda").manual_seed(ins.k_idx.shape[1])
+            raw = [torch.randn(P, ins.k_idx.shape[1], device="cuda", generator=gen)
+                   for _ in range(2)]
+            gp = [torch.randn(P, device="cuda", generator=gen) for _ in range(2)]
+            return torch.ops.sdm.write_read_gated(bank, ins.k_idx, ins.k_val, ins.v, *raw, *gp,
+                                                  ins.q_idx, ins.q_val, chunk_size=64,
+                                                  slots_per_stream=64,
+                                                  save_for_backward=False)[:2]
+        else:
+            y = torch.ops.sdm.write_read_(bank, *ins[1:], 64, 64, False)
+        return y, bank
+    try:
+        plan_graph.clear()
+        for T, seed in ((600, 1), (600, 2), (600, 3), (300, 4)):
+            ins = _inputs(torch.bfloat16, P=P, T=T, W=8, R=8, hd=hd, slots_per_stream=64,
+                          seed=seed, per_write_gate=not gated)
+            want = call(ins, 0)
+            got = call(ins, 1)
+            assert ops.last_dispatch()["windows"] == -(-T // 128)
+            for n, a, b in zip(("readings", "final bank"), got, want):
+                assert torch.equal(a, b), f"T={T} seed={seed}: {n}"
+        assert len(plan_graph._CACHE) == 4 and not plan_graph._FAILED   # 2 lengths x 2 slots
+    finally:
+        host.CONFIG.clear()
+        host.CONFIG.update(old)
+        plan_graph.clear()
+
+
 def test_out_of_range_indices_are_masked():
     """Inside compiled graphs no host check runs: bad rows must touch nothing."""
     ins = _inputs(torch.float32, P=2, T=80, W=6, R=6, hd=32, slots_per_stream=64)

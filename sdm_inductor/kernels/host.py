@@ -21,6 +21,7 @@ from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
+from . import plan_graph
 from .pipeline import ahead, token_windows
 from .quantize import pack_log
 from .phase2 import _forward_kernel
@@ -49,7 +50,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
               BD_STEP=128, WARPS_STEP=1, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
-              WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "2")),
+              WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PLAN_GRAPH=0, PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "2")),
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
@@ -92,6 +93,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # 3: the backward walk also does work that needs nothing of the launch just before.
 # Environment: SDM_INDUCTOR_PDL.
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
+# PLAN_GRAPH=1: the no-grad step walk replays each window's Phase 1 from a CUDA graph per
+# window shape (``plan_graph.py``): its host time is then a few copies and one launch.
 # EV_*: L2 eviction policies (``launch.EVICT``: 0 none, 1 evict_first, 2 evict_last) of the
 # step walks' row loads: the forward gather's write rows (GW, read again by the write
 # launch) and read rows (GR), the write launch's old rows (WO); the backward's chunk-start
@@ -357,8 +360,16 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     readings = bank.new_empty(P, T, hd)
     dummy = _dummy(bank)
 
-    def make(win):
+    # a no-grad call's windows replay their Phase 1 from CUDA graphs in two alternating
+    # buffer slots (plan_graph.py); a training call's plan is handed to its backward
+    graphs = bool(CONFIG["PLAN_GRAPH"]) and not save and bank.device.type == "cuda"
+
+    def make(item):
+        k, win = item
         sl = slice(*win)
+        if graphs:   # the graph's static inputs are copies: no contiguous copies first
+            return plan_graph.plan(S, k_idx[:, sl], k_val[:, sl], beta[:, sl], g[:, sl],
+                                   q_idx[:, sl], q_val[:, sl], C, gate_params, k % 2)
         # raw gate inputs ([Bg, T, GH], any strides) are read through their strides
         b, a = (beta[:, sl], g[:, sl]) if gate_params else _contig(beta[:, sl], g[:, sl])
         return plan(S, *_contig(k_idx[:, sl], k_val[:, sl]), b, a,
@@ -367,7 +378,8 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     from .. import ops
     whole = len(wins) == 1
     keep = None
-    for (t0, t1), pl in ahead(wins, make, bank.device, CONFIG["PLAN_AHEAD"]):
+    for (_, (t0, t1)), pl in ahead(list(enumerate(wins)), make, bank.device,
+                                   CONFIG["PLAN_AHEAD"], reuse=graphs):
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         # not while a CUDA graph records the call (a compiled graph's extern call: nothing

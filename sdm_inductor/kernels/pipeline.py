@@ -58,7 +58,7 @@ def _tensors(obj) -> Iterator[Tensor]:
 
 
 def ahead(items: Iterable, make: Callable, device: torch.device,
-          enabled: bool = True) -> Iterator[tuple]:
+          enabled: bool = True, reuse: bool = False) -> Iterator[tuple]:
     """``(item, make(item))`` for each item in order. With ``enabled`` and
     ``overlaps(device)``, ``make``
     runs on a side stream one item ahead: its work for item ``i + 1`` is queued before the
@@ -67,7 +67,11 @@ def ahead(items: Iterable, make: Callable, device: torch.device,
     ``make`` must read only tensors that are ready when this starts (the side stream
     waits for the current stream once, here). Its results were allocated on the side
     stream: they are marked as used by the current stream (``record_stream``), so the
-    caching allocator does not hand their memory out before that stream is done."""
+    caching allocator does not hand their memory out before that stream is done.
+
+    ``reuse``: ``make(items[i + 1])`` overwrites what ``make(items[i - 1])`` returned (two
+    buffer slots, ``plan_graph``), so the side stream waits for the caller's work for
+    item ``i - 1`` before it (the caller's work for item ``i`` is not queued yet)."""
     items = list(items)
     if not items:
         return
@@ -80,6 +84,8 @@ def ahead(items: Iterable, make: Callable, device: torch.device,
     side.wait_stream(main)
 
     def enqueue(it):
+        if reuse:
+            side.wait_stream(main)
         with torch.cuda.stream(side):
             out = make(it)
             done = torch.cuda.Event()
