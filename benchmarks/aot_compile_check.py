@@ -15,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sdm_inductor.kernels import (backward, decode, phase1, phase2, quantize, step,
+from sdm_inductor.kernels import (backward, decode, phase1, phase2, quantize, solve, step,
                                   step_backward, walk)
 from sdm_inductor.kernels.host import CONFIG as CFG
 from sdm_inductor.kernels.launch import EVICT
@@ -131,6 +131,13 @@ def main(dtype="bf16"):
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32), dict(E=W + R, BLK=blk))
+    compile_one(solve._inverse_kernel, dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32,
+                                            QKX_ptr=f32),
+                dict(C=64, CP=64, PREC="tf32x3", LOG=6))
+    for CC in (96, 128):
+        compile_one(solve._inverse_blocks_kernel,
+                    dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32, QKX_ptr=f32),
+                    dict(C=CC, H=64, PREC="tf32x3", LOG=6), solve.BLOCKED_WARPS)
     for CC, split in ((64, True), (128, True), (128, False), (256, True)):
         compile_one(phase1._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,

@@ -29,7 +29,8 @@ def _run(case: str):
 
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
-                                  "column_walk", "step_walk", "phase1_scans"])
+                                  "column_walk", "step_walk", "phase1_scans",
+                                  "solve_blocks"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -410,6 +411,30 @@ def case_phase1_scans():
             assert torch.allclose(x, y, rtol=1e-6, atol=1e-7), f
             assert x.abs().sum() > 0, f
         print(f"{key_dtype}: scans == searches, flat sort == segmented sort")
+
+
+def case_solve_blocks():
+    """``solve.inverse`` by 2 x 2 blocks of 64 (``_inverse_blocks_kernel``, 64 < C <= 128,
+    C = 128 and C = 96 with masked rows) gives torch's triangular solve's X and QK X."""
+    import torch
+    from sdm_inductor.kernels import solve
+    gen = torch.Generator().manual_seed(5)
+    for C in (128, 96):
+        B = 3
+        A = torch.randn(B, C, C, generator=gen) * 0.3
+        QK = torch.tril(torch.randn(B, C, C, generator=gen))
+        beta = torch.rand(B, C, generator=gen)
+        beta[1, -5:] = 0.0   # padded tokens
+        X, QKX = solve.inverse(A, QK, beta)
+        old = solve.BLOCKED_MAX_C
+        solve.BLOCKED_MAX_C = 0
+        try:
+            X_ref, QKX_ref = solve.inverse(A, QK, beta)
+        finally:
+            solve.BLOCKED_MAX_C = old
+        _check(f"C={C} X", X, X_ref, 1e-5)
+        _check(f"C={C} QKX", QKX, QKX_ref, 1e-5)
+        assert torch.equal(torch.triu(X, 1), torch.zeros_like(X))
 
 
 if __name__ == "__main__":

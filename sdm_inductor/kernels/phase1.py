@@ -386,8 +386,20 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr
         # Gram rows: the write members are in token order, so their own cumulative
         # decay is the running sum of the gates up to them
         xt = val[:, None] * kt * tl.exp(gam[:, None] - tl.cumsum(gt, axis=1))
+        # members in token order: a lane's terms are its first members, those before token
+        # i (A) or up to it (QK); the one-hot sums run only up to the block's longest such
+        # prefix (an entry's own write, usually its group's only one, adds no A term)
+        if BUILD_A and BUILD_QK:
+            use = em
+        elif BUILD_A:
+            use = em & is_w
+        else:
+            use = em & (~is_w)
+        lim = tl.where(is_w, i, i + 1)
+        n_hot = tl.max(tl.where(use, tl.sum((mt & (tt < lim[:, None])).to(tl.int32), axis=1),
+                                0), axis=0)
         for k in tl.static_range(KM):
-            if k < n_max:
+            if k < n_hot:
                 sel = km == k
                 x = tl.sum(tl.where(sel, xt, 0.0), axis=1)
                 tf = tl.sum(tl.where(sel, tt, 0), axis=1)

@@ -4,13 +4,15 @@
 nilpotent (``N^C = 0``), so ``X = L^-1 = (I + N)(I + N^2)(I + N^4) ... `` with
 ``ceil(log2 C)`` factors: a few dense C x C products instead of C dependent
 substitution steps, on tensor cores with fp32 accuracy (``tf32x3``). One program per
-chunk also forms ``QKX = QK @ X``. The matrices live in registers, which bounds C:
-for C > ``MAX_C`` the batched triangular solve of torch runs instead.
+chunk also forms ``QKX = QK @ X``. The matrices live in registers, which bounds C: up to
+``BLOCKED_MAX_C`` the chunk is 2 x 2 blocks of ``MAX_C`` (two series and three products
+more); beyond, the batched triangular solve of torch runs instead.
 """
 from __future__ import annotations
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
 from .launch import launch, pow2
@@ -41,9 +43,91 @@ def _inverse_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr, CP
     tl.store(QKX_ptr + off, tl.dot(QK, X, input_precision=PREC), mask=m)
 
 
+@triton.jit
+def _series(N, eye, PREC: tl.constexpr, LOG: tl.constexpr):
+    """``(I - N)^-1 = (I + N)(I + N^2)(I + N^4)...`` of a strictly lower triangular ``N``."""
+    X = eye + N
+    Pk = N
+    for _ in tl.static_range(1, LOG):
+        Pk = tl.dot(Pk, Pk, input_precision=PREC)
+        X = X + tl.dot(X, Pk, input_precision=PREC)
+    return X
+
+
+@triton.jit
+def _block(ptr, base, r0, c0, C: tl.constexpr, H: tl.constexpr):
+    """Offsets and mask of the ``[H, H]`` block at ``(r0, c0)`` of a ``[C, C]`` matrix."""
+    r = r0 + tl.arange(0, H)
+    c = c0 + tl.arange(0, H)
+    return ptr + base + r[:, None] * C + c[None, :], (r < C)[:, None] & (c < C)[None, :]
+
+
+@triton.jit
+def _inverse_blocks_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr,
+                           H: tl.constexpr, PREC: tl.constexpr, LOG: tl.constexpr):
+    """``_inverse_kernel`` for ``H < C <= 2H`` by 2 x 2 blocks of ``H x H``:
+    ``X11 = L11^-1``, ``X22 = L22^-1`` (series), ``X21 = X22 N21 X11`` (``L21 = -N21``),
+    ``X12 = 0``; ``QKX`` blockwise (``QK`` is lower triangular too). Each block of X goes
+    to memory once computed and is loaded again where a later product needs it (after a
+    barrier: other threads stored it), so few H x H tiles are live at once."""
+    b = tl.program_id(0)
+    base = b.to(tl.int64) * C * C
+    r = tl.arange(0, H)
+    low = r[None, :] < r[:, None]
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    zero = tl.zeros([H, H], tl.float32)
+    b1 = tl.load(beta_ptr + b.to(tl.int64) * C + r)
+    b2 = tl.load(beta_ptr + b.to(tl.int64) * C + H + r, mask=H + r < C, other=0.0)
+    x11, m11 = _block(X_ptr, base, 0, 0, C, H)
+    x21, m21 = _block(X_ptr, base, H, 0, C, H)
+    x22, m22 = _block(X_ptr, base, H, H, C, H)
+    p, m = _block(A_ptr, base, 0, 0, C, H)
+    tl.store(x11, _series(tl.where(low, -b1[:, None] * tl.load(p, mask=m, other=0.0), 0.0),
+                          eye, PREC, LOG), mask=m11)
+    p, m = _block(X_ptr, base, 0, H, C, H)
+    tl.store(p, zero, mask=m)
+    p, m = _block(A_ptr, base, H, H, C, H)
+    tl.store(x22, _series(tl.where(low, -b2[:, None] * tl.load(p, mask=m, other=0.0), 0.0),
+                          eye, PREC, LOG), mask=m22)
+    tl.debug_barrier()
+    p, m = _block(A_ptr, base, H, 0, C, H)
+    T = tl.dot(-b2[:, None] * tl.load(p, mask=m, other=0.0), tl.load(x11, mask=m11, other=0.0),
+               input_precision=PREC)
+    tl.store(x21, tl.dot(tl.load(x22, mask=m22, other=0.0), T, input_precision=PREC), mask=m21)
+    tl.debug_barrier()
+    p, m = _block(QK_ptr, base, 0, 0, C, H)
+    q, qm = _block(QKX_ptr, base, 0, 0, C, H)
+    tl.store(q, tl.dot(tl.load(p, mask=m, other=0.0), tl.load(x11, mask=m11, other=0.0),
+                       input_precision=PREC), mask=qm)
+    q, qm = _block(QKX_ptr, base, 0, H, C, H)
+    tl.store(q, zero, mask=qm)
+    p, m = _block(QK_ptr, base, H, H, C, H)
+    q22 = tl.load(p, mask=m, other=0.0)
+    q, qm = _block(QKX_ptr, base, H, H, C, H)
+    tl.store(q, tl.dot(q22, tl.load(x22, mask=m22, other=0.0), input_precision=PREC), mask=qm)
+    p, m = _block(QK_ptr, base, H, 0, C, H)
+    y = tl.dot(q22, tl.load(x21, mask=m21, other=0.0), input_precision=PREC)
+    y += tl.dot(tl.load(p, mask=m, other=0.0), tl.load(x11, mask=m11, other=0.0),
+                input_precision=PREC)
+    q, qm = _block(QKX_ptr, base, H, 0, C, H)
+    tl.store(q, y, mask=qm)
+
+
+# 2 x 2 blocks of 64 (``_inverse_blocks_kernel``) for 64 < C <= BLOCKED_MAX_C in eager calls
+# (traced calls keep torch's solve, as they keep the earlier Phase 1 forms: phase1.PAIR_SPLIT)
+BLOCKED_MAX_C = 128
+BLOCKED_WARPS = 4
+
+
 def inverse(A, QK, beta):
     """(X, QKX) of every chunk: ``X = (I + tril(beta A, -1))^-1``; A, QK [B, C, C], beta [B, C]."""
     B, C, _ = A.shape
+    if MAX_C < C <= BLOCKED_MAX_C and not is_fake(A):
+        X = torch.empty_like(A)
+        QKX = torch.empty_like(A)
+        launch(_inverse_blocks_kernel, (B,), A, QK, beta, X, QKX, C=C, H=MAX_C,
+               PREC="tf32x3", LOG=max(1, (MAX_C - 1).bit_length()), num_warps=BLOCKED_WARPS)
+        return X, QKX
     if C > MAX_C:
         L = torch.tril(beta[:, :, None] * A, -1) + torch.eye(C, device=A.device)
         eye = torch.eye(C, device=A.device).expand(B, C, C)
