@@ -323,6 +323,16 @@ for seg in "$@"; do
         --a plan_graph.MAX_KEYS=64 --b PLAN_GRAPH=1 WINDOW_TOKENS=4096 plan_graph.MAX_KEYS=64 \
         --c PLAN_GRAPH=1 WINDOW_TOKENS=2048 plan_graph.MAX_KEYS=64
       cd .. ;;
+    s15d)   # session 15: the pairs kernel's one-hot sums up to the members with Gram terms
+      # (PAIR_HOT) and the blocked solve at 64 < C <= 128, per kernel and in whole calls
+      cd benchmarks
+      run p1prof_d 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0
+      run ab_hot_A 230 python3 ab_cuda.py --config A --chunks 64,128 --plan --rows fwd,ag --rounds 3 \
+        --a phase1.PAIR_HOT=0 solve.BLOCKED_MAX_C=0 --b phase1.PAIR_HOT=1 solve.BLOCKED_MAX_C=0 \
+        --c phase1.PAIR_HOT=1 solve.BLOCKED_MAX_C=128
+      run ab_hot_B 100 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd --rounds 3 \
+        --a phase1.PAIR_HOT=0 solve.BLOCKED_MAX_C=0 --b phase1.PAIR_HOT=1 solve.BLOCKED_MAX_C=128
+      cd .. ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;
