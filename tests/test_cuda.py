@@ -151,14 +151,15 @@ def test_decode_path(T):
 
 
 def test_long_sequence_windows_and_chunk_sizes():
-    """The eager no-grad forward in windows (T > WINDOW_TOKENS) and C in {16, 64, 256}."""
+    """The eager no-grad forward in windows (T > WINDOW_TOKENS) and C in {16, 64, 128, 256}
+    (at C = 128 the solve runs by 2 x 2 blocks, ``solve._inverse_blocks_kernel``)."""
     from sdm_inductor.kernels import host
     ins = _inputs(torch.float32, P=2, T=600, W=8, R=8, hd=64, slots_per_stream=256)
     y_ref, M_ref, _ = reference_outputs(ins)
     old = host.CONFIG["WINDOW_TOKENS"]
     host.CONFIG["WINDOW_TOKENS"] = 256
     try:
-        for C in (16, 64, 256):
+        for C in (16, 64, 128, 256):
             bank = ins.bank.clone()
             y = torch.ops.sdm.write_read_(bank, *ins[1:], C, 256, False)
             assert ops.last_dispatch()["windows"] == -(-600 // (256 // C * C))
