@@ -334,6 +334,16 @@ for seg in "$@"; do
       run ab_hot_B 100 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd --rounds 3 \
         --a phase1.PAIR_HOT=0 solve.BLOCKED_MAX_C=0 --b phase1.PAIR_HOT=1 solve.BLOCKED_MAX_C=128
       cd .. ;;
+    s15e)   # session 15: the split pairs kernel over blocks of 16 entries (one or two warps:
+      # no shared-memory conversions in one warp), per kernel at C=64 / 128
+      cd benchmarks
+      run p1prof_e0 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0
+      run p1prof_e1 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0 \
+        phase1.PAIR_ENTRIES=16 phase1.PAIR_WARPS_128=1
+      run p1prof_e2 100 python3 profile_phase1.py 128 --whole --plan-only PDL=0 \
+        phase1.PAIR_ENTRIES=16 phase1.PAIR_WARPS_128=2
+      grep -h "_pairs_kernel\|^## " "$OUT"/p1prof_e*.log
+      cd .. ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;

@@ -343,7 +343,7 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr
                   coef_ptr, decay_ptr, seg, i, cols, E0: tl.constexpr, E1: tl.constexpr,
                   W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
                   KM: tl.constexpr, ACC: tl.constexpr, BUILD_A: tl.constexpr,
-                  BUILD_QK: tl.constexpr, HOT: tl.constexpr):
+                  BUILD_QK: tl.constexpr):
     """Entries ``[E0, E1)`` of token ``i``: their cumulative decays and per-entry weights
     (stored), and their terms of the Gram rows ``A[i, :]`` (write entries, if ``BUILD_A``)
     and ``QK[i, :]`` (read entries, if ``BUILD_QK``), returned. Each entry walks its group;
@@ -386,23 +386,8 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr
         # Gram rows: the write members are in token order, so their own cumulative
         # decay is the running sum of the gates up to them
         xt = val[:, None] * kt * tl.exp(gam[:, None] - tl.cumsum(gt, axis=1))
-        # members in token order: a lane's terms are its first members, those before token
-        # i (A) or up to it (QK); the one-hot sums run only up to the block's longest such
-        # prefix (an entry's own write, usually its group's only one, adds no A term)
-        if BUILD_A and BUILD_QK:
-            use = em
-        elif BUILD_A:
-            use = em & is_w
-        else:
-            use = em & (~is_w)
-        if HOT:
-            lim = tl.where(is_w, i, i + 1)
-            n_hot = tl.max(tl.where(use, tl.sum((mt & (tt < lim[:, None])).to(tl.int32),
-                                                axis=1), 0), axis=0)
-        else:
-            n_hot = n_max
         for k in tl.static_range(KM):
-            if k < n_hot:
+            if k < n_max:
                 sel = km == k
                 x = tl.sum(tl.where(sel, xt, 0.0), axis=1)
                 tf = tl.sum(tl.where(sel, tt, 0), axis=1)
@@ -441,8 +426,7 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr
 def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
                   gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
                   C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
-                  KM: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
-                  HOT: tl.constexpr = True):
+                  KM: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr):
     """One program per (segment, token i), or with ``SPLIT`` two (grid ``(B * C, 2)``):
     one for the write entries and ``A[i, :]``, one for the read entries and ``QK[i, :]``.
     Split, each program keeps one Gram row's accumulator instead of two: fewer registers,
@@ -459,17 +443,17 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
         if tl.program_id(1) == 0:
             a_row, _ = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, W,
-                                     W, E, EB, CP, KM, ACC, True, False, HOT)
+                                     W, E, EB, CP, KM, ACC, True, False)
             tl.store(A_ptr + row, a_row, mask=cm)
         else:
             _, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
                                       gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, W, E,
-                                      W, E, EB, CP, KM, ACC, False, True, HOT)
+                                      W, E, EB, CP, KM, ACC, False, True)
             tl.store(QK_ptr + row, qk_row, mask=cm)
     else:
         a_row, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
                                       gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, E,
-                                      W, E, EB, CP, KM, ACC, True, True, HOT)
+                                      W, E, EB, CP, KM, ACC, True, True)
         tl.store(A_ptr + row, a_row, mask=cm)
         tl.store(QK_ptr + row, qk_row, mask=cm)
 
@@ -539,12 +523,11 @@ class Groups:
 
 
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
-# groups loop over the rest. PAIR_ENTRIES_WIDE: entries per block when C > 128 (the Gram
-# rows' one-hot sums are [entries, C]: 255 registers at 32 x 256, 149 at 16 x 256).
+# groups loop over the rest. PAIR_ENTRIES / PAIR_ENTRIES_WIDE: entries per block of the
+# split kernel when C <= 128 / C > 128 (the single form keeps 32 up to 128); the Gram
+# rows' one-hot sums are [entries, C]: 255 registers at 32 x 256, 149 at 16 x 256.
 PAIR_MEMBERS = 4
-# the one-hot member sums only up to the longest prefix of members with Gram terms (the
-# split kernel, eager calls; the single form keeps the group's write count)
-PAIR_HOT = True
+PAIR_ENTRIES = 32
 PAIR_ENTRIES_WIDE = 16
 # Gram rows summed over the entry lanes once per token (``_gram_add``'s ``ACC``)
 PAIR_ACC = True
@@ -764,8 +747,9 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     split = PAIR_SPLIT and W > 0 and R > 0 and not is_fake(val)
     launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, gs, nw, gam, gend, ev,
            coef, decay, A, QK, C, W=W, R=R,
-           EB=min(32 if C <= 128 else PAIR_ENTRIES_WIDE, pow2(max(W, R) if split else E)),
-           CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split, HOT=PAIR_HOT and split,
+           EB=min((PAIR_ENTRIES if split else 32) if C <= 128 else PAIR_ENTRIES_WIDE,
+                  pow2(max(W, R) if split else E)),
+           CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split,
            num_warps=_pair_warps(C) if split else 4)
 
     bp = bp.view(B, C)
