@@ -344,6 +344,9 @@ for seg in "$@"; do
         phase1.PAIR_ENTRIES=16 phase1.PAIR_WARPS_128=2
       grep -h "_pairs_kernel\|^## " "$OUT"/p1prof_e*.log
       cd .. ;;
+    final15)   # session 15: every CUDA-marked test (the `full` segment), then the benchmark
+      bash "$0" full
+      run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;

@@ -84,6 +84,8 @@ CASES = [  # (dtype, P, T, W, R, hd, sph, C, kwargs)
     (torch.bfloat16, 2, 130, 8, 8, 64, 96, 64, dict(per_write_gate=True)),
     (torch.bfloat16, 2, 70, 4, 4, 32, 64, 32, dict(shared_bank=True)),
     (torch.float32, 3, 9, 8, 6, 40, 64, 64, dict()),   # one chunk (T < C), P > 1
+    # 64 < C <= 128: the solve by 2 x 2 blocks (solve._inverse_blocks_kernel), rows masked
+    (torch.float32, 2, 250, 8, 6, 40, 96, 96, dict(per_write_gate=True, repeats=True)),
 ]
 
 
