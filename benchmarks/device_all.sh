@@ -347,6 +347,16 @@ for seg in "$@"; do
     final15)   # session 15: every CUDA-marked test (the `full` segment), then the benchmark
       bash "$0" full
       run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    s15f)   # session 15: the split pairs kernel at 64 < C <= 128 over blocks of 16 entries in one
+      # warp (s15e: 0.351 -> 0.326 ms), in whole calls; A again at C = 64 / 128 (final15's
+      # first row, A C=64 no-grad, read 4.26 ms where the same call in its last rows read 3.64)
+      cd benchmarks
+      run ab_eb_A 120 python3 ab_cuda.py --config A --chunks 128 --plan --rows fwd,ag --rounds 3 \
+        --b phase1.PAIR_ENTRIES_128=16 phase1.PAIR_WARPS_128=1
+      run ab_eb_B 80 python3 ab_cuda.py --config B --chunks 128 --plan --rows fwd --rounds 3 \
+        --b phase1.PAIR_ENTRIES_128=16 phase1.PAIR_WARPS_128=1
+      cd ..
+      run bench_A 120 python3 benchmarks/bench_cuda.py --configs A --chunks 64,128 --no-extras ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;

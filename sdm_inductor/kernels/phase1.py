@@ -523,11 +523,12 @@ class Groups:
 
 
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
-# groups loop over the rest. PAIR_ENTRIES / PAIR_ENTRIES_WIDE: entries per block of the
-# split kernel when C <= 128 / C > 128 (the single form keeps 32 up to 128); the Gram
+# groups loop over the rest. PAIR_ENTRIES / _128 / _WIDE: entries per block of the split
+# kernel at C <= 64, <= 128, > 128 (the single form keeps 32 up to 128); the Gram
 # rows' one-hot sums are [entries, C]: 255 registers at 32 x 256, 149 at 16 x 256.
 PAIR_MEMBERS = 4
 PAIR_ENTRIES = 32
+PAIR_ENTRIES_128 = 32
 PAIR_ENTRIES_WIDE = 16
 # Gram rows summed over the entry lanes once per token (``_gram_add``'s ``ACC``)
 PAIR_ACC = True
@@ -571,6 +572,10 @@ SCAN_GROUPS = True
 
 def _pair_warps(C: int) -> int:
     return PAIR_WARPS if C <= 64 else PAIR_WARPS_128 if C <= 128 else PAIR_WARPS_WIDE
+
+
+def _pair_entries(C: int) -> int:
+    return PAIR_ENTRIES if C <= 64 else PAIR_ENTRIES_128 if C <= 128 else PAIR_ENTRIES_WIDE
 
 
 def _search_groups(key: Tensor, skey: Tensor):
@@ -747,7 +752,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     split = PAIR_SPLIT and W > 0 and R > 0 and not is_fake(val)
     launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, gs, nw, gam, gend, ev,
            coef, decay, A, QK, C, W=W, R=R,
-           EB=min((PAIR_ENTRIES if split else 32) if C <= 128 else PAIR_ENTRIES_WIDE,
+           EB=min(_pair_entries(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
                   pow2(max(W, R) if split else E)),
            CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split,
            num_warps=_pair_warps(C) if split else 4)
