@@ -574,7 +574,7 @@ def _pair_warps(C: int) -> int:
     return PAIR_WARPS if C <= 64 else PAIR_WARPS_128 if C <= 128 else PAIR_WARPS_WIDE
 
 
-def _pair_entries(C: int) -> int:
+def _pair_block(C: int) -> int:
     return PAIR_ENTRIES if C <= 64 else PAIR_ENTRIES_128 if C <= 128 else PAIR_ENTRIES_WIDE
 
 
@@ -752,7 +752,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     split = PAIR_SPLIT and W > 0 and R > 0 and not is_fake(val)
     launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, gs, nw, gam, gend, ev,
            coef, decay, A, QK, C, W=W, R=R,
-           EB=min(_pair_entries(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
+           EB=min(_pair_block(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
                   pow2(max(W, R) if split else E)),
            CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split,
            num_warps=_pair_warps(C) if split else 4)
