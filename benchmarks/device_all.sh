@@ -357,6 +357,10 @@ for seg in "$@"; do
         --b phase1.PAIR_ENTRIES_128=16 phase1.PAIR_WARPS_128=1
       cd ..
       run bench_A 120 python3 benchmarks/bench_cuda.py --configs A --chunks 64,128 --no-extras ;;
+    final15b)   # session 15: the kernel tests with the pairs kernel's final defaults, then the
+      # benchmark (with its new unrecorded warm-up rows)
+      run test_cuda_f 260 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
+      run bench_cuda 170 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     aoti14)   # session 14: the AOTI CUDA test that failed in session 13 (first, alone)
       CXX=/usr/bin/g++ run aoti_dyn 250 python3 -m pytest -q -rA -p no:cacheprovider \
         tests/test_export_aoti.py -k cuda_dynamic ;;

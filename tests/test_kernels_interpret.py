@@ -378,8 +378,10 @@ def case_phase1_scans():
     from sdm_inductor.kernels import phase1
     from sdm_inductor.testing import make_inputs
     cases = [dict(P=2, T=37, W=4, R=3, slots_per_stream=11, C=8, repeats=True),
-             dict(P=1, T=300, W=16, R=4, slots_per_stream=600, C=64, repeats=True)]
-    for kw, key_dtype in zip(cases, (torch.int64, torch.int32)):
+             dict(P=1, T=300, W=16, R=4, slots_per_stream=600, C=64, repeats=True),
+             # 64 < C <= 128: the split pairs kernel's own entry blocks and warps
+             dict(P=1, T=150, W=6, R=4, slots_per_stream=80, C=96, repeats=True)]
+    for kw, key_dtype in zip(cases, (torch.int64, torch.int32, torch.int32)):
         C = kw.pop("C")
         ins = make_inputs(hd=4, per_write_gate=True, seed=3, **kw)
         ins.k_idx[0, 1, 1] = -1                     # a write that touches nothing

@@ -528,7 +528,7 @@ class Groups:
 # rows' one-hot sums are [entries, C]: 255 registers at 32 x 256, 149 at 16 x 256.
 PAIR_MEMBERS = 4
 PAIR_ENTRIES = 32
-PAIR_ENTRIES_128 = 32
+PAIR_ENTRIES_128 = 16
 PAIR_ENTRIES_WIDE = 16
 # Gram rows summed over the entry lanes once per token (``_gram_add``'s ``ACC``)
 PAIR_ACC = True
@@ -541,10 +541,12 @@ PAIR_ACC = True
 PAIR_SPLIT = True
 # warps of the split ``_pairs_kernel`` at C <= 64, 64 < C <= 128 and C > 128; the single
 # form (traced calls) keeps four. One warp at C=64 (128 registers): the kernel 193 -> 121
-# us at A (NOTES.md run 16); at C=128 one warp measured 354 against 342 us; 8 warps need
-# more registers per thread, not fewer (run 14); one warp would spill at C > 128
+# us at A (NOTES.md run 16). At C=128 one warp over blocks of 32 entries measured 354
+# against 342 us for four, over blocks of 16 (PAIR_ENTRIES_128: no shared-memory layout
+# conversions at all) 326 us; 8 warps need more registers per thread, not fewer (run 14);
+# one warp would spill at C > 128
 PAIR_WARPS = 1
-PAIR_WARPS_128 = 4
+PAIR_WARPS_128 = 1
 PAIR_WARPS_WIDE = 4
 # warps of ``_prep_kernel`` (one program per token). One: its W x W slot comparisons
 # and sums stay in one warp's registers and shuffles, 2.4 k instructions per token
