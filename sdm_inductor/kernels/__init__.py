@@ -11,8 +11,10 @@ Modules: ``phase1`` (dense keys, groups of equal slots, decays, Gram matrices, s
 ``step`` / ``step_backward`` (the walks over the chunks as launches per chunk: eager
 calls), ``phase2`` (the forward walk in one launch: traced calls), ``walk`` (the grid
 walk, opt-in), ``decode`` (short sequences), ``backward`` (the reverse column walk and
-Phase 1 backwards), ``launch`` (traceable launches, ``Relaunch``), ``host`` (buffers,
-launch parameters, the IMPLS interface), ``triton_ops``.
+Phase 1 backwards), ``solve`` (the chunks' triangular inverses), ``pipeline`` (Phase 1
+of token windows on a side stream), ``plan_graph`` (Phase 1 replayed from CUDA graphs,
+opt-in), ``quantize`` (the undo log's packing), ``launch`` (traceable launches,
+``Relaunch``), ``host`` (buffers, launch parameters, the IMPLS interface), ``triton_ops``.
 """
 try:
     import triton  # noqa: F401
