@@ -153,6 +153,30 @@ def _min_fn(a, b):
 
 
 @triton.jit
+def _store_sizes(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr, rslot_ptr, rlen_ptr,
+                 rtok_ptr, rent_ptr, wex_ptr, seg, rseg, j, m, k, gst, gen, E: tl.constexpr):
+    """Sorted positions ``j`` (mask ``m``, keys ``k``) with their groups' first and last
+    positions: each entry's group start and sizes to entry order (scattered), each write
+    to its place in the write runs (its exclusive write rank ``wex``)."""
+    w_lo = tl.load(wex_ptr + seg + gst, mask=m, other=0)
+    w_hi = tl.load(wex_ptr + seg + gen, mask=m, other=0)
+    k_end = tl.load(skey_ptr + seg + gen, mask=m, other=1)
+    nw = w_hi + ((k_end & 1) == 0).to(tl.int32) - w_lo
+    ent = tl.load(perm_ptr + seg + j, mask=m, other=0)
+    tl.store(gs_ptr + seg + ent, gst.to(tl.int32), mask=m)
+    tl.store(nw_ptr + seg + ent, nw, mask=m)
+    tl.store(na_ptr + seg + ent, (gen - gst + 1).to(tl.int32), mask=m)
+    isw = m & ((k & 1) == 0)
+    dest = tl.load(wex_ptr + seg + j, mask=isw, other=0)
+    sl = tl.load(slot_ptr + seg + ent, mask=isw, other=-1)
+    lead = (j == gst) & (sl >= 0)
+    tl.store(rslot_ptr + rseg + dest, tl.where(lead, sl, -1), mask=isw)
+    tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
+    tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
+    tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
+
+
+@triton.jit
 def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
                    rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr,
                    CE, CW, E: tl.constexpr, BLK: tl.constexpr):
@@ -199,23 +223,8 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
                                              reverse=True), carry_e)
         carry_e = tl.minimum(carry_e, tl.min(gen, 0))
         gst = tl.load(gsp_ptr + seg + jn, mask=m, other=0)
-        w_lo = tl.load(wex_ptr + seg + gst, mask=m, other=0)
-        w_hi = tl.load(wex_ptr + seg + gen, mask=m, other=0)
-        k_end = tl.load(skey_ptr + seg + gen, mask=m, other=1)
-        nw = w_hi + ((k_end & 1) == 0).to(tl.int32) - w_lo
-        na = gen - gst + 1
-        ent = tl.load(perm_ptr + seg + jn, mask=m, other=0)
-        tl.store(gs_ptr + seg + ent, gst.to(tl.int32), mask=m)
-        tl.store(nw_ptr + seg + ent, nw, mask=m)
-        tl.store(na_ptr + seg + ent, na.to(tl.int32), mask=m)
-        isw = m & ((k & 1) == 0)
-        dest = tl.load(wex_ptr + seg + jn, mask=isw, other=0)
-        sl = tl.load(slot_ptr + seg + ent, mask=isw, other=-1)
-        lead = (jn == gst) & (sl >= 0)
-        tl.store(rslot_ptr + rseg + dest, tl.where(lead, sl, -1), mask=isw)
-        tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
-        tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
-        tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
+        _store_sizes(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr, rslot_ptr, rlen_ptr,
+                     rtok_ptr, rent_ptr, wex_ptr, seg, rseg, jn, m, k, gst, gen, E)
         j0 -= BLK
 
 
@@ -305,23 +314,9 @@ def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
     m = j < CE
     gst = tl.load(gsp_ptr + seg + j, mask=m, other=0)
     gen = tl.load(gep_ptr + seg + j, mask=m, other=0)
-    w_lo = tl.load(wex_ptr + seg + gst, mask=m, other=0)
-    w_hi = tl.load(wex_ptr + seg + gen, mask=m, other=0)
-    k_end = tl.load(skey_ptr + seg + gen, mask=m, other=1)
-    nw = w_hi + ((k_end & 1) == 0).to(tl.int32) - w_lo
-    ent = tl.load(perm_ptr + seg + j, mask=m, other=0)
-    tl.store(gs_ptr + seg + ent, gst, mask=m)
-    tl.store(nw_ptr + seg + ent, nw, mask=m)
-    tl.store(na_ptr + seg + ent, gen - gst + 1, mask=m)
     k = tl.load(skey_ptr + seg + j, mask=m, other=1)
-    isw = m & ((k & 1) == 0)
-    dest = tl.load(wex_ptr + seg + j, mask=isw, other=0)
-    sl = tl.load(slot_ptr + seg + ent, mask=isw, other=-1)
-    lead = (j == gst) & (sl >= 0)
-    tl.store(rslot_ptr + rseg + dest, tl.where(lead, sl, -1), mask=isw)
-    tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
-    tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
-    tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
+    _store_sizes(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr, rslot_ptr, rlen_ptr,
+                 rtok_ptr, rent_ptr, wex_ptr, seg, rseg, j, m, k, gst, gen, E)
 
 
 @triton.jit
