@@ -13,6 +13,11 @@ until the slot's next replay. Windows alternate between two slots; ``pipeline.ah
 ``k - 1``, which read that slot, has finished. Only calls that keep nothing of their plan
 take this path: a training call hands its plan to the backward (``host.Kept``).
 
+The slots are shared by every call of one shape: calls that may run at the same time on
+different streams (or threads) must not use this path, which is why it is opt-in
+(``host.CONFIG["PLAN_GRAPH"]``). Measured: it cuts a windowed call's host time, not its
+wall time, because the plan's kernels and the walk's each fill the GPU (NOTES.md run 16).
+
 The cache key holds everything the captured work depends on: shapes, dtypes, the bank
 size, ``C``, the slot, and the values of Phase 1's module constants (the benchmarks set
 them between calls). Each key keeps its own memory pool (a graph's temporaries must not
