@@ -21,6 +21,17 @@ MAX_C = 64
 
 
 @triton.jit
+def _series(N, eye, PREC: tl.constexpr, LOG: tl.constexpr):
+    """``(I - N)^-1 = (I + N)(I + N^2)(I + N^4)...`` of a strictly lower triangular ``N``."""
+    X = eye + N
+    Pk = N
+    for _ in tl.static_range(1, LOG):
+        Pk = tl.dot(Pk, Pk, input_precision=PREC)
+        X = X + tl.dot(X, Pk, input_precision=PREC)
+    return X
+
+
+@triton.jit
 def _inverse_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr, CP: tl.constexpr,
                     PREC: tl.constexpr,
                     LOG: tl.constexpr):
@@ -32,26 +43,10 @@ def _inverse_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr, CP
     beta = tl.load(beta_ptr + b.to(tl.int64) * C + r, mask=r < C, other=0.0)
     A = tl.load(A_ptr + off, mask=m, other=0.0)
     N = tl.where(r[None, :] < r[:, None], -beta[:, None] * A, 0.0)
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    X = eye + N
-    Pk = N
-    for _ in tl.static_range(1, LOG):
-        Pk = tl.dot(Pk, Pk, input_precision=PREC)
-        X = X + tl.dot(X, Pk, input_precision=PREC)
+    X = _series(N, tl.where(r[:, None] == r[None, :], 1.0, 0.0), PREC, LOG)
     tl.store(X_ptr + off, X, mask=m)
     QK = tl.load(QK_ptr + off, mask=m, other=0.0)
     tl.store(QKX_ptr + off, tl.dot(QK, X, input_precision=PREC), mask=m)
-
-
-@triton.jit
-def _series(N, eye, PREC: tl.constexpr, LOG: tl.constexpr):
-    """``(I - N)^-1 = (I + N)(I + N^2)(I + N^4)...`` of a strictly lower triangular ``N``."""
-    X = eye + N
-    Pk = N
-    for _ in tl.static_range(1, LOG):
-        Pk = tl.dot(Pk, Pk, input_precision=PREC)
-        X = X + tl.dot(X, Pk, input_precision=PREC)
-    return X
 
 
 @triton.jit
