@@ -41,8 +41,13 @@ def set_knob(kv: str):
     key, value = kv.split("=")
     if "." in key:
         mod, name = key.split(".")
-        setattr(importlib.import_module(f"sdm_inductor.kernels.{mod}"), name, int(value))
+        module = importlib.import_module(f"sdm_inductor.kernels.{mod}")
+        if not hasattr(module, name):   # a misspelt or removed knob would change nothing
+            raise SystemExit(f"no constant {name} in sdm_inductor.kernels.{mod}")
+        setattr(module, name, int(value))
     else:
+        if key not in host.CONFIG:
+            raise SystemExit(f"no key {key} in kernels.host.CONFIG")
         host.CONFIG[key] = int(value)
 
 

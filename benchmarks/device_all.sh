@@ -325,6 +325,7 @@ for seg in "$@"; do
       cd .. ;;
     s15d)   # session 15: the pairs kernel's one-hot sums up to the members with Gram terms
       # (PAIR_HOT) and the blocked solve at 64 < C <= 128, per kernel and in whole calls
+      # (PAIR_HOT was removed after this run, NOTES.md run 16: its A/B rows now stop)
       run test_cuda_d 150 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
       cd benchmarks
       run p1prof_d 100 python3 profile_phase1.py 64 128 --whole --plan-only PDL=0

@@ -232,7 +232,8 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, CE, NB, BLK: tl.constexpr,
                          FLAT: tl.constexpr):
     """The write entries (even keys) of each block of ``BLK`` sorted positions of each
-    segment (grid ``(B * NB,)``): the carries of ``_group_bounds_kernel``'s write ranks. Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
+    segment (grid ``(B * NB,)``): the carries of ``_group_bounds_kernel``'s write ranks.
+    Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
     came from the flat sort of all segments, offset by the segment's first position)."""
     b = (tl.program_id(0) // NB).to(tl.int64)
     blk = tl.program_id(0) % NB
@@ -556,8 +557,9 @@ GROUPS_BLK = 2048
 GROUPS_WARPS = 8
 # The groups in three launches over blocks of GROUPS_SPLIT_BLK sorted positions
 # (``_block_writes_kernel``, ``_group_bounds_kernel``, ``_group_sizes_kernel``: every block
-# at once) instead of ``_groups_kernel``'s one program per segment (164 us at A C=128,
-# 12.5 % occupancy: NOTES.md run 15). Eager calls only, like PAIR_SPLIT.
+# at once) instead of ``_groups_kernel``'s one program per segment: 132 against 166 us at
+# A C=128 (NOTES.md run 16). Both are bound by the scattered stores to entry order, which
+# the split form keeps in a small region of L2. Eager calls only, like PAIR_SPLIT.
 GROUPS_SPLIT = True
 GROUPS_SPLIT_BLK = 1024
 
