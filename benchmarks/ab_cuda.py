@@ -9,7 +9,8 @@ A key ``module.NAME`` sets a constant of ``sdm_inductor.kernels.module`` instead
 Each round times A then B (no-grad forward and forward + backward, medians of
 ``triton.testing.do_bench``); the table gives each side's median over the rounds and
 the median of the per-round ratios B / A (``--c`` / ``--d``: a third and fourth side,
-each against A).
+each against A). ``--graph``: each call replayed from a CUDA graph, so the host's time
+(which can reach the GPU's, NOTES.md run 17) does not enter.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import statistics
 
 import torch
 
-from bench_cuda import CONFIGS, autograd_step, bench, eager_plan, make_inputs
+from bench_cuda import CONFIGS, autograd_step, bench, bench_graph, eager_plan, make_inputs
 from sdm_inductor.kernels import host
 
 
@@ -59,7 +60,13 @@ def main():
     ap.add_argument("--plan", action="store_true")
     ap.add_argument("--rows", default="fwd,fb",
                     help="which of fwd (no-grad), fb (the ops), ag (autograd) to time")
+    ap.add_argument("--graph", action="store_true",
+                    help="time each call replayed from a CUDA graph: the GPU's time alone, "
+                         "free of the host's (rows plan, fwd, fb)")
     args = ap.parse_args()
+    if args.graph and "ag" in args.rows.split(","):
+        ap.error("--graph times the ops' calls; autograd's row (ag) is not captured")
+    timer = bench_graph if args.graph else bench
     bank, *rest = make_inputs(**CONFIGS[args.config])
     dy, dM = torch.randn_like(rest[2]), torch.randn_like(bank)
     keep = dict(host.CONFIG)
@@ -89,7 +96,7 @@ def main():
             for _ in range(args.rounds):
                 for side, over in sides.items():
                     apply(keep, keep_mod, over)
-                    times[side].append(bench(fn, rep=rep))
+                    times[side].append(timer(fn, rep=rep))
             cells = []
             for k in others:   # each side's median, and the median of its per-round ratios
                 ratio = statistics.median(b / a for a, b in zip(times["A"], times[k]))

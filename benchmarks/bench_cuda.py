@@ -55,6 +55,23 @@ def bench(fn, rep=300):
     return triton.testing.do_bench(fn, warmup=50, rep=rep, return_mode="median")
 
 
+def bench_graph(fn, rep=300):
+    """``bench`` of ``fn`` replayed from a CUDA graph: the GPU's own time, no host cost
+    (captured after a warm-up on a side stream, as torch.cuda.graphs asks)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = bench(g.replay, rep=rep)
+    del g
+    return ms
+
+
 def copy_bandwidth() -> float:
     x = torch.empty(GIB // 2, dtype=torch.bfloat16, device="cuda").normal_()
     y = torch.empty_like(x)

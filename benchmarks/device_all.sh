@@ -358,6 +358,40 @@ for seg in "$@"; do
         --b phase1.PAIR_ENTRIES_128=16 phase1.PAIR_WARPS_128=1
       cd ..
       run bench_A 120 python3 benchmarks/bench_cuda.py --configs A --chunks 64,128 --no-extras ;;
+    s16a)   # session 16: where a step's time goes now (per-kernel tables, A C=128 / 64)
+      cd benchmarks
+      SDM_INDUCTOR_WALK=step run prof128 120 python3 profile_cuda.py 128 --tables-only
+      SDM_INDUCTOR_WALK=step run prof64 120 python3 profile_cuda.py 64 --tables-only
+      run tl128 90 python3 timeline.py A 128 fwd "WINDOW_TOKENS=8192"
+      cd .. ;;
+    s16b)   # session 16: is the eager call host-bound? eager vs host enqueue vs CUDA-graph replay
+      cd benchmarks
+      run hostb 240 python3 host_bound.py A:64 A:128 A:256 B:128
+      cat "$OUT/hostb.log" | tail -20
+      cd .. ;;
+    s16c)   # session 16: the forward walk's kernels alone (PDL=0) and in Nsight Compute, A C=128
+      cd benchmarks
+      run prof128p0 120 python3 profile_cuda.py 128 --tables-only PDL=0
+      grep -h "_step_\|_pairs\|Self CUDA" "$OUT/prof128p0.log"
+      run ncu_fwd 150 "$NCU" --profile-from-start off --clock-control none \
+        -k regex:"^_step_(gather|mix|write)_kernel" --launch-skip 12 --launch-count 3 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section Occupancy \
+        --section LaunchStats python3 ncu_step.py A 128 PDL=0
+      grep -E "^  _step|Duration|DRAM Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Grid Size" "$OUT/ncu_fwd.log"
+      cd .. ;;
+    s16d)   # session 16: launch shapes of the small product launches (forward mix: 96 programs,
+      # 7 us in ncu, 6 % occupancy; the backward's two) and of the write launch, timed from
+      # CUDA graphs (the GPU's own time; eager calls can be host-bound, run 17)
+      cd benchmarks
+      run ab_mix_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd --rounds 3 \
+        --b TB_MIX=32 --c MB_MIX=16 --d TB_MIX=32 MB_MIX=16
+      run ab_mix_B 100 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd --rounds 3 \
+        --b TB_MIX=32 --c MB_MIX=16 --d TB_MIX=32 MB_MIX=16
+      run ab_wr_A 150 python3 ab_cuda.py --graph --config A --chunks 128 --rows fwd --rounds 3 \
+        --b BD_STEP_W=128 --c NG_STEP=64 --d WARPS_STEP_W=4
+      run ab_mixb_A 200 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb --rounds 3 \
+        --b TB_MIX_B=32 --c MB_MIX_B=16 --d TB_MIX_B=32 MB_MIX_B=16
+      cd .. ;;
     final15b)   # session 15: the kernel tests with the pairs kernel's final defaults, then the
       # benchmark (with its new unrecorded warm-up rows)
       run test_cuda_f 260 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py

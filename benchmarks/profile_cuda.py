@@ -1,6 +1,8 @@
 """Where the time goes (config A of SDM_SPEC section 5): per-kernel CUDA time from
 torch.profiler, and the Phase 2 forward kernel alone with passes switched off and under
-other launch parameters. Usage: python benchmarks/profile_cuda.py [C] [--tables-only]
+other launch parameters. Usage: python benchmarks/profile_cuda.py [C] [--tables-only] [KEY=INT ...] (knobs as in
+``bench_cuda.set_knob``; ``PDL=0`` gives each kernel's own time, without the overlap of a
+programmatic launch's wait)
 (``SDM_INDUCTOR_WALK=step`` profiles the step walk's launches.)
 """
 from __future__ import annotations
@@ -10,7 +12,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench_cuda import CONFIGS, bench, make_inputs
+from bench_cuda import CONFIGS, bench, make_inputs, set_knob
 from sdm_inductor.kernels import host, phase1
 from sdm_inductor.kernels.launch import pow2
 from sdm_inductor.kernels.phase2 import _forward_kernel
@@ -34,7 +36,9 @@ def forward_kernel_only(bank, pl, v, C, BD=16, EW=8, WARPS=8, NG=512, TB=64, PAS
 
 
 def main():
-    nums = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for kv in (a for a in sys.argv[1:] if "=" in a):
+        set_knob(kv)
+    nums = [a for a in sys.argv[1:] if not a.startswith("--") and "=" not in a]
     C = int(nums[0]) if nums else 64
     cfg = CONFIGS["A"]
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**cfg)
