@@ -392,6 +392,21 @@ for seg in "$@"; do
       run ab_mixb_A 200 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb --rounds 3 \
         --b TB_MIX_B=32 --c MB_MIX_B=16 --d TB_MIX_B=32 MB_MIX_B=16
       cd .. ;;
+    s16e)   # session 16: s16d's winners (TB_MIX=32: A C=64 0.878, C=128 0.980, B 0.977; write
+      # WARPS_STEP_W=4 0.974, BD_STEP_W=128 0.983; TB_MIX_B=32 0.985) combined and pushed further
+      cd benchmarks
+      run ab_mix2_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd --rounds 3 \
+        --a TB_MIX=32 --b TB_MIX=16 --c TB_MIX=32 WARPS_MIX=2 --d TB_MIX=16 WARPS_MIX=2
+      run ab_wr2_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd,fb --rounds 3 \
+        --a TB_MIX=32 --b TB_MIX=32 WARPS_STEP_W=4 --c TB_MIX=32 WARPS_STEP_W=4 BD_STEP_W=128 \
+        --d TB_MIX=32 BD_STEP_W=128
+      run ab_mixb2_A 200 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb --rounds 3 \
+        --a TB_MIX=32 --b TB_MIX=32 TB_MIX_B=32 --c TB_MIX=32 TB_MIX_B=16 \
+        --d TB_MIX=32 TB_MIX_B=32 WARPS_MIX_B=2
+      run ab_wr2_B 150 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb --rounds 3 \
+        --a TB_MIX=32 --b TB_MIX=32 WARPS_STEP_W=4 --c TB_MIX=32 WARPS_STEP_W=4 BD_STEP_W=128 \
+        --d TB_MIX=32 TB_MIX_B=32
+      cd .. ;;
     final15b)   # session 15: the kernel tests with the pairs kernel's final defaults, then the
       # benchmark (with its new unrecorded warm-up rows)
       run test_cuda_f 260 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
