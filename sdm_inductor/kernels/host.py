@@ -48,10 +48,10 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
-              BD_STEP=128, WARPS_STEP=1, MB_STEP=32, BD_STEP_W=64, NG_STEP=32, KW_STEP=2,
-              WARPS_STEP_W=8, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
+              BD_STEP=128, WARPS_STEP=1, MB_STEP=32, BD_STEP_W=128, NG_STEP=32, KW_STEP=2,
+              WARPS_STEP_W=4, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
               WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PLAN_GRAPH=0, PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "2")),
-              WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=64, WARPS_MIX=4, TB_MIX_B=64,
+              WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
               CL_GROUP=3, CL_WRITE=1)
@@ -87,6 +87,12 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # 2-2.5 % faster, run 8; a cap of 128 on the one warp spills, 4-7 % slower.)
 # TB_MIX / WARPS_MIX: token block and warps of the forward's product launch (the
 # gather's ``TB`` stays 64); TB_MIX_B / WARPS_MIX_B: the same for the backward's two.
+# Blocks of 32 tokens (NOTES.md run 17, GPU time from CUDA graphs): the forward's launch at
+# 64 tokens ran 96 programs at C=128 (7 us, 6 % occupancy); 32 gives twice the programs:
+# no-grad 0.878 (A C=64) / 0.980 (A C=128) / 0.977 (B); the backward's, forward +
+# backward 0.944 / 0.985 / 0.986. 16 tokens or two warps were slower. The write launch in
+# four warps over 128 columns (BD_STEP_W, WARPS_STEP_W; the restore pass shares them):
+# no-grad 0.982 / 0.978 / 0.974, forward + backward 0.996 / 0.990 / 0.987.
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``);
 # 2: the row kernels also issue their early loads (Phase 1's arrays, inputs, the undo log)
 # before waiting for the kernel before them (``step._grid_dependency``, NOTES.md run 14);
