@@ -122,8 +122,9 @@ def main(dtype="bf16"):
                     phase1.GROUPS_WARPS)
         blk = phase1.GROUPS_SPLIT_BLK
         compile_one(phase1._block_writes_kernel,
-                    dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32),
-                    dict(BLK=blk, FLAT=kt == i32))
+                    dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32, gate_ptr=f32,
+                         val_ptr=f32, sgate_ptr=f32, sval_ptr=f32, stok_ptr=i32),
+                    dict(E=W + R, BLK=blk, FLAT=kt == i32, SORTED=phase1.PAIR_SORTED))
         compile_one(phase1._group_bounds_kernel,
                     dict(skey_ptr=kt, cnt_ptr=i32, wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32),
                     dict(BLK=blk, NBP=16))
@@ -139,12 +140,16 @@ def main(dtype="bf16"):
                     dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32, QKX_ptr=f32),
                     dict(C=CC, H=64, PREC="tf32x3", LOG=6), solve.BLOCKED_WARPS)
     for CC, split in ((64, True), (128, True), (128, False), (256, True)):
+        # the split form as eager calls launch it (sorted members, its entry blocks and
+        # warps); the single form as traced calls do
         compile_one(phase1._pairs_kernel,
-                    dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, gs_ptr=i32, nw_ptr=i32,
-                         gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32, decay_ptr=f32,
-                         A_ptr=f32, QK_ptr=f32),
-                    dict(W=W, R=R, EB=32 if CC <= 128 else phase1.PAIR_ENTRIES_WIDE, CP=CC,
-                         KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC, SPLIT=split))
+                    dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, sgate_ptr=f32, sval_ptr=f32,
+                         stok_ptr=i32, gs_ptr=i32, nw_ptr=i32, gam_ptr=f32, gend_ptr=f32,
+                         ev_ptr=f32, coef_ptr=f32, decay_ptr=f32, A_ptr=f32, QK_ptr=f32),
+                    dict(W=W, R=R, EB=phase1._pair_block(CC) if split else 32, CP=CC,
+                         KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC, SPLIT=split,
+                         SORTED=split and phase1.PAIR_SORTED),
+                    phase1._pair_warps(CC) if split else 4)
     for CC in (64, 128, 256):
         compile_one(phase2._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

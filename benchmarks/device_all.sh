@@ -407,6 +407,17 @@ for seg in "$@"; do
         --a TB_MIX=32 --b TB_MIX=32 WARPS_STEP_W=4 --c TB_MIX=32 WARPS_STEP_W=4 BD_STEP_W=128 \
         --d TB_MIX=32 TB_MIX_B=32
       cd .. ;;
+    s16f)   # session 16: the pairs kernel reading members at sorted positions (PAIR_SORTED, the
+      # default now: A; B = through perm), graph-timed; the kernel tests on the new defaults
+      cd benchmarks
+      run ab_srt_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --plan --rows fwd \
+        --rounds 3 --b phase1.PAIR_SORTED=0
+      run ab_srt_B 100 python3 ab_cuda.py --graph --config B --chunks 128 --plan --rows fwd \
+        --rounds 3 --b phase1.PAIR_SORTED=0
+      run p1prof_srt 100 python3 profile_phase1.py 128 --whole --plan-only PDL=0
+      grep -h "_pairs_kernel\|_block_writes\|^## " "$OUT"/p1prof_srt.log
+      cd ..
+      run test_cuda_s16 280 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py ;;
     final15b)   # session 15: the kernel tests with the pairs kernel's final defaults, then the
       # benchmark (with its new unrecorded warm-up rows)
       run test_cuda_f 260 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py

@@ -373,7 +373,9 @@ def case_phase1_scans():
     keys, blocks of the scan that split groups, repeated and out-of-range slots; the
     flat sort of all segments (``FLAT_SORT``) gives the segmented sort's permutation, and
     the pairs kernel's lane accumulators (``PAIR_ACC``) in two programs per token
-    (``PAIR_SPLIT``) its Gram rows up to rounding and the same per-entry weights."""
+    (``PAIR_SPLIT``) its Gram rows up to rounding and the same per-entry weights; the pairs
+    kernel gives bitwise the same plan reading members at their sorted positions
+    (``PAIR_SORTED``) as through the permutation."""
     import torch
     from sdm_inductor.kernels import phase1
     from sdm_inductor.testing import make_inputs
@@ -397,7 +399,13 @@ def case_phase1_scans():
         scans = phase1.plan(*args)
         # blocks of 16 / 64 positions: groups that cross one or several block edges
         phase1.GROUPS_SPLIT, phase1.GROUPS_SPLIT_BLK = True, 16 if C == 8 else 64
+        phase1.PAIR_SORTED = False
+        through_perm = phase1.plan(*args)
+        phase1.PAIR_SORTED = True
         split = phase1.plan(*args)
+        # the pairs kernel reading members at their sorted positions: bitwise the same plan
+        for f in ("gam", "gend", "ev", "coef", "decay", "A", "QK"):
+            assert torch.equal(getattr(split, f), getattr(through_perm, f)), "sorted " + f
         phase1.FLAT_SORT, phase1.PAIR_ACC, phase1.PAIR_SPLIT = True, True, True
         P, T, W = ins.k_idx.shape
         assert phase1._flat_span(args[0], P * -(-T // C), C, W + ins.q_idx.shape[2]) > 0

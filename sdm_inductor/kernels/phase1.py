@@ -229,12 +229,15 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 
 
 @triton.jit
-def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, CE, NB, BLK: tl.constexpr,
-                         FLAT: tl.constexpr):
+def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, gate_ptr, val_ptr, sgate_ptr,
+                         sval_ptr, stok_ptr, CE, NB, E: tl.constexpr, BLK: tl.constexpr,
+                         FLAT: tl.constexpr, SORTED: tl.constexpr):
     """The write entries (even keys) of each block of ``BLK`` sorted positions of each
     segment (grid ``(B * NB,)``): the carries of ``_group_bounds_kernel``'s write ranks.
     Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
-    came from the flat sort of all segments, offset by the segment's first position)."""
+    came from the flat sort of all segments, offset by the segment's first position), and
+    with ``SORTED`` each sorted position's gate, weight and token, so that the pairs
+    kernel reads a group's members at their positions instead of through ``perm``."""
     b = (tl.program_id(0) // NB).to(tl.int64)
     blk = tl.program_id(0) % NB
     j = blk * BLK + tl.arange(0, BLK)
@@ -245,6 +248,10 @@ def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, CE, NB, BLK: tl
     if FLAT:
         sp -= b * CE
     tl.store(perm_ptr + b * CE + j, sp.to(tl.int32), mask=m)
+    if SORTED:
+        tl.store(sgate_ptr + b * CE + j, tl.load(gate_ptr + b * CE + sp, mask=m), mask=m)
+        tl.store(sval_ptr + b * CE + j, tl.load(val_ptr + b * CE + sp, mask=m), mask=m)
+        tl.store(stok_ptr + b * CE + j, (sp // E).to(tl.int32), mask=m)
 
 
 @triton.jit
@@ -335,17 +342,33 @@ def _gram_add(acc, x, tf, ok, cols, ACC: tl.constexpr):
 
 
 @triton.jit
-def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr, ev_ptr,
-                  coef_ptr, decay_ptr, seg, i, cols, E0: tl.constexpr, E1: tl.constexpr,
-                  W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
-                  KM: tl.constexpr, ACC: tl.constexpr, BUILD_A: tl.constexpr,
-                  BUILD_QK: tl.constexpr):
+def _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, pos, mask, E: tl.constexpr,
+            SORTED: tl.constexpr):
+    """The gate, weight and token of the entries at sorted positions ``pos``: read at those
+    positions (``SORTED``: ``sorted_ptrs``, the copies ``_block_writes_kernel`` made), or
+    through ``perm`` (a second, dependent round trip)."""
+    if SORTED:
+        sg, sv, st = sorted_ptrs
+        return (tl.load(sg + seg + pos, mask=mask, other=0.0),
+                tl.load(sv + seg + pos, mask=mask, other=0.0),
+                tl.load(st + seg + pos, mask=mask, other=0))
+    f = tl.load(perm_ptr + seg + pos, mask=mask, other=0)
+    return (tl.load(gate_ptr + seg + f, mask=mask, other=0.0),
+            tl.load(val_ptr + seg + f, mask=mask, other=0.0), f // E)
+
+
+@triton.jit
+def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_ptr, gend_ptr,
+                  ev_ptr, coef_ptr, decay_ptr, seg, i, cols, E0: tl.constexpr,
+                  E1: tl.constexpr, W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr,
+                  CP: tl.constexpr, KM: tl.constexpr, ACC: tl.constexpr,
+                  BUILD_A: tl.constexpr, BUILD_QK: tl.constexpr, SORTED: tl.constexpr):
     """Entries ``[E0, E1)`` of token ``i``: their cumulative decays and per-entry weights
     (stored), and their terms of the Gram rows ``A[i, :]`` (write entries, if ``BUILD_A``)
     and ``QK[i, :]`` (read entries, if ``BUILD_QK``), returned. Each entry walks its group;
-    the first ``KM`` members of every group load as one tile (two dependent round trips for
-    the whole block of entries); only groups with more writes in the chunk take the loops,
-    one member per round trip."""
+    the first ``KM`` members of every group load as one tile (one round trip for the whole
+    block of entries with ``SORTED``, else two dependent ones through ``perm``); only
+    groups with more writes in the chunk take the loops, one member per round trip."""
     km = tl.arange(0, KM)[None, :]
     if ACC:
         a_row = tl.zeros([EB, CP], tl.float32)
@@ -364,20 +387,18 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr
         is_w = e < W
         n_max = tl.max(nw, axis=0)
         mt = km < nw[:, None]                                   # [EB, KM]
-        ft = tl.load(perm_ptr + seg + gs[:, None] + km, mask=mt, other=0)
-        gt = tl.load(gate_ptr + seg + ft, mask=mt, other=0.0)
-        kt = tl.load(val_ptr + seg + ft, mask=mt, other=0.0)
-        tt = ft // E
+        gt, kt, tt = _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, gs[:, None] + km,
+                             mt, E, SORTED)
         # cumulative log-decay of the entry's slot: at this token (causal) and at the end
         gend = tl.sum(gt, axis=1)
         gam = tl.sum(tl.where(tt <= i, gt, 0.0), axis=1)
         m = KM
         while m < n_max:  # data-dependent trip count: groups of more than KM writes
             mm = m < nw
-            f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
-            gf = tl.load(gate_ptr + seg + f, mask=mm, other=0.0)
+            gf, _, tf = _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, gs + m, mm, E,
+                                SORTED)
             gend += gf
-            gam += tl.where((f // E) <= i, gf, 0.0)
+            gam += tl.where(tf <= i, gf, 0.0)
             m += 1
         # Gram rows: the write members are in token order, so their own cumulative
         # decay is the running sum of the gates up to them
@@ -396,11 +417,9 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr
         m = KM
         while m < n_max:  # data-dependent trip count
             mm = m < nw
-            f = tl.load(perm_ptr + seg + gs + m, mask=mm, other=0)
-            gf = tl.load(gate_ptr + seg + f, mask=mm, other=0.0)
-            kf = tl.load(val_ptr + seg + f, mask=mm, other=0.0)
+            gf, kf, tf = _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, gs + m, mm, E,
+                                 SORTED)
             run += gf
-            tf = f // E
             x = val * kf * tl.exp(gam - run)
             if BUILD_A and e0 < W:
                 a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
@@ -419,14 +438,17 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr
 
 
 @triton.jit
-def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
+def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs_ptr, nw_ptr,
                   gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
                   C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
-                  KM: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr):
+                  KM: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
+                  SORTED: tl.constexpr = False):
     """One program per (segment, token i), or with ``SPLIT`` two (grid ``(B * C, 2)``):
     one for the write entries and ``A[i, :]``, one for the read entries and ``QK[i, :]``.
     Split, each program keeps one Gram row's accumulator instead of two: fewer registers,
-    more programs per SM for a kernel bound by its loads' latency."""
+    more programs per SM for a kernel bound by its loads' latency. ``SORTED``: the members'
+    gates, weights and tokens come from sorted-order copies (``_member``)."""
+    srt = (sgate_ptr, sval_ptr, stok_ptr)
     pid = tl.program_id(0)            # b * C + i
     b = pid // C
     i = pid % C
@@ -437,19 +459,19 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr,
     row = pid.to(tl.int64) * C + cols
     if SPLIT:
         if tl.program_id(1) == 0:
-            a_row, _ = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
+            a_row, _ = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, W,
-                                     W, E, EB, CP, KM, ACC, True, False)
+                                     W, E, EB, CP, KM, ACC, True, False, SORTED)
             tl.store(A_ptr + row, a_row, mask=cm)
         else:
-            _, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
+            _, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                       gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, W, E,
-                                      W, E, EB, CP, KM, ACC, False, True)
+                                      W, E, EB, CP, KM, ACC, False, True, SORTED)
             tl.store(QK_ptr + row, qk_row, mask=cm)
     else:
-        a_row, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, gs_ptr, nw_ptr, gam_ptr,
+        a_row, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                       gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, E,
-                                      W, E, EB, CP, KM, ACC, True, True)
+                                      W, E, EB, CP, KM, ACC, True, True, SORTED)
         tl.store(A_ptr + row, a_row, mask=cm)
         tl.store(QK_ptr + row, qk_row, mask=cm)
 
@@ -562,6 +584,11 @@ GROUPS_WARPS = 8
 # the split form keeps in a small region of L2. Eager calls only, like PAIR_SPLIT.
 GROUPS_SPLIT = True
 GROUPS_SPLIT_BLK = 1024
+# With the split groups, ``_block_writes_kernel`` also writes each sorted position's gate,
+# weight and token, and the pairs kernel reads a group's members there (one round trip)
+# instead of through ``perm`` (two dependent ones: NOTES.md run 16 found the kernel bound
+# by them). The same values: bitwise the same plan.
+PAIR_SORTED = True
 
 # Group starts/sizes and the write runs by two scans over each segment's sorted keys
 # (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
@@ -586,26 +613,31 @@ def _search_groups(key: Tensor, skey: Tensor):
     return gs.to(torch.int32), nw.to(torch.int32), na.to(torch.int32)
 
 
-def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, C: int, W: int,
-                 R: int):
-    """``perm`` (int32 positions within the segment), ``gs, nw, na`` (entry order) and the
-    write runs' ``slot, length, tok`` and entry index (run order) of every segment, from
-    the sorted keys ``skey`` and the sort's int64 permutation ``sperm`` (``flat``: of the
-    flat sort, ``_flat_span``), by ``_groups_kernel`` or its split form."""
+def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Tensor,
+                 val: Tensor, C: int, W: int, R: int):
+    """``perm`` (int32 positions within the segment), ``gs, nw, na`` (entry order), the
+    write runs' ``slot, length, tok`` and entry index (run order) of every segment, and
+    (split form with ``PAIR_SORTED``, else None) the sorted positions' gates, weights and
+    tokens, from the sorted keys ``skey`` and the sort's int64 permutation ``sperm``
+    (``flat``: of the flat sort, ``_flat_span``), by ``_groups_kernel`` or its split form."""
     B, CE = skey.shape
     CW = C * W
     dev = skey.device
     i32 = dict(dtype=torch.int32, device=dev)
     gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
     rslot, rlen, rtok, rent = (torch.empty(B, CW, **i32) for _ in range(4))
+    srt = None
     if GROUPS_SPLIT and not is_fake(skey):
         blk = min(GROUPS_SPLIT_BLK, pow2(CE))
         nb = -(-CE // blk)
         cnt = torch.empty(B, nb, **i32)
         gep = torch.empty(B, CE, **i32)
         perm = torch.empty(B, CE, **i32)
-        launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, CE, nb, BLK=blk,
-               FLAT=flat, num_warps=4)
+        if PAIR_SORTED:
+            srt = (torch.empty_like(gate), torch.empty_like(val), torch.empty(B, CE, **i32))
+        launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, gate, val,
+               *(srt or (perm,) * 3), CE, nb, E=W + R, BLK=blk, FLAT=flat,
+               SORTED=srt is not None, num_warps=4)
         launch(_group_bounds_kernel, (B * nb,), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
                NBP=pow2(nb), num_warps=4)
         launch(_group_sizes_kernel, (B * nb,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
@@ -614,7 +646,7 @@ def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, C: int, 
         perm = _local_perm(sperm, flat)
         launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
                wex, gsp, CE, CW, E=W + R, BLK=min(GROUPS_BLK, pow2(CE)), num_warps=GROUPS_WARPS)
-    return perm, gs, nw, na, (rslot, rlen, rtok, rent)
+    return perm, gs, nw, na, (rslot, rlen, rtok, rent), srt
 
 
 def _local_perm(sperm: Tensor, flat: bool) -> Tensor:
@@ -734,9 +766,11 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
         skey, sperm = (x.view(B, C * E) for x in torch.sort(key.view(-1), stable=True))
     else:
         skey, sperm = torch.sort(key, dim=-1, stable=True)
+    srt = None
     if SCAN_GROUPS:
-        perm, gs, nw, na, runs = _scan_groups(skey, sperm, bool(span), slot.view(B, C * E), C,
-                                              W, R)
+        perm, gs, nw, na, runs, srt = _scan_groups(skey, sperm, bool(span), slot.view(B, C * E),
+                                                   gate.view(B, C * E), val.view(B, C * E), C,
+                                                   W, R)
     else:
         perm = _local_perm(sperm, bool(span))
         gs, nw, na = _search_groups(key, skey)
@@ -749,8 +783,8 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     gend = torch.empty_like(val)
     split = PAIR_SPLIT and W > 0 and R > 0 and not is_fake(val)
-    launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, gs, nw, gam, gend, ev,
-           coef, decay, A, QK, C, W=W, R=R,
+    launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, *(srt or (perm,) * 3),
+           gs, nw, gam, gend, ev, coef, decay, A, QK, C, W=W, R=R, SORTED=srt is not None,
            EB=min(_pair_block(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
                   pow2(max(W, R) if split else E)),
            CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split,
