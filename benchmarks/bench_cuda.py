@@ -7,7 +7,9 @@
   hands its Phase 1 and ``v - r0`` to the backward), peak memory of forward + backward; the bandwidth floor of each from the distinct written rows of
   the actual inputs, and the fraction of it reached;
 - the eager no-grad op's working memory at several T (must not grow with T);
-- decode latency per step (P=16, T=1, hd=768, W=R=64) under a CUDA graph.
+- decode latency per step (P=16, T=1, hd=768, W=R=64) under a CUDA graph;
+- beside each config's eager figures, its no-grad and forward + backward calls replayed
+  from CUDA graphs (the GPU's own time, free of the host's).
 
 Usage: python benchmarks/bench_cuda.py [--json PATH] [--quick]
 """
@@ -155,8 +157,19 @@ def run_config(name, C, bw, quick=False, mode="none"):
     torch.cuda.synchronize()
     # the step's leaves are copies of the inputs, which a training step would not hold twice
     peak_ag = torch.cuda.max_memory_allocated() - autograd.leaf_bytes
+    # the same calls replayed from CUDA graphs: the GPU's own time. An eager call's host
+    # time comes near its GPU time here, and a slow host makes whole rows slow (NOTES.md
+    # run 17); the eager figures stay the benchmark's
+    try:
+        fwd_graph = bench_graph(lambda: torch.ops.sdm.triton_write_read_(work, *rest, C))
+        fb_graph = bench_graph(fwdbwd, rep=200)
+    except RuntimeError as e:   # a capture that fails is reported, not fatal to the table
+        print(f"{name} C={C} {mode}: CUDA graph capture failed: {e}")
+        fwd_graph = fb_graph = float("nan")
+    torch.cuda.empty_cache()
     fl = floors(ins, C, bw)
     return dict(config=name + ("" if mode == "none" else f" {mode}"), C=C, fwd_ms=fwd, train_fwd_ms=train, fwdbwd_ms=fb,
+                fwd_graph_ms=fwd_graph, fwdbwd_graph_ms=fb_graph,
                 fwdbwd_autograd_ms=fb_ag, peak_autograd_gib=peak_ag / GIB,
                 peak_gib=peak / GIB, peak_over_inputs_gib=(peak - base) / GIB,
                 floor_fwd_ms=fl["fwd"], floor_train_ms=fl["train"], floor_fwdbwd_ms=fl["fwdbwd"],
@@ -313,14 +326,16 @@ def phase1_ms(name, C):
 def table(rows, args, bw, mem, dec):
     print()
     print("| config | C | no-grad fwd ms | train fwd ms | fwd+bwd ms ops / autograd | peak GiB "
-          "ops / autograd | floor fwd / train / fwd+bwd ms | fraction of floor fwd / fwd+bwd |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "ops / autograd | floor fwd / train / fwd+bwd ms | fraction of floor fwd / fwd+bwd "
+          "| CUDA graph no-grad / fwd+bwd ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['config']} | {r['C']} | {r['fwd_ms']:.2f} | {r['train_fwd_ms']:.2f} | "
               f"{r['fwdbwd_ms']:.2f} / {r['fwdbwd_autograd_ms']:.2f} | {r['peak_gib']:.2f} / "
               f"{r['peak_autograd_gib']:.2f} | {r['floor_fwd_ms']:.2f} / "
               f"{r['floor_train_ms']:.2f} / {r['floor_fwdbwd_ms']:.2f} | "
-              f"{r['floor_fwd_ms'] / r['fwd_ms']:.2f} / {r['floor_fwdbwd_ms'] / r['fwdbwd_ms']:.2f} |"
+              f"{r['floor_fwd_ms'] / r['fwd_ms']:.2f} / {r['floor_fwdbwd_ms'] / r['fwdbwd_ms']:.2f} | "
+              f"{r['fwd_graph_ms']:.2f} / {r['fwdbwd_graph_ms']:.2f} |"
               + (f" phase 1 {r['phase1_ms']:.2f} ms" if "phase1_ms" in r else ""))
     for name in sorted({r["config"] for r in rows if r["config"].split()[0] in CONFIGS
                         and "BD_BWD" not in r["config"] and "fp8" not in r["config"]}):

@@ -418,6 +418,15 @@ for seg in "$@"; do
       grep -h "_pairs_kernel\|_block_writes\|^## " "$OUT"/p1prof_srt.log
       cd ..
       run test_cuda_s16 280 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py ;;
+    s16g)   # session 16: the sorted copies for write positions only (s16f: _block_writes 6 ->
+      # 34 us for all positions), against PAIR_SORTED=0; then the benchmark on the final defaults
+      cd benchmarks
+      run ab_srtw_A 120 python3 ab_cuda.py --graph --config A --chunks 128 --plan --rows fwd \
+        --rounds 3 --b phase1.PAIR_SORTED=0
+      run p1prof_srtw 100 python3 profile_phase1.py 128 --whole --plan-only PDL=0
+      grep -h "_pairs_kernel\|_block_writes\|^## \|kernel time" "$OUT"/p1prof_srtw.log
+      cd ..
+      run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     final15b)   # session 15: the kernel tests with the pairs kernel's final defaults, then the
       # benchmark (with its new unrecorded warm-up rows)
       run test_cuda_f 260 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py

@@ -236,8 +236,9 @@ def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, gate_ptr, val_p
     segment (grid ``(B * NB,)``): the carries of ``_group_bounds_kernel``'s write ranks.
     Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
     came from the flat sort of all segments, offset by the segment's first position), and
-    with ``SORTED`` each sorted position's gate, weight and token, so that the pairs
-    kernel reads a group's members at their positions instead of through ``perm``."""
+    with ``SORTED`` each sorted write position's gate, weight and token, so that the pairs
+    kernel reads a group's members at their positions instead of through ``perm`` (the
+    read positions stay unwritten)."""
     b = (tl.program_id(0) // NB).to(tl.int64)
     blk = tl.program_id(0) % NB
     j = blk * BLK + tl.arange(0, BLK)
@@ -249,9 +250,11 @@ def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, gate_ptr, val_p
         sp -= b * CE
     tl.store(perm_ptr + b * CE + j, sp.to(tl.int32), mask=m)
     if SORTED:
-        tl.store(sgate_ptr + b * CE + j, tl.load(gate_ptr + b * CE + sp, mask=m), mask=m)
-        tl.store(sval_ptr + b * CE + j, tl.load(val_ptr + b * CE + sp, mask=m), mask=m)
-        tl.store(stok_ptr + b * CE + j, (sp // E).to(tl.int32), mask=m)
+        # write entries only: the pairs kernel reads no other member (a group's first nw)
+        wm = m & ((k & 1) == 0)
+        tl.store(sgate_ptr + b * CE + j, tl.load(gate_ptr + b * CE + sp, mask=wm), mask=wm)
+        tl.store(sval_ptr + b * CE + j, tl.load(val_ptr + b * CE + sp, mask=wm), mask=wm)
+        tl.store(stok_ptr + b * CE + j, (sp // E).to(tl.int32), mask=wm)
 
 
 @triton.jit
@@ -584,8 +587,8 @@ GROUPS_WARPS = 8
 # the split form keeps in a small region of L2. Eager calls only, like PAIR_SPLIT.
 GROUPS_SPLIT = True
 GROUPS_SPLIT_BLK = 1024
-# With the split groups, ``_block_writes_kernel`` also writes each sorted position's gate,
-# weight and token, and the pairs kernel reads a group's members there (one round trip)
+# With the split groups, ``_block_writes_kernel`` also writes each sorted write position's
+# gate, weight and token, and the pairs kernel reads a group's members there (one round trip)
 # instead of through ``perm`` (two dependent ones: NOTES.md run 16 found the kernel bound
 # by them). The same values: bitwise the same plan.
 PAIR_SORTED = True
