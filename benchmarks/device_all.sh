@@ -427,6 +427,14 @@ for seg in "$@"; do
       grep -h "_pairs_kernel\|_block_writes\|^## \|kernel time" "$OUT"/p1prof_srtw.log
       cd ..
       run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    s16h)   # session 16: Relaunch through the launcher's C entry point (launch.DIRECT) against
+      # its Python wrapper: the eager call's host time; then every CUDA-marked test
+      cd benchmarks
+      run hostd1 100 python3 host_bound.py A:64 A:128
+      run hostd0 100 python3 host_bound.py A:64 A:128 launch.DIRECT=0
+      grep -h "fwd\|fb" "$OUT"/hostd1.log "$OUT"/hostd0.log
+      cd ..
+      bash "$0" full ;;
     final15b)   # session 15: the kernel tests with the pairs kernel's final defaults, then the
       # benchmark (with its new unrecorded warm-up rows)
       run test_cuda_f 260 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py
