@@ -430,8 +430,8 @@ for seg in "$@"; do
     s16h)   # session 16: Relaunch through the launcher's C entry point (launch.DIRECT) against
       # its Python wrapper: the eager call's host time; then every CUDA-marked test
       cd benchmarks
-      run hostd1 100 python3 host_bound.py A:64 A:128
-      run hostd0 100 python3 host_bound.py A:64 A:128 launch.DIRECT=0
+      run hostd1 100 python3 host_bound.py A:128
+      run hostd0 100 python3 host_bound.py A:128 launch.DIRECT=0
       grep -h "fwd\|fb" "$OUT"/hostd1.log "$OUT"/hostd0.log
       cd ..
       bash "$0" full ;;
