@@ -161,8 +161,11 @@ DIRECT = True
 def _direct_ok(runner) -> bool:
     """Whether ``runner`` (a compiled kernel's launcher) is Triton's CUDA launcher for a
     kernel without global or profile scratch memory: its C ``launch`` then takes the
-    arguments ``CudaLauncher.__call__`` would pass, with None for both scratch buffers."""
-    return (type(runner).__name__ == "CudaLauncher" and hasattr(runner, "launch")
+    arguments ``CudaLauncher.__call__`` would pass, with None for both scratch buffers.
+    Only Triton 3.6's, whose argument order this was written against (other versions take
+    the wrapper)."""
+    return (triton.__version__.startswith("3.6.")
+            and type(runner).__name__ == "CudaLauncher" and hasattr(runner, "launch")
             and getattr(runner, "global_scratch_size", 1) == 0
             and getattr(runner, "profile_scratch_size", 1) == 0
             and hasattr(runner, "launch_cooperative_grid") and hasattr(runner, "launch_pdl"))
