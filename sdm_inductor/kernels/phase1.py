@@ -798,6 +798,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)
     rslot, rlen, rtok, rent = runs   # the runs' weights are the pairs kernel's
-    take = lambda x: x.view(B, C * E).gather(1, rent.long())
+    ent = rent.long()   # once for both gathers (one cast launch fewer)
+    take = lambda x: x.view(B, C * E).gather(1, ent)
     pl.runs = Runs(rslot, rlen, take(pl.decay), rtok, take(pl.coef))
     return pl
