@@ -12,30 +12,17 @@ the ops). Usage: python benchmarks/host_bound.py [A:128 B:128 ...] [KEY=INT ...]
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 
 from bench_cuda import CONFIGS, bench, bench_graph, eager_plan, make_inputs, set_knob
-
-
-def host_ms(fn, reps=7):
-    """Median enqueue time of one call, the GPU drained before each."""
-    ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(ts)
+from timeline import host_and_wall
 
 
 def row(name, fn):
     e = bench(fn)
-    h = host_ms(fn)
+    h = host_and_wall(fn, reps=7)[0]
     gr = bench_graph(fn)
     return f"{name} | {e:.3f} | {h:.3f} | {gr:.3f} | {h / e:.2f} | {gr / e:.2f}"
 
