@@ -21,7 +21,7 @@ from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
-from . import plan_graph
+from . import graphs, plan_graph
 from .pipeline import ahead, token_windows
 from .quantize import pack_log
 from .phase2 import _forward_kernel
@@ -54,7 +54,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1)
+              CL_GROUP=3, CL_WRITE=1,
+              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=0)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -105,6 +106,11 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # step walks' row loads: the forward gather's write rows (GW, read again by the write
 # launch) and read rows (GR), the write launch's old rows (WO); the backward's chunk-start
 # write rows in its gather and Dw launches (BW) and the Dw launch's dB rows (DB).
+# WALK_GRAPHS: an eager step walk whose launches (kernels, grids, every argument) are those
+# of an earlier call is replayed from a CUDA graph recorded at their second occurrence
+# (``graphs.py``); 0 makes every launch. Environment: SDM_INDUCTOR_WALK_GRAPHS.
+# DELTA_BF16: the forward step walk's ``delta = X u`` scratch in bf16 for bf16 banks (the
+# write launch reads it for every run member: half the L2 traffic); 0 keeps fp32.
 # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
 # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather launch.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
@@ -199,7 +205,10 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     NCB, NCBW = -(-hd // BD), -(-hd // BDW)
     nrt = -(-C * W // NG)
     f32 = dict(dtype=torch.float32, device=bank.device)
-    u, inter, delta = (torch.empty(P, CP, hd, **f32) for _ in range(3))
+    u, inter = (torch.empty(P, CP, hd, **f32) for _ in range(2))
+    low = CONFIG["DELTA_BF16"] and bank.dtype == torch.bfloat16
+    delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
+                        device=bank.device)
     ru = pl.runs
     mix_in_gather = bool(CONFIG["MIX_STEP"])
     tickets = torch.zeros(NC * P * NCB if mix_in_gather else 1, dtype=torch.int32,
@@ -227,11 +236,16 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                      CL=CLW,
                      num_warps=CONFIG["WARPS_STEP_W"],
                      num_stages=1, **pd)
-    for c in range(NC):   # kernel boundaries order the chunks
-        gather(c)
-        if not mix_in_gather:
-            mix(c)
-        write(c)
+    def body():
+        for c in range(NC):   # kernel boundaries order the chunks
+            gather(c)
+            if not mix_in_gather:
+                mix(c)
+            write(c)
+
+    # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
+    graphs.run(("forward", NC, mix_in_gather, gather.key, mix.key, write.key), body,
+               bank.device, CONFIG["WALK_GRAPHS"])
 
 
 def _walk_block_cols(hd: int) -> int:
@@ -368,12 +382,12 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
 
     # a no-grad call's windows replay their Phase 1 from CUDA graphs in two alternating
     # buffer slots (plan_graph.py); a training call's plan is handed to its backward
-    graphs = bool(CONFIG["PLAN_GRAPH"]) and not save and bank.device.type == "cuda"
+    plan_graphs = bool(CONFIG["PLAN_GRAPH"]) and not save and bank.device.type == "cuda"
 
     def make(item):
         k, win = item
         sl = slice(*win)
-        if graphs:   # the graph's static inputs are copies: no contiguous copies first
+        if plan_graphs:   # the graph's static inputs are copies: no contiguous copies first
             return plan_graph.plan(S, k_idx[:, sl], k_val[:, sl], beta[:, sl], g[:, sl],
                                    q_idx[:, sl], q_val[:, sl], C, gate_params, k % 2)
         # raw gate inputs ([Bg, T, GH], any strides) are read through their strides
@@ -385,7 +399,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     whole = len(wins) == 1
     keep = None
     for (_, (t0, t1)), pl in ahead(list(enumerate(wins)), make, bank.device,
-                                   CONFIG["PLAN_AHEAD"], reuse=graphs):
+                                   CONFIG["PLAN_AHEAD"], reuse=plan_graphs):
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         # not while a CUDA graph records the call (a compiled graph's extern call: nothing

@@ -107,6 +107,9 @@ class Relaunch:
         self.fast = isinstance(kernel, JITFunction) and not _wrap_triton_enabled()
         self.var = list(kernel.arg_names).index(var)
         self.compiled = None
+        # everything the launches depend on but ``var`` (``graphs.run``'s keys)
+        self.key = (id(kernel), self.grid, self.var, tuple(_arg_key(a) for a in args),
+                    tuple(sorted(meta.items())))
 
     def __call__(self, value):
         if self.compiled is not None:
@@ -152,6 +155,14 @@ class Relaunch:
             self.fast_run, self.head = runner, (*lead, *rest)
         self.tail = tuple(self.ptrs[self.var + 1:])
         self.compiled = ck
+
+
+def _arg_key(a):
+    """A launch argument as a kernel sees it: a tensor is its device pointer (and dtype,
+    which the compiled kernel's signature holds)."""
+    if isinstance(a, torch.Tensor):
+        return ("tensor", a.data_ptr(), a.dtype, a.device)
+    return a
 
 
 # Relaunch calls the compiled launcher's C entry point directly where it can (``_direct_ok``)

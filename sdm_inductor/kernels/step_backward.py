@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .backward import _group_cols, _group_head, _load_log, _qkt_dy
+from . import graphs
 from .launch import EVICT, Relaunch, pdl, pow2
 from .step import (_block_program, _gather_index, _gather_rows, _grid_dependency,
                    _launch_dependents, _token_program, _wait)
@@ -348,9 +349,14 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
-        for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
-            for step in steps:
-                step(c)
+        def body(c_lo=c_lo, n=n):
+            for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
+                for step in steps:
+                    step(c)
+
+        # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
+        graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
+                   config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order
         for k, x in parts.items():
             sums[k][:, c_lo:c_lo + n] = x.view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)

@@ -1,0 +1,41 @@
+"""The keys under which eager step walks are replayed from CUDA graphs (``kernels/graphs.py``):
+a replay is the same launches only if the key changes with every launch argument. On CPU:
+no GPU is needed to build the keys (the replays themselves are checked in test_cuda.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from sdm_inductor.kernels import graphs  # noqa: E402
+from sdm_inductor.kernels.launch import Relaunch  # noqa: E402
+from sdm_inductor.kernels.step import _step_mix_kernel  # noqa: E402
+
+
+def _mix(X, QKX, u, i, d, out, T=100, hd=64, NC=2, **meta):
+    meta = dict(dict(C=64, MB=32, TB=32, CP=64, PREC="tf32", num_warps=4), **meta)
+    return Relaunch(_step_mix_kernel, (4, 2), "c", X, QKX, u, i, d, out, 0, T, hd, NC, **meta)
+
+
+def test_relaunch_key_names_every_argument():
+    bufs = [torch.zeros(16) for _ in range(6)]
+    key = _mix(*bufs).key
+    assert _mix(*bufs).key == key
+    # views of the same memory are the same pointer: the same launches
+    assert _mix(*[b[:8] for b in bufs]).key == key
+    other = list(bufs)
+    other[3] = torch.zeros(16)          # another tensor: another device pointer
+    assert _mix(*other).key != key
+    assert _mix(*[b.double() for b in bufs]).key != key   # another dtype
+    assert _mix(*bufs, T=101).key != key                   # a scalar
+    assert _mix(*bufs, TB=16).key != key                   # a launch option
+    assert _mix(*bufs, num_warps=8).key != key
+
+
+def test_cpu_walks_launch_directly():
+    calls = []
+    before = sum(graphs.stats.values())
+    for _ in range(3):
+        graphs.run(("forward", 1), lambda: calls.append(1), torch.device("cpu"), True)
+    assert calls == [1, 1, 1]
+    assert sum(graphs.stats.values()) == before and not graphs.usable(torch.device("cpu"), True)
