@@ -427,6 +427,23 @@ for seg in "$@"; do
       grep -h "_pairs_kernel\|_block_writes\|^## \|kernel time" "$OUT"/p1prof_srtw.log
       cd ..
       run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    s17a)   # session 17: walk graphs (graphs.py) and the bf16 delta scratch: their tests,
+      # the oracle tests with DELTA_BF16=1, eager time with and without walk graphs, and a
+      # graph-timed A/B of DELTA_BF16
+      run t17 250 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "walk_graph or deterministic or overlap or kept or capture or oracle"
+      run t17_dbf 150 python3 -c "import sys, pytest; from sdm_inductor.kernels import host; \
+host.CONFIG['DELTA_BF16'] = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', \
+'tests/test_cuda.py', '-k', 'oracle or snapshot or long_sequence or deterministic']))"
+      cd benchmarks
+      run host_wg1 100 python3 host_bound.py A:64 A:128 B:128
+      run host_wg0 100 python3 host_bound.py A:64 A:128 B:128 WALK_GRAPHS=0
+      grep -h "fwd\|fb" "$OUT"/host_wg1.log "$OUT"/host_wg0.log
+      run ab_dbf_A 120 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd,fb \
+        --rounds 3 --b DELTA_BF16=1
+      run ab_dbf_B 80 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb \
+        --rounds 3 --b DELTA_BF16=1
+      cd .. ;;
     s16h)   # session 16: Relaunch through the launcher's C entry point (launch.DIRECT) against
       # its Python wrapper: the eager call's host time; then every CUDA-marked test
       cd benchmarks

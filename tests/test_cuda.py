@@ -287,34 +287,42 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_walk_graph_replays_are_bitwise_the_launches(dtype):
-    """Eager step walks replayed from CUDA graphs (``kernels/graphs.py``, the second time
-    the same launches come) give bitwise the outputs and gradients of making every launch;
-    a call on other data (whose copies may land in the same blocks: then a replay reads
-    them there) gives its own results."""
+    """Eager step walks replayed from CUDA graphs (``kernels/graphs.py``, from the second
+    time the same launches come) give bitwise the outputs and gradients of making every
+    launch, in a training loop as benchmarks and training run it (the same leaves, each
+    result dropped: the allocator hands out the same blocks); a call on other data gives
+    its own results (a replay reads whatever its pointers hold now)."""
     from sdm_inductor.kernels import graphs, host
     ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
                   per_write_gate=True, repeats=True)
     dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
     dM = torch.randn_like(ins.bank)
+    leaves = ins.leaves()
+
+    def step():
+        y, M, _, _ = _op(leaves, 64)
+        grads = torch.autograd.grad((y, M), [leaves[i] for i in FLOAT_INPUTS], (dy, dM))
+        return [y.detach(), M.detach(), *grads]
+
     host.CONFIG["WALK_GRAPHS"] = 0
-    y, M, g = _grads(ins, 64, dy, dM)
-    want = [y, M, *g]
+    want = step()
     host.CONFIG["WALK_GRAPHS"] = 1
     graphs.clear()
     before = dict(graphs.stats)
-    for _ in range(4):   # each result dropped: the allocator hands out the same blocks
-        y, M, g = _grads(ins, 64, dy, dM)
-        for n, a, b in zip(("readings", "final bank") + NAMES, (y, M, *g), want):
+    for _ in range(6):
+        got = step()
+        for n, a, b in zip(("readings", "final bank") + NAMES, got, want):
             assert torch.equal(a, b), n
-        del y, M, g
+        del got
     for walk in ("forward", "reverse"):
-        assert graphs.stats["replayed", walk] > before.get(("replayed", walk), 0), walk
+        keys = graphs.recent[walk]
+        assert graphs.stats["replayed", walk] > before.get(("replayed", walk), 0), (
+            walk, graphs.differences(*keys) if len(keys) == 2 else keys)
     other = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
                     per_write_gate=True, repeats=True, seed=99)
     got = _grads(other, 64, dy, dM)
     host.CONFIG["WALK_GRAPHS"] = 0
     ref = _grads(other, 64, dy, dM)
-    host.CONFIG["WALK_GRAPHS"] = 1
     for a, b in zip((got[0], got[1], *got[2]), (ref[0], ref[1], *ref[2])):
         assert torch.equal(a, b)
 

@@ -271,7 +271,8 @@ def case_step_walk():
     products, the backward's windows of partial sums, the undo log, and the
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket; write and dB programs of one and of
-    several column blocks."""
+    several column blocks; a bf16 bank (the forward's bf16 delta scratch)."""
+    import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs, reference_outputs
@@ -305,6 +306,10 @@ def case_step_walk():
     assert ops.last_dispatch().get("windows") == 1, ops.last_dispatch()
     _check("no-grad readings", y, y_ref, 1e-5)
     _check("no-grad bank", bank, M_ref, 1e-5)
+    # a bf16 bank: the forward's delta scratch in bf16 (DELTA_BF16), against the oracle
+    assert host.CONFIG["DELTA_BF16"]
+    _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
+                       repeats=True, dtype=torch.bfloat16, seed=29), 16, tol=2e-2)
     _kept_for_backward()
 
 

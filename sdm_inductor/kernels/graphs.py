@@ -38,6 +38,8 @@ _streams: dict = {}
 # counters for tests and benchmarks: "eager", "captured", "replayed" by the key's first
 # item (the walk: "forward", "reverse"), e.g. stats["replayed", "forward"]
 stats = collections.Counter()
+# the last two keys of each walk (tests: what changed between two calls that did not replay)
+recent: dict = collections.defaultdict(lambda: collections.deque(maxlen=2))
 
 
 def usable(device: torch.device, enabled: bool) -> bool:
@@ -87,6 +89,7 @@ def run(key: Hashable, body: Callable[[], None], device: torch.device, enabled: 
     if not usable(device, enabled):
         body()
         return
+    recent[key[0]].append(key)
     graph = _graphs.get(key)
     if graph is None:
         if key not in _seen:   # first time: run eagerly (compiles the kernels too)
@@ -106,3 +109,11 @@ def clear() -> None:
     """Forget every graph and seen key."""
     _graphs.clear()
     _seen.clear()
+    recent.clear()
+
+
+def differences(a, b, path=()) -> list:
+    """Where two keys differ (index paths into the nested tuples, with both values)."""
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, path + (i,))]
+    return [] if a == b else [(path, a, b)]
