@@ -444,6 +444,18 @@ host.CONFIG['DELTA_BF16'] = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovid
       run ab_dbf_B 80 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb \
         --rounds 3 --b DELTA_BF16=1
       cd .. ;;
+    s17b)   # session 17: the product launches' whole rows before the wait (MIX_ROWS forward,
+      # MIX_ROWS_B backward): oracle and PDL-mode tests with both on, the walk-graph test,
+      # graph-timed A/Bs
+      run t17r 250 python3 -c "import sys, pytest; from sdm_inductor.kernels import host; \
+host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', \
+'no:cacheprovider', 'tests/test_cuda.py', '-k', 'oracle or overlap or walk_graph or kept']))"
+      cd benchmarks
+      run ab_rows_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd,fb \
+        --rounds 3 --b MIX_ROWS=1 --c MIX_ROWS_B=1 --d MIX_ROWS=1 MIX_ROWS_B=1
+      run ab_rows_B 100 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb \
+        --rounds 3 --b MIX_ROWS=1 --c MIX_ROWS_B=1 --d MIX_ROWS=1 MIX_ROWS_B=1
+      cd .. ;;
     s16h)   # session 16: Relaunch through the launcher's C entry point (launch.DIRECT) against
       # its Python wrapper: the eager call's host time; then every CUDA-marked test
       cd benchmarks

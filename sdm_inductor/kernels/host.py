@@ -55,7 +55,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
               CL_GROUP=3, CL_WRITE=1,
-              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1)
+              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=0, MIX_ROWS_B=0)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -114,6 +114,11 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # graph-timed: no-grad 0.924 A C=64, 0.914 A C=128, 0.941 B, forward + backward 0.97-0.98).
 # The written rows are stored in bf16 anyway; the sum over a run's members stays fp32
 # (the oracle tests pass at the bf16 tolerance). 0 keeps fp32; fp32 banks always do.
+# MIX_ROWS: the forward's product launch loads each token block's rows of X and QKX whole,
+# before waiting for the gather launch, then one product each (``step._mix_block_rows``);
+# 0: blocks of TB_MIX columns, one L2 round trip each, all after the wait. MIX_ROWS_B: the
+# same for the backward's two product launches (``step_backward._mix1_rows``, ``_mix2_rows``).
+# Both only up to C = 128 (sm_90 at C = 256: 255 registers and spills).
 # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
 # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather launch.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
@@ -231,7 +236,8 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                       **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
                    inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
-                   num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
+                   ROWS=bool(CONFIG["MIX_ROWS"]) and CP <= 128, num_warps=CONFIG["WARPS_MIX"], num_stages=1,
+                   **pd)
     CLW = min(CONFIG["CL_WRITE"], NCBW)   # column blocks per write program
     write = Relaunch(_step_write_kernel, (P * nrt, -(-NCBW // CLW)), "c", bank, delta, ru.slot,
                      ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,

@@ -172,16 +172,53 @@ def _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb,
                        cm, C, MB, TB, CP, PREC)
 
 
+@triton.jit
+def _mix_block_rows(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm,
+                    C: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr,
+                    PDL: tl.constexpr):
+    """``_mix_block`` with the token block's rows of X and QKX loaded whole (columns up to
+    the block's last token: both are lower triangular) before the wait for the gather
+    launch (Phase 1's arrays: early loads), then one product each over all of them: one
+    round trip to L2 after the wait instead of one per block of ``TB`` columns."""
+    toks = t0 + tl.arange(0, TB)
+    tm = toks < C
+    ks = tl.arange(0, CP)
+    km = (ks < C) & (ks < t0 + TB)
+    xo = b.to(tl.int64) * C * C + toks[:, None] * C + ks[None, :]
+    xm = tm[:, None] & km[None, :]
+    x = tl.load(X_ptr + xo, mask=xm, other=0.0)
+    q = tl.load(QKX_ptr + xo, mask=xm, other=0.0)
+    _grid_dependency(PDL >= 2)
+    buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    y = tl.load(i_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
+    u = tl.load(u_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                mask=km[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
+    d = tl.dot(x, u, input_precision=PREC)
+    y += tl.dot(q, u, input_precision=PREC)
+    tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
+    tg = c * C + toks
+    tl.store(out_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+             y.to(out_ptr.dtype.element_ty), mask=(tm & (tg < T))[:, None] & cm[None, :])
+
+
 @triton.jit(do_not_specialize=["c", "T", "NC"])
 def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
                      C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                     PREC: tl.constexpr, PDL: tl.constexpr):
+                     PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False):
     """``_mix_block`` as a launch of its own: one program per (stream, token block,
-    column slice), so the chunk's small products run on many SMs at once."""
-    _grid_dependency(PDL)
-    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
-    _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm, C,
-               MB, TB, CP, PREC)
+    column slice), so the chunk's small products run on many SMs at once. ``ROWS``: the
+    block's whole rows of the matrices at once, loaded before the wait
+    (``_mix_block_rows``)."""
+    if ROWS:
+        _grid_dependency(PDL == 1)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+        _mix_block_rows(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
+                        cm, C, TB, CP, PREC, PDL)
+    else:
+        _grid_dependency(PDL)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+        _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm,
+                   C, MB, TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])

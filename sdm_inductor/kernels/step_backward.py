@@ -75,16 +75,11 @@ def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd
     tl.store(vmr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, vv - r0, mask=cm)
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC", "vmr_cs"])
-def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
-                          NC, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-                          CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-                          KEPT: tl.constexpr = False):
-    # PDL == 3 with the forward's v - r0 kept: everything this launch reads was written
-    # before the walk, and the last readers of what it writes (the Dw and second product
-    # launches of the chunk after) have finished, so it runs whole before its wait, which
-    # only keeps the chain (its end implies the end of the launch before it)
-    EARLY: tl.constexpr = PDL == 3 and KEPT
+@triton.jit
+def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
+                 C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+                 PREC: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+    """The first product launch in blocks of ``TB`` key tokens, all after the wait."""
     _grid_dependency(PDL and not EARLY)
     p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
     mat = b.to(tl.int64) * C * C
@@ -116,45 +111,11 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
     _grid_dependency(EARLY)
 
 
-@triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
-def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
-                        hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                        EV: tl.constexpr = "", EV_DB: tl.constexpr = "", CG: tl.constexpr = ""):
-    _grid_dependency(PDL == 1)
-    # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
-    # launch) and of the dB rows (read again by the dB launch)
-    p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    cb = tl.program_id(1)
-    w = tl.arange(0, WP)
-    wm = w < W
-    sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
-    cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
-    _grid_dependency(PDL == 2)
-    # PDL == 3: the dB rows (the dB launch two back) and chunk-start rows (the restore
-    # launch two back) load before the wait too, through L2 (CG = ".cg": never a line an
-    # SM's L1 kept from before they were written); only delta needs the launch before
-    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-    m2 = (sl >= 0)[:, None] & cm[None, :]
-    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
-                 cache_modifier=CG).to(tl.float32)
-    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV,
-                 cache_modifier=CG).to(tl.float32)
-    po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
-    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
-    _grid_dependency(PDL == 3)
-    buf = (p.to(tl.int64) * CP + i) * hd + cols
-    dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
-    tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
-    dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
-    tl.store(dd_ptr + buf, dd, mask=cm)
-
-
-@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW", "vmr_cs"])
-def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
-                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr,
-                          MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                          PREC: tl.constexpr, PDL: tl.constexpr):
+@triton.jit
+def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
+                 pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
+                 TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """The second product launch in blocks of ``TB`` tokens, all after the wait."""
     _grid_dependency(PDL)
     p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
     ms = tl.program_id(1)        # the column slice: its row of the partial sums
@@ -200,6 +161,147 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
     tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
              bt[:, None] * du, mask=tv[:, None] & cm[None, :])
     tl.store(dr_ptr + buf, -bt[:, None] * du, mask=tm[:, None] & cm[None, :])
+
+
+@triton.jit
+def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
+               C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+               PREC: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+    """The first product launch with the token block's whole rows at once (``ROWS``):
+    ``QK^T dy`` needs only what was written before the walk (Phase 1's Gram matrix, the
+    output gradient), so it is loaded and computed before the wait, with X's rows and the
+    gates; after it, one load of the chunk's ``v - r0`` and one product, ``delta = X u``."""
+    _grid_dependency(PDL == 1)
+    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+    mat = b.to(tl.int64) * C * C
+    toks = t0 + tl.arange(0, TB)
+    tm = toks < C
+    ks = tl.arange(0, CP)
+    kc = ks < C
+    km = kc & (ks < t0 + TB)     # X is lower triangular
+    x = tl.load(X_ptr + mat + toks[:, None] * C + ks[None, :], mask=tm[:, None] & km[None, :],
+                other=0.0)
+    bk = tl.load(beta_ptr + b.to(tl.int64) * C + ks, mask=km, other=0.0)
+    qd = _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, kc, cols, cm, C, PREC)
+    _grid_dependency((PDL >= 2) and not EARLY)
+    vmr_ptr += c.to(tl.int64) * vmr_cs   # the chunk's [P, CP, hd] block (0: the scratch)
+    uk = bk[:, None] * tl.load(vmr_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                               mask=km[:, None] & cm[None, :], other=0.0)
+    d = tl.dot(x, uk, input_precision=PREC)
+    buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
+    tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
+    _grid_dependency(EARLY)
+
+
+@triton.jit
+def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
+               pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
+               TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """The second product launch with the token block's whole columns of X, its output
+    gradient and gates loaded before the wait (``ROWS``); after it one load each of
+    ``d delta`` and ``delta`` for all the chunk's tokens, and one product per result."""
+    _grid_dependency(PDL == 1)
+    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+    ms = tl.program_id(1)        # the column slice: its row of the partial sums
+    mat = b.to(tl.int64) * C * C
+    toks = t0 + tl.arange(0, TB)
+    tm = toks < C
+    tg = c * C + toks
+    tv = tm & (tg < T)
+    ks = tl.arange(0, CP)
+    kc = ks < C
+    km = kc & (ks >= t0)         # X[k, t] = 0 for k < t
+    xt = tl.load(X_ptr + mat + ks[None, :] * C + toks[:, None], mask=tm[:, None] & km[None, :],
+                 other=0.0)
+    dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                  mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
+    _grid_dependency(PDL >= 2)
+    kbuf = (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :]
+    ddk = tl.load(dd_ptr + kbuf, mask=km[:, None] & cm[None, :], other=0.0)
+    du = tl.dot(xt, ddk, input_precision=PREC)
+    dlk = tl.load(d_ptr + kbuf, mask=kc[:, None] & cm[None, :], other=0.0)
+    prt = ms * NB + p * NCW + c % NCW     # the chunk's row of this slice's partials
+    prow = (prt.to(tl.int64) * C + toks)[:, None] * C
+    sm = tm[:, None] & kc[None, :]
+    gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
+    tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0), mask=sm)
+    gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
+    tl.store(pqk_ptr + prow + ks[None, :], tl.where(ks[None, :] <= toks[:, None], gq, 0.0),
+             mask=sm)
+    buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    vmr = tl.load(vmr_ptr + c.to(tl.int64) * vmr_cs + buf, mask=tm[:, None] & cm[None, :],
+                  other=0.0)
+    tl.store(pb_ptr + prt.to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
+    tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+             bt[:, None] * du, mask=tv[:, None] & cm[None, :])
+    tl.store(dr_ptr + buf, -bt[:, None] * du, mask=tm[:, None] & cm[None, :])
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC", "vmr_cs"])
+def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
+                          NC, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+                          CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+                          KEPT: tl.constexpr = False, ROWS: tl.constexpr = False):
+    # PDL == 3 with the forward's v - r0 kept: everything this launch reads was written
+    # before the walk, and the last readers of what it writes (the Dw and second product
+    # launches of the chunk after) have finished, so it runs whole before its wait, which
+    # only keeps the chain (its end implies the end of the launch before it)
+    EARLY: tl.constexpr = PDL == 3 and KEPT
+    if ROWS:
+        _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
+                   C, MB, TB, CP, PREC, PDL, EARLY)
+    else:
+        _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC,
+                     vmr_cs, C, MB, TB, CP, PREC, PDL, EARLY)
+
+
+@triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
+def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
+                        hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
+                        EV: tl.constexpr = "", EV_DB: tl.constexpr = "", CG: tl.constexpr = ""):
+    _grid_dependency(PDL == 1)
+    # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
+    # launch) and of the dB rows (read again by the dB launch)
+    p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
+    cb = tl.program_id(1)
+    w = tl.arange(0, WP)
+    wm = w < W
+    sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
+    cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
+    _grid_dependency(PDL == 2)
+    # PDL == 3: the dB rows (the dB launch two back) and chunk-start rows (the restore
+    # launch two back) load before the wait too, through L2 (CG = ".cg": never a line an
+    # SM's L1 kept from before they were written); only delta needs the launch before
+    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+    m2 = (sl >= 0)[:, None] & cm[None, :]
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
+                 cache_modifier=CG).to(tl.float32)
+    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV,
+                 cache_modifier=CG).to(tl.float32)
+    po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
+    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
+    _grid_dependency(PDL == 3)
+    buf = (p.to(tl.int64) * CP + i) * hd + cols
+    dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
+    tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
+    dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
+    tl.store(dd_ptr + buf, dd, mask=cm)
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW", "vmr_cs"])
+def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
+                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr,
+                          MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+                          PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False):
+    if ROWS:
+        _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
+                   pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL)
+    else:
+        _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
+                     pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL)
 
 
 @triton.jit
@@ -317,6 +419,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
     cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
+    # the products' whole rows at once (host.CONFIG, MIX_ROWS_B; C = 256 spills on sm_90)
+    rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= 128
     steps = [
         Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
@@ -330,7 +434,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
             num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
-                 num_stages=1, KEPT=vmr_kept is not None, **pd),
+                 num_stages=1, KEPT=vmr_kept is not None, ROWS=rows, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, work, pl.slot, pl.coef, delta, ddelta,
                  parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BDD,
                  WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], EV_DB=EVICT[config["EV_DB"]],
@@ -338,7 +442,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
-                 **pd),
+                 ROWS=rows, **pd),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
                  NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg,
                  num_warps=wg, num_stages=1, **pd),
