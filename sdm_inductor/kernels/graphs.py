@@ -38,7 +38,8 @@ _streams: dict = {}
 # counters for tests and benchmarks: "eager", "captured", "replayed" by the key's first
 # item (the walk: "forward", "reverse"), e.g. stats["replayed", "forward"]
 stats = collections.Counter()
-# the last two keys of each walk (tests: what changed between two calls that did not replay)
+# the last two keys of each walk and loop (the key's first three items; tests: what changed
+# between two calls that did not replay)
 recent: dict = collections.defaultdict(lambda: collections.deque(maxlen=2))
 
 
@@ -89,7 +90,7 @@ def run(key: Hashable, body: Callable[[], None], device: torch.device, enabled: 
     if not usable(device, enabled):
         body()
         return
-    recent[key[0]].append(key)
+    recent[key[:3]].append(key)
     graph = _graphs.get(key)
     if graph is None:
         if key not in _seen:   # first time: run eagerly (compiles the kernels too)
