@@ -456,6 +456,11 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run ab_rows_B 100 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb \
         --rounds 3 --b MIX_ROWS=1 --c MIX_ROWS_B=1 --d MIX_ROWS=1 MIX_ROWS_B=1
       cd .. ;;
+    s17c)   # session 17: the benchmark on the final defaults, then eager / host / graph times
+      run bench_cuda 300 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json"
+      cd benchmarks
+      run host17 120 python3 host_bound.py A:64 A:128 B:128
+      cd .. ;;
     s16h)   # session 16: Relaunch through the launcher's C entry point (launch.DIRECT) against
       # its Python wrapper: the eager call's host time; then every CUDA-marked test
       cd benchmarks
