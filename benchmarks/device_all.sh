@@ -461,6 +461,15 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s17d)   # session 17: the product launches' token blocks and column slices with MIX_ROWS on
+      cd benchmarks
+      run ab_tb_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd \
+        --rounds 3 --b TB_MIX=16 --c TB_MIX=64 --d MB_MIX=16
+      run ab_tbb_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb \
+        --rounds 3 --b TB_MIX_B=16 --c MB_MIX_B=16 --d TB_MIX_B=64
+      run ab_tb_B 100 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb \
+        --rounds 3 --b TB_MIX=16 TB_MIX_B=16 --c MB_MIX=16 MB_MIX_B=16
+      cd .. ;;
     s16h)   # session 16: Relaunch through the launcher's C entry point (launch.DIRECT) against
       # its Python wrapper: the eager call's host time; then every CUDA-marked test
       cd benchmarks
