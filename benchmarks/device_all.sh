@@ -470,19 +470,6 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run ab_tb_B 100 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb \
         --rounds 3 --b TB_MIX=16 TB_MIX_B=16 --c MB_MIX=16 MB_MIX_B=16
       cd .. ;;
-    s17e)   # session 17: the backward's d r0 scratch in bf16 (DR_BF16): the bf16 oracle tests
-      # with it, a graph-timed A/B, the benchmark with it
-      run t17dr 170 python3 -c "import sys, pytest; from sdm_inductor.kernels import host; \
-host.CONFIG['DR_BF16'] = 1; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', \
-'tests/test_cuda.py', '-k', 'oracle or grad_bank_fp32 or snapshot or kept or deterministic']))"
-      cd benchmarks
-      run ab_dr_A 100 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb \
-        --rounds 3 --b DR_BF16=1
-      run ab_dr_B 60 python3 ab_cuda.py --graph --config B --chunks 128 --rows fb \
-        --rounds 3 --b DR_BF16=1
-      cd ..
-      run bench_cuda_dr 150 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda_dr.json" \
-        --set DR_BF16=1 ;;
     s16h)   # session 16: Relaunch through the launcher's C entry point (launch.DIRECT) against
       # its Python wrapper: the eager call's host time; then every CUDA-marked test
       cd benchmarks

@@ -160,8 +160,7 @@ def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw
     wm = (sl >= 0)[:, None] & cm[None, :]
     old = tl.load(dB_ptr + ro, mask=wm, other=0.0, cache_modifier=CG)
     dr = tl.load(scr_dr + tf[:, :, None] * DS + sc[None, None, :],
-                 mask=(mk & isw)[:, :, None] & cm[None, None, :], other=0.0,
-                 cache_modifier=CG).to(tl.float32)   # bf16 with the step walk's DR_BF16
+                 mask=(mk & isw)[:, :, None] & cm[None, None, :], other=0.0, cache_modifier=CG)
     fg = c * C + tf
     dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, :, None] * hd + cols[None, None, :],
                   mask=(mk & (~isw) & (fg < T))[:, :, None] & cm[None, None, :],
@@ -175,8 +174,7 @@ def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw
         wtm = tl.load(g_ev_ptr + gb + pos + m, mask=mm, other=0.0)
         is_w = m < nw
         drm = tl.load(scr_dr + tfm[:, None] * DS + sc[None, :],
-                      mask=(mm & is_w)[:, None] & cm[None, :], other=0.0,
-                      cache_modifier=CG).to(tl.float32)
+                      mask=(mm & is_w)[:, None] & cm[None, :], other=0.0, cache_modifier=CG)
         fgm = c * C + tfm
         dym = tl.load(dy_ptr + (p.to(tl.int64) * T + fgm)[:, None] * hd + cols[None, :],
                       mask=(mm & (~is_w) & (fgm < T))[:, None] & cm[None, :],

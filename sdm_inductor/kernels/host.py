@@ -55,7 +55,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
               CL_GROUP=3, CL_WRITE=1,
-              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1, DR_BF16=0)
+              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -121,9 +121,6 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # Both only up to C = 128 (sm_90 at C = 256: 255 registers and spills). NOTES.md run 18,
 # graph-timed, 3 rounds: MIX_ROWS no-grad 0.923 (A C=64), 0.911 (A C=128), 0.909 (B C=128);
 # both, forward + backward 0.926 / 0.896 / 0.894.
-# DR_BF16: the backward step walk's ``d r0`` scratch in bf16 where the bank gradient is
-# accumulated in bf16 (a bf16 bank without grad_bank_fp32): the dB launch gathers it for
-# every write member, as the forward's write launch gathers delta (DELTA_BF16).
 # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
 # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather launch.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw

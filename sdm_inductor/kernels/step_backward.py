@@ -343,8 +343,7 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
     rr = _dev_rows(work_ptr, slr, cols, cm, hd, CG)
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
     _grid_dependency(PDL == 3)
-    dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm,
-                  other=0.0).to(tl.float32)   # bf16 with DR_BF16
+    dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
     _dev_half(rw, pe_ptr, po, dr0, W, WP)
 
 
@@ -408,12 +407,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
     NBW = P * NCW
     f32 = dict(dtype=torch.float32, device=dB.device)
-    delta, ddelta = (torch.empty(P, CP, hd, **f32) for _ in range(2))
-    # d r0 in bf16 where the bank gradient itself is accumulated in bf16 (DR_BF16): the dB
-    # launch gathers it for every write member
-    low = config.get("DR_BF16", 0) and dB.dtype == torch.bfloat16
-    dr = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
-                     device=dB.device)
+    delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(3))
     vmr = torch.empty(P, CP, hd, **f32) if vmr_kept is None else vmr_kept
     vmr_cs = 0 if vmr_kept is None else P * CP * hd   # elements between two chunks' blocks
     widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
