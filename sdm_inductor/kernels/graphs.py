@@ -11,7 +11,9 @@ tensor by its device pointer and dtype, the launch options) and its loop. A key 
 the first time runs eagerly (and compiles what it needs); the second time it is captured,
 then replayed from then on. A steady loop (a benchmark, a training loop whose allocator
 hands out the same blocks) replays; a call whose tensors live elsewhere makes its launches
-as before. Nothing is allocated while recording (the walks' buffers are made before), so a
+as before. How soon a loop replays depends on the caching allocator: in a process whose
+cache earlier work had fragmented, a training loop's backward walks once took more than
+six calls to repeat their pointers (benchmarks/NOTES.md run 18). Nothing is allocated while recording (the walks' buffers are made before), so a
 graph holds no memory of its own.
 
 Not used while a CUDA graph records the call (the launches go into that graph), when the
