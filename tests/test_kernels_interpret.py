@@ -271,7 +271,8 @@ def case_step_walk():
     products, the backward's windows of partial sums, the undo log, and the
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket; write and dB programs of one and of
-    several column blocks; a bf16 bank (the forward's bf16 delta scratch)."""
+    several column blocks; a bf16 bank (the forward's bf16 delta scratch); the product
+    launches in both forms (whole rows before the wait, blocks after it)."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -310,6 +311,12 @@ def case_step_walk():
     assert host.CONFIG["DELTA_BF16"]
     _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                        repeats=True, dtype=torch.bfloat16, seed=29), 16, tol=2e-2)
+    # the product launches in blocks of TB columns, all after the wait (what C = 256 runs;
+    # MIX_ROWS / MIX_ROWS_B, the defaults, load whole rows first): several blocks per chunk
+    host.CONFIG.update(MIX_ROWS=0, MIX_ROWS_B=0, TB_MIX=16, TB_MIX_B=16)
+    _train(make_inputs(P=2, T=70, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
+                       repeats=True, seed=30), 32)
+    host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1, TB_MIX=32, TB_MIX_B=32)
     _kept_for_backward()
 
 
