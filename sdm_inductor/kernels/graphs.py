@@ -13,11 +13,12 @@ then replayed from then on. A steady loop (a benchmark, a training loop whose al
 hands out the same blocks) replays; a call whose tensors live elsewhere makes its launches
 as before. How soon a loop replays depends on the caching allocator: in a process whose
 cache earlier work had fragmented, a training loop's backward walks once took more than
-six calls to repeat their pointers (benchmarks/NOTES.md run 18). Nothing is allocated while recording (the walks' buffers are made before), so a
-graph holds no memory of its own.
+six calls to repeat their pointers (benchmarks/NOTES.md run 18). Nothing is allocated
+while recording (the walks' buffers are made before), so a graph holds no memory of its own.
 
 Not used while a CUDA graph records the call (the launches go into that graph), when the
-launches go through ``wrap_triton`` (not the eager implementation), under the interpreter, with Triton launch hooks set (a profiler: replays would bypass them), or when
+launches go through ``wrap_triton`` (not the eager implementation), under the interpreter,
+with Triton launch hooks set (a profiler: replays would bypass them), or when
 ``CONFIG["WALK_GRAPHS"]`` is 0 (environment ``SDM_INDUCTOR_WALK_GRAPHS=0``).
 """
 from __future__ import annotations
