@@ -25,7 +25,7 @@ from . import graphs, plan_graph
 from .pipeline import ahead, token_windows
 from .quantize import pack_log
 from .phase2 import _forward_kernel
-from .step import _step_gather_kernel, _step_mix_kernel, _step_write_kernel
+from .step import ROWS_MAX_CP, _step_gather_kernel, _step_mix_kernel, _step_write_kernel
 from .walk import _walk_kernel
 
 
@@ -238,8 +238,8 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                       **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
                    inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
-                   ROWS=bool(CONFIG["MIX_ROWS"]) and CP <= 128, num_warps=CONFIG["WARPS_MIX"], num_stages=1,
-                   **pd)
+                   ROWS=bool(CONFIG["MIX_ROWS"]) and CP <= ROWS_MAX_CP,
+                   num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
     CLW = min(CONFIG["CL_WRITE"], NCBW)   # column blocks per write program
     write = Relaunch(_step_write_kernel, (P * nrt, -(-NCBW // CLW)), "c", bank, delta, ru.slot,
                      ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,

@@ -172,6 +172,11 @@ def _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb,
                        cm, C, MB, TB, CP, PREC)
 
 
+# the widest chunk (power of two) whose product launches load whole rows (``ROWS``): at
+# C = 256 the rows forms need 255 registers on sm_90 and spill (aot_compile_check.py)
+ROWS_MAX_CP = 128
+
+
 @triton.jit
 def _mix_block_rows(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm,
                     C: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr,

@@ -30,7 +30,7 @@ import triton.language as tl
 from .backward import _group_cols, _group_head, _load_log, _qkt_dy
 from . import graphs
 from .launch import EVICT, Relaunch, pdl, pow2
-from .step import (_block_program, _gather_index, _gather_rows, _grid_dependency,
+from .step import (ROWS_MAX_CP, _block_program, _gather_index, _gather_rows, _grid_dependency,
                    _launch_dependents, _token_program, _wait)
 
 
@@ -419,8 +419,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
     cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
-    # the products' whole rows at once (host.CONFIG, MIX_ROWS_B; C = 256 spills on sm_90)
-    rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= 128
+    # the products' whole rows at once (host.CONFIG, MIX_ROWS_B)
+    rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= ROWS_MAX_CP
     steps = [
         Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
