@@ -461,6 +461,32 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s18a)   # session 18: per-kernel tables (own times, PDL=0) of A and B at C=128, then knobs
+      cd benchmarks
+      export SDM_INDUCTOR_WALK=step
+      run prof18_A 150 python3 profile_cuda.py 128 --tables-only PDL=0 WALK_GRAPHS=0
+      run prof18_B 150 python3 profile_cuda.py 128 --tables-only --config=B PDL=0 WALK_GRAPHS=0
+      unset SDM_INDUCTOR_WALK
+      run ab18_A 200 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb \
+        --rounds 3 --b PDL=3 --c BWD_WINDOWS=2 --d CL_GROUP=2
+      cd .. ;;
+    s18b)   # session 18: PDL=3 again (run 18 measured 0.981 once), the backward's shapes
+      cd benchmarks
+      run ab18_pdl 120 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd,fb \
+        --rounds 3 --b PDL=3
+      run ab18_pdlB 90 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd,fb \
+        --rounds 3 --b PDL=3
+      run ab18_grp 90 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb \
+        --rounds 3 --b NG_GROUP=64 --c WARPS_GROUP=4 --d BD_GROUP=128 CL_GROUP=2
+      run ab18_grp2 90 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb \
+        --rounds 3 --b KW_GROUP=1 --c KW_GROUP=4 --d NG_GROUP=16
+      run ab18_rows 90 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb \
+        --rounds 3 --b WARPS_STEP_B=2 --c WARPS_STEP_B=8 --d BD_STEP_B=64
+      run ab18_dw 90 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb \
+        --rounds 3 --b BD_DW=64 --c WARPS_DW=8 --d NG_STEP=64
+      run ab18_fw 90 python3 ab_cuda.py --graph --config A --chunks 128 --rows fwd \
+        --rounds 3 --b NG_STEP=64 --c KW_STEP=4 --d WARPS_STEP_W=8
+      cd .. ;;
     s17d)   # session 17: the product launches' token blocks and column slices with MIX_ROWS on
       cd benchmarks
       run ab_tb_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd \

@@ -1,4 +1,4 @@
-"""Where the time goes (config A of SDM_SPEC section 5): per-kernel CUDA time from
+"""Where the time goes (config A of SDM_SPEC section 5, or ``--config=B``): per-kernel CUDA time from
 torch.profiler, and the Phase 2 forward kernel alone with passes switched off and under
 other launch parameters. Usage:
 python benchmarks/profile_cuda.py [C] [--tables-only] [KEY=INT ...] (knobs as in
@@ -37,11 +37,12 @@ def forward_kernel_only(bank, pl, v, C, BD=16, EW=8, WARPS=8, NG=512, TB=64, PAS
 
 
 def main():
-    for kv in (a for a in sys.argv[1:] if "=" in a):
+    for kv in (a for a in sys.argv[1:] if "=" in a and not a.startswith("--")):
         set_knob(kv)
     nums = [a for a in sys.argv[1:] if not a.startswith("--") and "=" not in a]
     C = int(nums[0]) if nums else 64
-    cfg = CONFIGS["A"]
+    name = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--config=")), "A")
+    cfg = CONFIGS[name]
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**cfg)
     rest = (k_idx, k_val, v, beta, g, q_idx, q_val)
     work = bank.clone()
@@ -54,13 +55,13 @@ def main():
     torch.ops.sdm.triton_write_read_(work, *rest, C)
     fwdbwd()
     torch.cuda.synchronize()
-    for name, fn in (("no-grad forward", lambda: torch.ops.sdm.triton_write_read_(work, *rest, C)),
+    for label, fn in (("no-grad forward", lambda: torch.ops.sdm.triton_write_read_(work, *rest, C)),
                      ("forward + backward", fwdbwd)):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
-        print(f"== {name}, config A, C={C}: per-kernel CUDA time over 3 calls")
+        print(f"== {label}, config {name}, C={C}: per-kernel CUDA time over 3 calls")
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18,
                                         max_name_column_width=60))
     plan_ms = bench(lambda: phase1.plan(bank.shape[0], k_idx, k_val, beta, g, q_idx, q_val, C))
