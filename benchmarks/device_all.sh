@@ -487,18 +487,6 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run ab18_fw 90 python3 ab_cuda.py --graph --config A --chunks 128 --rows fwd \
         --rounds 3 --b NG_STEP=64 --c KW_STEP=4 --d WARPS_STEP_W=8
       cd .. ;;
-    s18c)   # session 18: a token's write and read rows in separate programs (gather, d ev)
-      cd benchmarks
-      run ab18_gh_A 120 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd \
-        --rounds 3 --b GATHER_HALVES=1 --c GATHER_HALVES=1 BD_STEP=64 --d BD_STEP=64
-      run ab18_gh_B 90 python3 ab_cuda.py --graph --config B --chunks 128 --rows fwd \
-        --rounds 3 --b GATHER_HALVES=1 --c GATHER_HALVES=1 BD_STEP=64 --d BD_STEP=64
-      run ab18_dh_A 120 python3 ab_cuda.py --graph --config A --chunks 128 --rows fb \
-        --rounds 3 --a PDL=3 --b PDL=3 DEV_HALVES=1 --c PDL=3 DEV_HALVES=1 GATHER_HALVES=1 \
-        --d PDL=3 DEV_HALVES=1 BD_STEP_B=64
-      run ab18_dh_B 120 python3 ab_cuda.py --graph --config B --chunks 128 --rows fb \
-        --rounds 3 --a PDL=3 --b PDL=3 DEV_HALVES=1 --c PDL=3 DEV_HALVES=1 GATHER_HALVES=1
-      cd .. ;;
     s17d)   # session 17: the product launches' token blocks and column slices with MIX_ROWS on
       cd benchmarks
       run ab_tb_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd \

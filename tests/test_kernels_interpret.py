@@ -29,8 +29,8 @@ def _run(case: str):
 
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
-                                  "column_walk", "step_walk", "step_halves",
-                                  "phase1_scans", "solve_blocks"])
+                                  "column_walk", "step_walk", "phase1_scans",
+                                  "solve_blocks"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -318,29 +318,6 @@ def case_step_walk():
                        repeats=True, seed=30), 32)
     host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1, TB_MIX=32, TB_MIX_B=32)
     _kept_for_backward()
-
-
-def case_step_halves():
-    """The step walks' gather and ``d ev`` launches with a token's write and read rows in
-    separate programs (``GATHER_HALVES``, ``DEV_HALVES``): against the oracle, and bitwise
-    the one-program launches (each sum runs over the same entries in the same order)."""
-    import torch
-    from sdm_inductor.kernels import host
-    from sdm_inductor.testing import make_inputs
-    host.CONFIG.update(WALK="step", BD_STEP=16, BD_STEP_W=16, NG_STEP=8, BD_STEP_B=16,
-                       MB_MIX=16, MB_MIX_B=16, BD_GROUP=16, NG_GROUP=8)
-    ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
-                      repeats=True, seed=31)
-    outs = {}
-    for halves in (1, 0):
-        host.CONFIG.update(GATHER_HALVES=halves, DEV_HALVES=halves)
-        _, _, grads, args, _, _ = _train(ins, 16)
-        bank = ins.bank.clone()
-        y = host.forward(bank, *args, 16, "none", False)[0]
-        outs[halves] = (*grads, y, bank)
-    for n, a, b in zip((*NAMES, "no-grad readings", "no-grad bank"), *outs.values()):
-        assert torch.equal(a, b), f"halves against one program: {n} differs"
-    print("halves: bitwise the one-program launches")
 
 
 def _kept_for_backward():

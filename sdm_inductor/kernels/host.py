@@ -55,8 +55,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
               CL_GROUP=3, CL_WRITE=1,
-              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1,
-              GATHER_HALVES=0, DEV_HALVES=0)
+              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -228,15 +227,13 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     TBM = min(CONFIG["TB_MIX"], CP)
     prec = _prec(bank.dtype)
     pd = pdl(CONFIG, bank)
-    # GATHER_HALVES: write rows and read rows in separate programs (no ticketed products)
-    halves = bool(CONFIG["GATHER_HALVES"]) and not mix_in_gather
-    gather = Relaunch(_step_gather_kernel, (P * C, NCB, 2 if halves else 1), "c", bank, pl.slot, pl.ev, v, pl.beta,
+    gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
                       pl.X, pl.QKX, out, u, inter, delta, tickets, u if keep is None else keep,
                       0, P, pl.T, hd, NC, C=C, W=W,
                       R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                       MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
                       EV_W=EVICT[CONFIG["EV_GW"]], EV_R=EVICT[CONFIG["EV_GR"]],
-                      KEEP=keep is not None, HALVES=halves,
+                      KEEP=keep is not None,
                       num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
                       **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
     mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,

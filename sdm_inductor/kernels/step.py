@@ -116,32 +116,19 @@ def _block_program(NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constex
 
 
 @triton.jit
-def _store_u(v_ptr, beta_ptr, u_ptr, keep_ptr, r0, p, b, c, i, P, T, hd, cols, cm,
-             C: tl.constexpr, CP: tl.constexpr, KEEP: tl.constexpr):
-    """``u = beta (v - r0)`` of token ``i`` into the ``[P, CP, hd]`` buffer; with ``KEEP``
-    also ``v - r0`` into the backward's ``[NC, P, CP, hd]`` buffer."""
+def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
+                   cols, cm, C: tl.constexpr, CP: tl.constexpr, KEEP: tl.constexpr):
+    """``u = beta (v - r0)`` and ``inter`` of token ``i`` into the ``[P, CP, hd]`` buffers;
+    with ``KEEP`` also ``v - r0`` into the backward's ``[NC, P, CP, hd]`` buffer."""
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
     bt = tl.load(beta_ptr + b.to(tl.int64) * C + i)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     tl.store(u_ptr + buf, bt * (vv - r0), mask=cm)
+    tl.store(i_ptr + buf, inter, mask=cm)
     if KEEP:
         tl.store(keep_ptr + c.to(tl.int64) * P * CP * hd + buf, vv - r0, mask=cm)
-
-
-@triton.jit
-def _store_inter(i_ptr, inter, p, i, hd, cols, cm, CP: tl.constexpr):
-    """``inter`` of token ``i`` into the ``[P, CP, hd]`` buffer."""
-    tl.store(i_ptr + (p.to(tl.int64) * CP + i) * hd + cols, inter, mask=cm)
-
-
-@triton.jit
-def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
-                   cols, cm, C: tl.constexpr, CP: tl.constexpr, KEEP: tl.constexpr):
-    """``_store_u`` and ``_store_inter``."""
-    _store_u(v_ptr, beta_ptr, u_ptr, keep_ptr, r0, p, b, c, i, P, T, hd, cols, cm, C, CP, KEEP)
-    _store_inter(i_ptr, inter, p, i, hd, cols, cm, CP)
 
 
 @triton.jit
@@ -239,27 +226,6 @@ def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
                    C, MB, TB, CP, PREC)
 
 
-@triton.jit
-def _gather_half(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, p, b, c, i,
-                 base, P, T, hd, cols, cm, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                 WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                 EV_W: tl.constexpr, EV_R: tl.constexpr, KEEP: tl.constexpr):
-    """One half of a gather program's work (``HALVES``): ``program_id(2)`` 0 sums the
-    token's write rows into ``u``, 1 its read rows into ``inter``, each in the order of
-    the whole program's (the same bits)."""
-    if tl.program_id(2) == 0:
-        slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
-        _grid_dependency(PDL >= 2)
-        r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd, EV_W)
-        _store_u(v_ptr, beta_ptr, u_ptr, keep_ptr, r0, p, b, c, i, P, T, hd, cols, cm, C, CP,
-                 KEEP)
-    else:
-        slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
-        _grid_dependency(PDL >= 2)
-        inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd, EV_R)
-        _store_inter(i_ptr, inter, p, i, hd, cols, cm, CP)
-
-
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
 def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_ptr, out_ptr,
                         u_ptr, i_ptr, d_ptr, cnt_ptr, keep_ptr, c, P, T, hd, NC,
@@ -267,38 +233,31 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
                         MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
                         MIX: tl.constexpr, PDL: tl.constexpr, EV_W: tl.constexpr = "",
-                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False,
-                        HALVES: tl.constexpr = False):
+                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     # MIX: the last program of each (stream, column block) computes its delta and
     # readings (else ``_step_mix_kernel`` does, as a third launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    if HALVES:
-        # a third grid axis of two: a program gathers either the token's write rows (u)
-        # or its read rows (inter), half the rows in flight per program
-        _gather_half(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, p, b,
-                     c, i, base, P, T, hd, cols, cm, C, W, R, WP, RP, CP, PDL, EV_W, EV_R, KEEP)
-    else:
-        slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
-        slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
-        _grid_dependency(PDL >= 2)
-        # EV_W / EV_R: the write rows are read again by this step's write launch, the read
-        # rows are not
-        r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd, EV_W)
-        inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd, EV_R)
-        _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
-                       cols, cm, C, CP, KEEP)
-        if MIX:
-            # every thread's stores are issued before the ticket is taken (release); the
-            # last taker sees them all (acquire, then .cg loads from L2)
+    slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
+    slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
+    _grid_dependency(PDL >= 2)
+    # EV_W / EV_R: the write rows are read again by this step's write launch, the read
+    # rows are not
+    r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd, EV_W)
+    inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd, EV_R)
+    _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
+                   cols, cm, C, CP, KEEP)
+    if MIX:
+        # every thread's stores are issued before the ticket is taken (release); the
+        # last taker sees them all (acquire, then .cg loads from L2)
+        tl.debug_barrier()
+        cb = tl.program_id(1)
+        ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1,
+                               sem="acq_rel", scope="gpu")
+        if ticket == C - 1:
             tl.debug_barrier()
-            cb = tl.program_id(1)
-            ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1,
-                                   sem="acq_rel", scope="gpu")
-            if ticket == C - 1:
-                tl.debug_barrier()
-                _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb, C, BD, MB,
-                     TB, CP, PREC)
+            _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb, C, BD, MB,
+                 TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])

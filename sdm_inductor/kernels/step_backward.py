@@ -323,25 +323,12 @@ def _dev_half(rows, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr):
 def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB, NCW,
                          C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                          WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                         CG: tl.constexpr = "", HALVES: tl.constexpr = False):
+                         CG: tl.constexpr = ""):
     _grid_dependency(PDL == 1)
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
     cb = tl.program_id(1)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * E
-    if HALVES:
-        _dev_program_half(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, i, c, base, po, T, hd,
-                          cols, cm, C, W, R, WP, RP, CP, PDL, CG)
-    else:
-        _dev_both(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, i, c, base, po, T, hd, cols, cm,
-                  C, W, R, WP, RP, CP, PDL, CG)
-
-
-@triton.jit
-def _dev_both(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, i, c, base, po, T, hd, cols, cm,
-              C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, WP: tl.constexpr,
-              RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr, CG: tl.constexpr):
-    """A token's ``d ev`` partials of its write and read entries in one program."""
     # early loads: the slots (Phase 1's) and dy (the call's)
     w, r = tl.arange(0, WP), tl.arange(0, RP)
     slw = tl.load(slot_ptr + base + w, mask=w < W, other=-1)
@@ -358,34 +345,6 @@ def _dev_both(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, i, c, base, po, T, 
     _grid_dependency(PDL == 3)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
     _dev_half(rw, pe_ptr, po, dr0, W, WP)
-
-
-@triton.jit
-def _dev_program_half(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, i, c, base, po, T, hd, cols,
-                      cm, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, WP: tl.constexpr,
-                      RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr, CG: tl.constexpr):
-    """``HALVES``: ``program_id(2)`` 0 takes the token's write entries (against ``d r0``, the
-    launch before's), 1 its read entries (against ``dy``), half the rows per program."""
-    if tl.program_id(2) == 0:
-        w = tl.arange(0, WP)
-        slw = tl.load(slot_ptr + base + w, mask=w < W, other=-1)
-        _grid_dependency(PDL == 2)
-        rw = _dev_rows(work_ptr, slw, cols, cm, hd, CG)   # PDL == 3: as in _dev_both
-        _grid_dependency(PDL == 3)
-        dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
-        _dev_half(rw, pe_ptr, po, dr0, W, WP)
-    else:
-        r = tl.arange(0, RP)
-        slr = tl.load(slot_ptr + base + W + r, mask=r < R, other=-1)
-        tg = c * C + i
-        dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
-                      other=0.0).to(tl.float32)
-        _grid_dependency(PDL == 2)
-        # PDL == 3: nothing of the launch before, so no wait at all; a program that exits
-        # counts as having let the next launch start, and the write half's programs wait,
-        # so the next launch still starts after the one before this has finished
-        rr = _dev_rows(work_ptr, slr, cols, cm, hd, CG)
-        _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
@@ -462,8 +421,6 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
     # the products' whole rows at once (host.CONFIG, MIX_ROWS_B)
     rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= ROWS_MAX_CP
-    # the d ev launch's write and read entries in separate programs (host.CONFIG, DEV_HALVES)
-    dev_halves = bool(config.get("DEV_HALVES", 0))
     steps = [
         Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
                  pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
@@ -486,9 +443,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  ROWS=rows, **pd),
-        Relaunch(_step_bwd_dev_kernel, g_rows + ((2,) if dev_halves else ()), "c", work,
-                 pl.slot, dr, dy, parts["ev"], 0, T, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BD,
-                 WP=pow2(W), RP=pow2(R), CP=CP, CG=cg, HALVES=dev_halves,
+        Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
+                 NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg,
                  num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
                  gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC,
