@@ -487,6 +487,19 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run ab18_fw 90 python3 ab_cuda.py --graph --config A --chunks 128 --rows fwd \
         --rounds 3 --b NG_STEP=64 --c KW_STEP=4 --d WARPS_STEP_W=8
       cd .. ;;
+    s18d)   # session 18: PDL=3 (the new default) against 2 in eager autograd calls (the
+      # forward's v - r0 kept: the first product launch runs before its wait), then the
+      # benchmark and the host / eager / graph times on the final defaults
+      cd benchmarks
+      run ab18_ag 150 python3 ab_cuda.py --config A --chunks 64,128 --rows ag --rounds 3 \
+        --a PDL=2 --b PDL=3
+      run ab18_agB 90 python3 ab_cuda.py --config B --chunks 128 --rows ag --rounds 3 \
+        --a PDL=2 --b PDL=3
+      cd ..
+      run bench_cuda 300 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json"
+      cd benchmarks
+      run host18 120 python3 host_bound.py A:64 A:128 B:128
+      cd .. ;;
     s17d)   # session 17: the product launches' token blocks and column slices with MIX_ROWS on
       cd benchmarks
       run ab_tb_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd \

@@ -50,7 +50,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=4,
               BD_STEP=128, WARPS_STEP=1, MB_STEP=32, BD_STEP_W=128, NG_STEP=32, KW_STEP=2,
               WARPS_STEP_W=4, MIX_STEP=0, MB_MIX=32, BD_STEP_B=128, MB_MIX_B=32,
-              WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PLAN_GRAPH=0, PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "2")),
+              WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0, PLAN_AHEAD=1, PLAN_GRAPH=0, PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "3")),
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
@@ -97,8 +97,9 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # PDL: the step walks' launches use programmatic dependent launch on sm_90+ (``launch.pdl``);
 # 2: the row kernels also issue their early loads (Phase 1's arrays, inputs, the undo log)
 # before waiting for the kernel before them (``step._grid_dependency``, NOTES.md run 14);
-# 3: the backward walk also does work that needs nothing of the launch just before.
-# Environment: SDM_INDUCTOR_PDL.
+# 3 (the default): the backward walk also does work that needs nothing of the launch just
+# before (forward + backward 0.976-0.981 against 2 at A C=64 / 128 and B C=128, NOTES.md
+# run 19; the forward's launches treat 3 as 2). Environment: SDM_INDUCTOR_PDL.
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 # PLAN_GRAPH=1: the no-grad step walk replays each window's Phase 1 from a CUDA graph per
 # window shape (``plan_graph.py``): its host time is then a few copies and one launch.
