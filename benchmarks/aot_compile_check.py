@@ -208,8 +208,7 @@ def main(dtype="bf16"):
                 v_ptr=bank, vmr_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C,
                                                 EV=EVICT[CFG["EV_BW"]]), CFG["WARPS_STEP"])
     compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
-                dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32",
-                                                   KEPT=True))
+                dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
     specs = step_specs(C, bank, "tf32", save=True)
     compile_one(*specs["dw"])
     compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
@@ -218,8 +217,8 @@ def main(dtype="bf16"):
     for CC in (64, 128, 256):   # MIX_ROWS_B: the products' whole rows before the wait
         compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32,
                     vmr_ptr=f32, dy_ptr=bank, d_ptr=f32, dd_ptr=f32),
-                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True, PDL=CFG["PDL"],
-                         KEPT=True), CFG["WARPS_MIX_B"])
+                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True, PDL=CFG["PDL"]),
+                    CFG["WARPS_MIX_B"])
         compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32,
                     pl_ptr=f32, pb_ptr=f32),

@@ -500,6 +500,17 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host18 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s18e)   # session 18: PDL=3 without the first product's early run (MIX1_EARLY=0), autograd
+      cd benchmarks
+      run ab18_ag2 150 python3 ab_cuda.py --config A --chunks 64,128 --rows ag --rounds 3 \
+        --a PDL=2 --b PDL=3 --c PDL=3 MIX1_EARLY=0
+      run ab18_ag2B 90 python3 ab_cuda.py --config B --chunks 128 --rows ag --rounds 3 \
+        --a PDL=2 --b PDL=3 --c PDL=3 MIX1_EARLY=0
+      cd .. ;;
+    s18f)   # session 18, final: the kernel tests and the benchmark on the final defaults (PDL=3,
+      # the first backward product waiting as with 2)
+      run t18 260 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py
+      run bench_cuda 150 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     s17d)   # session 17: the product launches' token blocks and column slices with MIX_ROWS on
       cd benchmarks
       run ab_tb_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd \

@@ -78,9 +78,9 @@ def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd
 @triton.jit
 def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
                  C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                 PREC: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                 PREC: tl.constexpr, PDL: tl.constexpr):
     """The first product launch in blocks of ``TB`` key tokens, all after the wait."""
-    _grid_dependency(PDL and not EARLY)
+    _grid_dependency(PDL)
     p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
@@ -108,7 +108,6 @@ def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, 
         qd += _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, ks < C, cols, cm, C, PREC)
         k0 += TB
     tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
-    _grid_dependency(EARLY)
 
 
 @triton.jit
@@ -166,7 +165,7 @@ def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr
 @triton.jit
 def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
                C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-               PREC: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+               PREC: tl.constexpr, PDL: tl.constexpr):
     """The first product launch with the token block's whole rows at once (``ROWS``):
     ``QK^T dy`` needs only what was written before the walk (Phase 1's Gram matrix, the
     output gradient), so it is loaded and computed before the wait, with X's rows and the
@@ -183,7 +182,7 @@ def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd
                 other=0.0)
     bk = tl.load(beta_ptr + b.to(tl.int64) * C + ks, mask=km, other=0.0)
     qd = _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, kc, cols, cm, C, PREC)
-    _grid_dependency((PDL >= 2) and not EARLY)
+    _grid_dependency(PDL >= 2)
     vmr_ptr += c.to(tl.int64) * vmr_cs   # the chunk's [P, CP, hd] block (0: the scratch)
     uk = bk[:, None] * tl.load(vmr_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
                                mask=km[:, None] & cm[None, :], other=0.0)
@@ -191,7 +190,6 @@ def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
     tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
-    _grid_dependency(EARLY)
 
 
 @triton.jit
@@ -243,18 +241,15 @@ def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
 def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
                           NC, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-                          KEPT: tl.constexpr = False, ROWS: tl.constexpr = False):
-    # PDL == 3 with the forward's v - r0 kept: everything this launch reads was written
-    # before the walk, and the last readers of what it writes (the Dw and second product
-    # launches of the chunk after) have finished, so it runs whole before its wait, which
-    # only keeps the chain (its end implies the end of the launch before it)
-    EARLY: tl.constexpr = PDL == 3 and KEPT
+                          ROWS: tl.constexpr = False):
+    # (With PDL == 3 and the forward's v - r0 kept, this launch could run whole before its
+    # wait; measured 2 % slower in autograd calls, NOTES.md run 19, so it waits as with 2.)
     if ROWS:
         _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
-                   C, MB, TB, CP, PREC, PDL, EARLY)
+                   C, MB, TB, CP, PREC, PDL)
     else:
         _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC,
-                     vmr_cs, C, MB, TB, CP, PREC, PDL, EARLY)
+                     vmr_cs, C, MB, TB, CP, PREC, PDL)
 
 
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
@@ -434,7 +429,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
             num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
-                 num_stages=1, KEPT=vmr_kept is not None, ROWS=rows, **pd),
+                 num_stages=1, ROWS=rows, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, work, pl.slot, pl.coef, delta, ddelta,
                  parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BDD,
                  WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], EV_DB=EVICT[config["EV_DB"]],
