@@ -511,6 +511,12 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       # the first backward product waiting as with 2)
       run t18 260 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py
       run bench_cuda 150 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    s18g)   # session 18: PDL=3 against 2 at C=256 in autograd calls (the final benchmark's
+      # C=256 autograd rows read 3-4 % slower than session 17's)
+      cd benchmarks
+      run ab18_ag256 100 python3 ab_cuda.py --config A --chunks 256 --rows ag --rounds 3 \
+        --a PDL=2 --b PDL=3
+      cd .. ;;
     s17d)   # session 17: the product launches' token blocks and column slices with MIX_ROWS on
       cd benchmarks
       run ab_tb_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fwd \
