@@ -217,13 +217,13 @@ def main(dtype="bf16"):
     for CC in (64, 128, 256):   # MIX_ROWS_B: the products' whole rows before the wait
         compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32,
                     vmr_ptr=f32, dy_ptr=bank, d_ptr=f32, dd_ptr=f32),
-                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True, PDL=CFG["PDL"]),
-                    CFG["WARPS_MIX_B"])
+                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
+                         PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
         compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32,
                     pl_ptr=f32, pb_ptr=f32),
-                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True, PDL=CFG["PDL"]),
-                    CFG["WARPS_MIX_B"])
+                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
+                         PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
     compile_one(backward._pair_grads_kernel,

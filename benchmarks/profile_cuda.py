@@ -1,6 +1,6 @@
-"""Where the time goes (config A of SDM_SPEC section 5, or ``--config=B``): per-kernel CUDA time from
-torch.profiler, and the Phase 2 forward kernel alone with passes switched off and under
-other launch parameters. Usage:
+"""Where the time goes (config A of SDM_SPEC section 5, or ``--config=B``): per-kernel CUDA
+time from torch.profiler, and the Phase 2 forward kernel alone with passes switched off
+and under other launch parameters. Usage:
 python benchmarks/profile_cuda.py [C] [--tables-only] [KEY=INT ...] (knobs as in
 ``bench_cuda.set_knob``; ``PDL=0`` gives each kernel's own time, without the overlap of a
 programmatic launch's wait)
