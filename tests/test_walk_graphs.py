@@ -39,3 +39,40 @@ def test_cpu_walks_launch_directly():
         graphs.run(("forward", 1), lambda: calls.append(1), torch.device("cpu"), True)
     assert calls == [1, 1, 1]
     assert sum(graphs.stats.values()) == before and not graphs.usable(torch.device("cpu"), True)
+
+
+def _calls(cache, keys):
+    """The cache's action for each key in turn, recording a stand-in graph when asked."""
+    out = []
+    for k in keys:
+        action, _ = cache.action(k)
+        if action == "record":
+            cache.add(k, object())
+        out.append(action)
+    return out
+
+
+def test_graph_cache_records_on_the_second_call_then_replays():
+    cache = graphs.GraphCache(capacity=4, seen_limit=16)
+    assert _calls(cache, ["a", "a", "a", "b", "a", "b"]) == [
+        "eager", "record", "replay", "eager", "replay", "record"]
+
+
+def test_graph_cache_keeps_replaying_when_a_loop_has_more_walks_than_room():
+    # six walks per iteration, room for four: the first four recorded stay and replay,
+    # the other two run eagerly; no graph is dropped and recorded again
+    cache = graphs.GraphCache(capacity=4, seen_limit=16)
+    loop = ["w0", "w1", "w2", "w3", "w4", "w5"]
+    _calls(cache, loop * 2)
+    for _ in range(5):
+        assert _calls(cache, loop) == ["replay"] * 4 + ["eager"] * 2
+    assert set(cache.graphs) == {"w0", "w1", "w2", "w3"}
+
+
+def test_graph_cache_lets_new_walks_replace_graphs_no_longer_used():
+    # a loop whose memory moved: its old graphs make way for the new walks' graphs
+    cache = graphs.GraphCache(capacity=2, seen_limit=16)
+    _calls(cache, ["a", "b"] * 3)
+    assert _calls(cache, ["c", "d", "c", "d", "c", "d"]) == [
+        "eager", "eager", "record", "record", "replay", "replay"]
+    assert set(cache.graphs) == {"c", "d"}

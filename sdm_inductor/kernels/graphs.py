@@ -15,6 +15,8 @@ as before. How soon a loop replays depends on the caching allocator: in a proces
 cache earlier work had fragmented, a training loop's backward walks once took more than
 six calls to repeat their pointers (benchmarks/NOTES.md run 18). Nothing is allocated
 while recording (the walks' buffers are made before), so a graph holds no memory of its own.
+At most ``MAX_GRAPHS`` graphs are kept (``GraphCache``: a graph still being replayed is
+not dropped for a new walk, so a loop of more walks than that replays as many as fit).
 
 Not used while a CUDA graph records the call (the launches go into that graph), when the
 launches go through ``wrap_triton`` (not the eager implementation), under the interpreter,
@@ -32,11 +34,9 @@ from triton import knobs
 
 from .launch import _idle, _wrap_triton_enabled
 
-# graphs kept (least recently used dropped first) and keys remembered as seen once
-MAX_GRAPHS = 16
+# walks kept as graphs at most (GraphCache), and keys remembered as seen
+MAX_GRAPHS = 64
 _MAX_SEEN = 256
-_graphs: collections.OrderedDict = collections.OrderedDict()
-_seen: collections.OrderedDict = collections.OrderedDict()
 _streams: dict = {}
 # counters for tests and benchmarks: "eager", "captured", "replayed" by the key's first
 # item (the walk: "forward", "reverse"), e.g. stats["replayed", "forward"]
@@ -63,11 +63,57 @@ def _stream(device: torch.device) -> torch.cuda.Stream:
     return _streams[idx]
 
 
-def _remember(table: collections.OrderedDict, key, value, limit: int):
-    table[key] = value
-    table.move_to_end(key)
-    while len(table) > limit:
-        table.popitem(last=False)
+class GraphCache:
+    """Which walks run eagerly, are recorded, or are replayed. A key's first call runs
+    eagerly, its next one is recorded, later ones replay. At most ``capacity`` graphs are
+    kept; when full, a key due to be recorded takes the place of the least recently
+    replayed graph only if that graph has not been replayed since the key's last call.
+    So a loop whose walks outnumber the capacity (a model of many SDM layers) keeps
+    replaying the graphs it has and runs the rest eagerly, instead of dropping each graph
+    just before its next use and recording it again every other call, while graphs that a
+    loop stopped using (its memory moved) still make way for the new walks."""
+
+    def __init__(self, capacity: int, seen_limit: int):
+        self.capacity, self.seen_limit = capacity, seen_limit
+        self.graphs: collections.OrderedDict = collections.OrderedDict()  # key -> [graph, last]
+        self.seen: collections.OrderedDict = collections.OrderedDict()    # key -> last call
+        self.clock = 0
+
+    def action(self, key) -> tuple:
+        """``("replay", graph)``, ``("record", None)`` or ``("eager", None)`` for a call of
+        the walk ``key`` (then ``add`` the graph of a recorded call)."""
+        self.clock += 1
+        entry = self.graphs.get(key)
+        if entry is not None:
+            entry[1] = self.clock
+            self.graphs.move_to_end(key)
+            return "replay", entry[0]
+        last = self.seen.pop(key, None)
+        if last is not None and self._make_room(last):
+            return "record", None
+        self.seen[key] = self.clock
+        while len(self.seen) > self.seen_limit:
+            self.seen.popitem(last=False)
+        return "eager", None
+
+    def _make_room(self, last_call: int) -> bool:
+        if len(self.graphs) < self.capacity:
+            return True
+        oldest = next(iter(self.graphs))
+        if self.graphs[oldest][1] > last_call:   # replayed since: still in use
+            return False
+        del self.graphs[oldest]
+        return True
+
+    def add(self, key, graph) -> None:
+        self.graphs[key] = [graph, self.clock]
+
+    def clear(self) -> None:
+        self.graphs.clear()
+        self.seen.clear()
+
+
+_cache = GraphCache(MAX_GRAPHS, _MAX_SEEN)
 
 
 def _record(body: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
@@ -94,25 +140,22 @@ def run(key: Hashable, body: Callable[[], None], device: torch.device, enabled: 
         body()
         return
     recent[key[:3]].append(key)
-    graph = _graphs.get(key)
-    if graph is None:
-        if key not in _seen:   # first time: run eagerly (compiles the kernels too)
-            _remember(_seen, key, True, _MAX_SEEN)
-            stats["eager", key[0]] += 1
-            body()
-            return
-        del _seen[key]
+    action, graph = _cache.action(key)
+    if action == "eager":   # first time (compiles the kernels too), or no room for a graph
+        stats["eager", key[0]] += 1
+        body()
+        return
+    if action == "record":
         graph = _record(body, device)
+        _cache.add(key, graph)
         stats["captured", key[0]] += 1
-    _remember(_graphs, key, graph, MAX_GRAPHS)
     stats["replayed", key[0]] += 1
     graph.replay()
 
 
 def clear() -> None:
     """Forget every graph and seen key."""
-    _graphs.clear()
-    _seen.clear()
+    _cache.clear()
     recent.clear()
 
 
