@@ -41,11 +41,11 @@ def test_cpu_walks_launch_directly():
     assert sum(graphs.stats.values()) == before and not graphs.usable(torch.device("cpu"), True)
 
 
-def _calls(cache, keys):
+def _calls(cache, keys, capacity):
     """The cache's action for each key in turn, recording a stand-in graph when asked."""
     out = []
     for k in keys:
-        action, _ = cache.action(k)
+        action, _ = cache.action(k, capacity, 16)
         if action == "record":
             cache.add(k, object())
         out.append(action)
@@ -53,26 +53,26 @@ def _calls(cache, keys):
 
 
 def test_graph_cache_records_on_the_second_call_then_replays():
-    cache = graphs.GraphCache(capacity=4, seen_limit=16)
-    assert _calls(cache, ["a", "a", "a", "b", "a", "b"]) == [
+    cache = graphs.GraphCache()
+    assert _calls(cache, ["a", "a", "a", "b", "a", "b"], 4) == [
         "eager", "record", "replay", "eager", "replay", "record"]
 
 
 def test_graph_cache_keeps_replaying_when_a_loop_has_more_walks_than_room():
     # six walks per iteration, room for four: the first four recorded stay and replay,
     # the other two run eagerly; no graph is dropped and recorded again
-    cache = graphs.GraphCache(capacity=4, seen_limit=16)
+    cache = graphs.GraphCache()
     loop = ["w0", "w1", "w2", "w3", "w4", "w5"]
-    _calls(cache, loop * 2)
+    _calls(cache, loop * 2, 4)
     for _ in range(5):
-        assert _calls(cache, loop) == ["replay"] * 4 + ["eager"] * 2
+        assert _calls(cache, loop, 4) == ["replay"] * 4 + ["eager"] * 2
     assert set(cache.graphs) == {"w0", "w1", "w2", "w3"}
 
 
 def test_graph_cache_lets_new_walks_replace_graphs_no_longer_used():
     # a loop whose memory moved: its old graphs make way for the new walks' graphs
-    cache = graphs.GraphCache(capacity=2, seen_limit=16)
-    _calls(cache, ["a", "b"] * 3)
-    assert _calls(cache, ["c", "d", "c", "d", "c", "d"]) == [
+    cache = graphs.GraphCache()
+    _calls(cache, ["a", "b"] * 3, 2)
+    assert _calls(cache, ["c", "d", "c", "d", "c", "d"], 2) == [
         "eager", "eager", "record", "record", "replay", "replay"]
     assert set(cache.graphs) == {"c", "d"}

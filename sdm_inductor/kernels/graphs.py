@@ -66,22 +66,23 @@ def _stream(device: torch.device) -> torch.cuda.Stream:
 class GraphCache:
     """Which walks run eagerly, are recorded, or are replayed. A key's first call runs
     eagerly, its next one is recorded, later ones replay. At most ``capacity`` graphs are
-    kept; when full, a key due to be recorded takes the place of the least recently
-    replayed graph only if that graph has not been replayed since the key's last call.
+    kept (given with each call: ``MAX_GRAPHS`` as it is then). When full, a key due to be
+    recorded takes the place of the least recently replayed graph only if that graph has
+    not been replayed since the key's last call.
     So a loop whose walks outnumber the capacity (a model of many SDM layers) keeps
     replaying the graphs it has and runs the rest eagerly, instead of dropping each graph
     just before its next use and recording it again every other call, while graphs that a
     loop stopped using (its memory moved) still make way for the new walks."""
 
-    def __init__(self, capacity: int, seen_limit: int):
-        self.capacity, self.seen_limit = capacity, seen_limit
+    def __init__(self):
         self.graphs: collections.OrderedDict = collections.OrderedDict()  # key -> [graph, last]
         self.seen: collections.OrderedDict = collections.OrderedDict()    # key -> last call
         self.clock = 0
 
-    def action(self, key) -> tuple:
+    def action(self, key, capacity: int, seen_limit: int) -> tuple:
         """``("replay", graph)``, ``("record", None)`` or ``("eager", None)`` for a call of
-        the walk ``key`` (then ``add`` the graph of a recorded call)."""
+        the walk ``key`` (then ``add`` the graph of a recorded call), keeping at most
+        ``capacity`` graphs and ``seen_limit`` keys not recorded."""
         self.clock += 1
         entry = self.graphs.get(key)
         if entry is not None:
@@ -89,15 +90,17 @@ class GraphCache:
             self.graphs.move_to_end(key)
             return "replay", entry[0]
         last = self.seen.pop(key, None)
-        if last is not None and self._make_room(last):
+        if last is not None and self._make_room(last, capacity):
             return "record", None
         self.seen[key] = self.clock
-        while len(self.seen) > self.seen_limit:
+        while len(self.seen) > seen_limit:
             self.seen.popitem(last=False)
         return "eager", None
 
-    def _make_room(self, last_call: int) -> bool:
-        if len(self.graphs) < self.capacity:
+    def _make_room(self, last_call: int, capacity: int) -> bool:
+        while len(self.graphs) > capacity:   # the capacity was lowered since
+            self.graphs.popitem(last=False)
+        if len(self.graphs) < capacity:
             return True
         oldest = next(iter(self.graphs))
         if self.graphs[oldest][1] > last_call:   # replayed since: still in use
@@ -113,7 +116,7 @@ class GraphCache:
         self.seen.clear()
 
 
-_cache = GraphCache(MAX_GRAPHS, _MAX_SEEN)
+_cache = GraphCache()
 
 
 def _record(body: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
@@ -140,7 +143,7 @@ def run(key: Hashable, body: Callable[[], None], device: torch.device, enabled: 
         body()
         return
     recent[key[:3]].append(key)
-    action, graph = _cache.action(key)
+    action, graph = _cache.action(key, MAX_GRAPHS, _MAX_SEEN)
     if action == "eager":   # first time (compiles the kernels too), or no room for a graph
         stats["eager", key[0]] += 1
         body()
