@@ -461,6 +461,17 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s20a)   # session 20: the walk-graph cache in a training loop of 6 layers; the d ev
+      # partials in the dB launch (DEV_GROUP=1, the new default) against their own launch
+      run walk_cache 120 python3 benchmarks/walk_cache_check.py
+      cd benchmarks
+      run ab20_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb \
+        --rounds 3 --a DEV_GROUP=0 --b DEV_GROUP=1
+      run ab20_B 80 python3 ab_cuda.py --graph --config B --chunks 128 --rows fb \
+        --rounds 3 --a DEV_GROUP=0 --b DEV_GROUP=1
+      run ab20_ag 150 python3 ab_cuda.py --config A --chunks 128,256 --rows ag \
+        --rounds 3 --a DEV_GROUP=0 --b DEV_GROUP=1
+      cd .. ;;
     s18a)   # session 18: per-kernel tables (own times, PDL=0) of A and B at C=128, then knobs
       cd benchmarks
       export SDM_INDUCTOR_WALK=step
