@@ -96,11 +96,9 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                 dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, CG=""), wg),
         "group": (step_backward._step_bwd_group_kernel,
                   dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
-                       g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32, dy_ptr=bank, work_ptr=bank,
-                       pe_ptr=f32),
+                       g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32, dy_ptr=bank),
                   dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
-                       KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"], CG="",
-                       DEV=bool(CFG["DEV_GROUP"])),
+                       KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"], CG=""),
                   CFG["WARPS_GROUP"]),
     }
 

@@ -462,7 +462,8 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
     s20a)   # session 20: the walk-graph cache in a training loop of 6 layers; the d ev
-      # partials in the dB launch (DEV_GROUP=1, the new default) against their own launch
+      # partials in the dB launch (DEV_GROUP=1) against their own launch: measured on
+      # commit 593c113, slower, removed (NOTES.md run 20; DEV_GROUP is no setting now)
       run walk_cache 120 python3 benchmarks/walk_cache_check.py
       cd benchmarks
       run ab20_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb \

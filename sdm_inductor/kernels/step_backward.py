@@ -344,25 +344,18 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
 def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr,
-                           g_ev_ptr, dr_ptr, dy_ptr, work_ptr, pe_ptr, c, P, T, hd, NC, NB, NCW,
-                           C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr,
-                           NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
-                           PDL: tl.constexpr, CL: tl.constexpr = 1, CG: tl.constexpr = "",
-                           DEV: tl.constexpr = False):
+                           g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
+                           E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
+                           KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
+                           CL: tl.constexpr = 1, CG: tl.constexpr = ""):
     """dB of the groups starting in one tile of ``NG`` positions, in ``CL`` column blocks of
     ``BD`` (one after the other): the tile's headers load once for all of them. The launch
     measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
-    offsets were most of each program's instructions at one block per program.
-
-    ``DEV``: the launch also writes the ``d ev`` partials (``backward._group_cols``), per
-    column block of ``BD`` and in the groups' sorted order (``pe_ptr``: ``[blocks, NB, C * E]``,
-    the row of chunk c is ``p * NCW + c % NCW``), and the walk has no ``d ev`` launch."""
-    # PDL == 3 without DEV: nothing here depends on the launch before (d ev: it writes only
-    # its partials, and reads neither dB nor d r0), so the launch runs whole without waiting,
+    offsets were most of each program's instructions at one block per program."""
+    # PDL == 3: nothing here depends on the launch before (d ev: it writes only its
+    # partials, and reads neither dB nor d r0), so the launch runs whole without waiting,
     # reading what the walk wrote through L2 (CG = ".cg"); one program (the last) waits at
-    # its end, so the launch still ends after the one before. With DEV the launch before is
-    # the one that writes d r0: it waits after the headers, as with PDL == 2. Either way the
-    # next launch (the restore, whose stores wait for this one) may start at once
+    # its end, so the launch still ends after the one before
     _launch_dependents(PDL == 3)
     _grid_dependency(PDL == 1)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
@@ -374,16 +367,14 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
         g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0, C * E, NG, KW)
     _grid_dependency(PDL == 2)   # the group headers are Phase 1's: early loads
-    _wait(DEV & (PDL == 3))
     for j in tl.static_range(CL):
         cb = tl.program_id(1) * CL + j
         cols = cb * BD + sc
         cm = cols < hd
         scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
-        pe = pe_ptr + (cb * NB + p * NCW + c % NCW).to(tl.int64) * C * E
         _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf,
-                    wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG, work_ptr, pe, DEV)
-    if (PDL == 3) & (not DEV):
+                    wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
+    if PDL == 3:
         if (pid == tl.num_programs(0) - 1) & (tl.program_id(1) == tl.num_programs(1) - 1):
             _wait(True)
 
@@ -414,17 +405,12 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(3))
     vmr = torch.empty(P, CP, hd, **f32) if vmr_kept is None else vmr_kept
     vmr_cs = 0 if vmr_kept is None else P * CP * hd   # elements between two chunks' blocks
+    widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
+    parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
+    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
     BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
     CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
-    NGC = -(-hd // (BDG * CLG))                     # dB programs per tile of positions
-    # DEV_GROUP: the dB launch computes the d ev partials (per group, in sorted order),
-    # one launch fewer per chunk; they are put back in entry order after the walk
-    dev_in_group = bool(config.get("DEV_GROUP", 0))
-    widths = dict(ev=(NGC * CLG if dev_in_group else NCB, E), coef=(NCBD, W), m=(NCBD, W),
-                  b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
-    parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
-    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
     cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
@@ -452,15 +438,13 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  ROWS=rows, **pd),
-        *([] if dev_in_group else [Relaunch(
-            _step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
-            NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg,
-            num_warps=wg, num_stages=1, **pd)]),
-        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), NGC), "c", dB, gr.slot,
-                 gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, work, parts["ev"], 0, P, T,
-                 hd, NC, NBW, NCW, C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP,
-                 CL=CLG, CG=cg, DEV=dev_in_group, num_warps=config["WARPS_GROUP"],
-                 num_stages=1, **pd),
+        Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
+                 NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg,
+                 num_warps=wg, num_stages=1, **pd),
+        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
+                 gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC,
+                 C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
+                 num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
@@ -475,17 +459,4 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         # cross-column sums of the window, in a fixed order
         for k, x in parts.items():
             sums[k][:, c_lo:c_lo + n] = x.view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)
-    sums = {k: x.view(B, C, -1) for k, x in sums.items()}
-    if dev_in_group:
-        sums["ev"] = _entry_order(sums["ev"], pl)
-    return sums
-
-
-def _entry_order(ev_sorted, pl):
-    """``[B, C, E]`` partial-summed ``d ev`` in the groups' sorted order -> entry order
-    (``perm`` is a permutation: every entry has one writer); entries that touch nothing
-    (never a group member, so never written) are 0, as the d ev launch gives them."""
-    B, C, E = ev_sorted.shape
-    ev = torch.empty_like(ev_sorted).view(B, C * E)
-    ev.scatter_(1, pl.perm.long(), ev_sorted.view(B, C * E))
-    return torch.where(pl.slot.view(B, C, E) >= 0, ev.view(B, C, E), 0.0)
+    return {k: x.view(B, C, -1) for k, x in sums.items()}
