@@ -473,6 +473,21 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run ab20_ag 150 python3 ab_cuda.py --config A --chunks 128,256 --rows ag \
         --rounds 3 --a DEV_GROUP=0 --b DEV_GROUP=1
       cd .. ;;
+    s20b)   # session 20: chunk c - 1's restore between chunk c's d ev and dB launches
+      # (RESTORE_AHEAD=1, the new default) against at the start of chunk c - 1; PDL=2
+      # against 3 at C=256 (session 18's open question); then the CUDA kernel tests
+      cd benchmarks
+      run ab20_ra 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb \
+        --rounds 3 --a RESTORE_AHEAD=0 --b RESTORE_AHEAD=1
+      run ab20_raB 80 python3 ab_cuda.py --graph --config B --chunks 128 --rows fb \
+        --rounds 3 --a RESTORE_AHEAD=0 --b RESTORE_AHEAD=1
+      run ab20_raag 150 python3 ab_cuda.py --config A --chunks 128,256 --rows ag \
+        --rounds 3 --a RESTORE_AHEAD=0 --b RESTORE_AHEAD=1 --c PDL=2 RESTORE_AHEAD=0 \
+        --d PDL=2 RESTORE_AHEAD=1
+      run ab20_raagB 80 python3 ab_cuda.py --config B --chunks 128 --rows ag \
+        --rounds 3 --a RESTORE_AHEAD=0 --b RESTORE_AHEAD=1
+      cd ..
+      run t20 280 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py ;;
     s18a)   # session 18: per-kernel tables (own times, PDL=0) of A and B at C=128, then knobs
       cd benchmarks
       export SDM_INDUCTOR_WALK=step
