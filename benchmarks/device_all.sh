@@ -474,8 +474,9 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
         --rounds 3 --a DEV_GROUP=0 --b DEV_GROUP=1
       cd .. ;;
     s20b)   # session 20: chunk c - 1's restore between chunk c's d ev and dB launches
-      # (RESTORE_AHEAD=1, the new default) against at the start of chunk c - 1; PDL=2
-      # against 3 at C=256 (session 18's open question); then the CUDA kernel tests
+      # (RESTORE_AHEAD=1) against at the start of chunk c - 1: measured on commit fccc27f,
+      # slower, removed (no setting now); PDL=2 against 3 at C=256 (session 18's open
+      # question); then the CUDA kernel tests
       cd benchmarks
       run ab20_ra 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb \
         --rounds 3 --a RESTORE_AHEAD=0 --b RESTORE_AHEAD=1
@@ -488,6 +489,16 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
         --rounds 3 --a RESTORE_AHEAD=0 --b RESTORE_AHEAD=1
       cd ..
       run t20 280 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests/test_cuda.py ;;
+    s20c)   # session 20, final: the benchmark, PDL3_MAX_C (the backward's PDL=3 up to C=128)
+      # against PDL=3 at every C, the walk-graph cache check
+      run bench_cuda 200 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json"
+      cd benchmarks
+      run ab20_p3 100 python3 ab_cuda.py --config A --chunks 256 --rows ag --rounds 3 \
+        --a PDL3_MAX_C=256 --b PDL3_MAX_C=128
+      run ab20_p3B 60 python3 ab_cuda.py --config B --chunks 256 --rows ag --rounds 3 \
+        --a PDL3_MAX_C=256 --b PDL3_MAX_C=128
+      cd ..
+      run walk_cache 120 python3 benchmarks/walk_cache_check.py ;;
     s18a)   # session 18: per-kernel tables (own times, PDL=0) of A and B at C=128, then knobs
       cd benchmarks
       export SDM_INDUCTOR_WALK=step

@@ -337,23 +337,19 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
 def test_launch_overlap_modes_are_bitwise_equal(keep):
     """``PDL`` 2 and 3 (launches that load or work before waiting for the one before,
     ``step._grid_dependency``) give bitwise the outputs and gradients of ``PDL=1`` (every
-    launch waits before anything), with the forward's ``v - r0`` kept or gathered again;
-    so does the backward with each chunk's restore at the start of its own steps
-    (``RESTORE_AHEAD=0``) instead of between the next chunk's d ev and dB launches."""
+    launch waits before anything), with the forward's ``v - r0`` kept or gathered again."""
     from sdm_inductor.kernels import host
-    assert host.CONFIG["RESTORE_AHEAD"]
     ins = _inputs(torch.bfloat16, P=3, T=700, W=32, R=16, hd=192, slots_per_stream=512,
                   per_write_gate=True, repeats=True)
     dy = torch.randn(3, 700, 192, device="cuda").bfloat16()
     dM = torch.randn_like(ins.bank)
     host.CONFIG["KEEP"] = keep
     got = {}
-    for pdl in (1, 2, 3, "1 not ahead"):
-        host.CONFIG["PDL"] = 1 if pdl == "1 not ahead" else pdl
-        host.CONFIG["RESTORE_AHEAD"] = int(pdl != "1 not ahead")
+    for pdl in (1, 2, 3):
+        host.CONFIG["PDL"] = pdl
         y, M, grads = _grads(ins, 64, dy, dM)
         got[pdl] = (y, M, *grads)
-    for pdl in (2, 3, "1 not ahead"):
+    for pdl in (2, 3):
         for n, a, b in zip(("readings", "final bank") + NAMES, got[pdl], got[1]):
             assert torch.equal(a, b), f"PDL={pdl}: {n}"
 

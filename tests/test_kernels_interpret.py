@@ -272,8 +272,7 @@ def case_step_walk():
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket; write and dB programs of one and of
     several column blocks; a bf16 bank (the forward's bf16 delta scratch); the product
-    launches in both forms (whole rows before the wait, blocks after it); each chunk's
-    restore ahead, between the next chunk's d ev and dB launches (the default), and not."""
+    launches in both forms (whole rows before the wait, blocks after it)."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -284,12 +283,6 @@ def case_step_walk():
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
-    # each chunk's restore at the start of its own steps (RESTORE_AHEAD=0)
-    assert host.CONFIG["RESTORE_AHEAD"]
-    host.CONFIG.update(RESTORE_AHEAD=0)
-    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
-                       repeats=True, seed=31), 16)
-    host.CONFIG.update(RESTORE_AHEAD=1)
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128)
     # 3 chunks: backward windows of 1 and 2; from here the write and dB programs take two
     # column blocks each (CL_*; at hd = 40 in blocks of 16, the last program's second block

@@ -54,7 +54,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1, RESTORE_AHEAD=1,
+              CL_GROUP=3, CL_WRITE=1, PDL3_MAX_C=128,
               WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
@@ -100,6 +100,8 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # 3 (the default): the backward walk also does work that needs nothing of the launch just
 # before (forward + backward 0.976-0.981 against 2 at A C=64 / 128 and B C=128, NOTES.md
 # run 19; the forward's launches treat 3 as 2). Environment: SDM_INDUCTOR_PDL.
+# PDL3_MAX_C: the backward takes PDL=3 only up to this chunk size, 2 above it (autograd
+# forward + backward at A C=256, PDL=2 against 3: 0.967, NOTES.md run 20; at C=128 1.021).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
 # PLAN_GRAPH=1: the no-grad step walk replays each window's Phase 1 from a CUDA graph per
 # window shape (``plan_graph.py``): its host time is then a few copies and one launch.
@@ -124,8 +126,6 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # both, forward + backward 0.926 / 0.896 / 0.894.
 # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
 # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather launch.
-# RESTORE_AHEAD: the backward step walk restores chunk c - 1's rows between chunk c's d ev
-# and dB launches (``step_backward.step_reverse``), where it overlaps the dB launch.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
 # launch, whose [W, BD] tiles of dB and chunk-start rows fill the registers.
 

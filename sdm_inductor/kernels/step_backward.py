@@ -38,10 +38,8 @@ from .step import (ROWS_MAX_CP, _block_program, _gather_index, _gather_rows, _gr
 def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, width, NC,
                          C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                          QMODE: tl.constexpr, PDL: tl.constexpr):
-    # PDL == 3: the next launch (the product of the chunk, or with RESTORE_AHEAD the dB
-    # launch of chunk c + 1: neither needs anything of this one) may start at once; this
-    # one's stores still wait for the launch before it (the dB launch of chunk c + 1, or
-    # with RESTORE_AHEAD its d ev launch, the last to read the rows this one overwrites)
+    # PDL == 3: the next launch (the product of the chunk, which needs nothing of this one)
+    # may start at once; this one's stores still wait for the dB launch before it
     _launch_dependents(PDL == 3)
     _grid_dependency(PDL == 1)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
@@ -270,9 +268,8 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
     _grid_dependency(PDL == 2)
     # PDL == 3: the dB rows (the dB launch two back) and chunk-start rows (the restore
-    # launch two back, three with RESTORE_AHEAD) load before the wait too, through L2
-    # (CG = ".cg": never a line an SM's L1 kept from before they were written); only delta
-    # needs the launch before
+    # launch two back) load before the wait too, through L2 (CG = ".cg": never a line an
+    # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
     Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
@@ -335,9 +332,8 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                   other=0.0).to(tl.float32)
     _grid_dependency(PDL == 2)
-    # PDL == 3: the chunk-start rows (the restore launch four back, five with
-    # RESTORE_AHEAD) load before the wait, through L2, and the read entries' partials
-    # need nothing of the launch before
+    # PDL == 3: the chunk-start rows (the restore launch four back) load before the wait,
+    # through L2, and the read entries' partials need nothing of the launch before
     rw = _dev_rows(work_ptr, slw, cols, cm, hd, CG)
     rr = _dev_rows(work_ptr, slr, cols, cm, hd, CG)
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
@@ -357,8 +353,7 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
     offsets were most of each program's instructions at one block per program."""
     # PDL == 3: nothing here depends on the launch before (d ev: it writes only its
-    # partials, and reads neither dB nor d r0; or with RESTORE_AHEAD the next chunk's
-    # restore: it writes only the working bank), so the launch runs whole without waiting,
+    # partials, and reads neither dB nor d r0), so the launch runs whole without waiting,
     # reading what the walk wrote through L2 (CG = ".cg"); one program (the last) waits at
     # its end, so the launch still ends after the one before
     _launch_dependents(PDL == 3)
@@ -418,6 +413,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
+    if pd["PDL"] == 3 and C > config["PDL3_MAX_C"]:
+        pd["PDL"] = 2   # measured slower at C = 256 (host.CONFIG's note)
     cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
     # the products' whole rows at once (host.CONFIG, MIX_ROWS_B)
     rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= ROWS_MAX_CP
@@ -451,26 +448,15 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
                  num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
     ]
-    # RESTORE_AHEAD: chunk c - 1's restore goes between chunk c's d ev and dB launches
-    # (the d ev launch is the last to read chunk c's rows of the working bank, and the dB
-    # launch touches only dB), so under PDL the restore's row traffic overlaps the dB
-    # launch instead of running alone at the start of chunk c - 1
-    ahead = bool(config.get("RESTORE_AHEAD", 0))
-    restore, middle, group = steps[0], steps[1:-1], steps[-1]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
         def body(c_lo=c_lo, n=n):
             for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
-                if not ahead or c == NC - 1:
-                    restore(c)
-                for step in middle:
+                for step in steps:
                     step(c)
-                if ahead and c > 0:
-                    restore(c - 1)
-                group(c)
 
         # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
-        graphs.run(("reverse", c_lo, n, ahead, tuple(s.key for s in steps)), body, dB.device,
+        graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
                    config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order
         for k, x in parts.items():
