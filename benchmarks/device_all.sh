@@ -499,6 +499,9 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
         --a PDL3_MAX_C=256 --b PDL3_MAX_C=128
       cd ..
       run walk_cache 120 python3 benchmarks/walk_cache_check.py ;;
+    s20d)   # session 20: the walk-graph cache check, then every CUDA-marked test
+      run walk_cache 100 python3 benchmarks/walk_cache_check.py
+      bash "$0" full ;;
     s18a)   # session 18: per-kernel tables (own times, PDL=0) of A and B at C=128, then knobs
       cd benchmarks
       export SDM_INDUCTOR_WALK=step
