@@ -29,7 +29,8 @@ def _run(case: str):
 
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
-                                  "column_walk", "step_walk", "phase1_scans",
+                                  "column_walk", "step_walk", "step_walk_windows",
+                                  "phase1_scans",
                                   "solve_blocks"])
 def test_kernels_under_interpreter(case):
     _run(case)
@@ -272,14 +273,13 @@ def case_step_walk():
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket; write and dB programs of one and of
     several column blocks; a bf16 bank (the forward's bf16 delta scratch); the product
-    launches in both forms (whole rows before the wait, blocks after it)."""
-    import torch
+    launches in both forms (whole rows before the wait, blocks after it). Two cases
+    (``step_walk``, ``step_walk_windows``), each its own subprocess: as one case the whole ran
+    577 s on 2 CPU cores, close to ``_run``'s 600 s limit."""
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
-    from sdm_inductor.testing import make_inputs, reference_outputs
-    host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
-                       MIX_STEP=0, MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
-                       NG_GROUP=8, KW_GROUP=1, CL_GROUP=1, CL_WRITE=1)
+    from sdm_inductor.testing import make_inputs
+    _step_config()
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
@@ -287,12 +287,33 @@ def case_step_walk():
     # 3 chunks: backward windows of 1 and 2; from here the write and dB programs take two
     # column blocks each (CL_*; at hd = 40 in blocks of 16, the last program's second block
     # is past the bank's columns)
-    host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2)
+    _step_config(two_blocks=True)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=25), 16)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=28), 16)
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=26), 128)
+
+
+def _step_config(two_blocks: bool = False):
+    """``case_step_walk``'s small launch shapes; ``two_blocks``: as from its second part on
+    (MIX_STEP=1, two backward windows, two column blocks per write and dB program)."""
+    from sdm_inductor.kernels import host
+    host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
+                       MIX_STEP=0, MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
+                       NG_GROUP=8, KW_GROUP=1, CL_GROUP=1, CL_WRITE=1)
+    if two_blocks:
+        host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2)
+
+
+def case_step_walk_windows():
+    """The rest of ``case_step_walk``: token windows, a no-grad call, a bf16 bank, the
+    product launches in blocks, and the forward's kept data used by the backward."""
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import make_inputs, reference_outputs
+    _step_config(two_blocks=True)
     # token windows (Phase 1 per window, the backward's windows last first): 32 + 5 tokens
     host.CONFIG.update(TRAIN_WINDOW_TOKENS=32)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
