@@ -30,7 +30,7 @@ def _run(case: str):
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
                                   "column_walk", "step_walk", "step_walk_windows",
-                                  "phase1_scans",
+                                  "step_walk_kept", "phase1_scans",
                                   "solve_blocks"])
 def test_kernels_under_interpreter(case):
     _run(case)
@@ -273,8 +273,9 @@ def case_step_walk():
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket; write and dB programs of one and of
     several column blocks; a bf16 bank (the forward's bf16 delta scratch); the product
-    launches in both forms (whole rows before the wait, blocks after it). Two cases
-    (``step_walk``, ``step_walk_windows``), each its own subprocess: as one case the whole ran
+    launches in both forms (whole rows before the wait, blocks after it). Three cases
+    (``step_walk``, ``step_walk_windows``, ``step_walk_kept``), each its own subprocess: as
+    one case the whole ran
     577 s on 2 CPU cores, close to ``_run``'s 600 s limit."""
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -308,7 +309,8 @@ def _step_config(two_blocks: bool = False):
 
 def case_step_walk_windows():
     """The rest of ``case_step_walk``: token windows, a no-grad call, a bf16 bank, the
-    product launches in blocks, and the forward's kept data used by the backward."""
+    product launches in blocks (``case_step_walk_kept``: the forward's kept data used by
+    the backward)."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -338,6 +340,14 @@ def case_step_walk_windows():
     _train(make_inputs(P=2, T=70, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
                        repeats=True, seed=30), 32)
     host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1, TB_MIX=32, TB_MIX_B=32)
+
+
+def case_step_walk_kept():
+    """``_kept_for_backward`` with ``case_step_walk_windows``'s final launch shapes (its own
+    subprocess: the three parts together ran 577 s of the 600 s limit)."""
+    from sdm_inductor.kernels import host
+    _step_config(two_blocks=True)
+    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_STEP=32, MIX_STEP=0, MB_MIX=32)
     _kept_for_backward()
 
 
