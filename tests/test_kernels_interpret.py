@@ -275,8 +275,7 @@ def case_step_walk():
     several column blocks; a bf16 bank (the forward's bf16 delta scratch); the product
     launches in both forms (whole rows before the wait, blocks after it). Three cases
     (``step_walk``, ``step_walk_windows``, ``step_walk_kept``), each its own subprocess: as
-    one case the whole ran
-    577 s on 2 CPU cores, close to ``_run``'s 600 s limit."""
+    one case the whole ran 577 s on 2 CPU cores, close to ``_run``'s 600 s limit."""
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs
@@ -339,7 +338,6 @@ def case_step_walk_windows():
     host.CONFIG.update(MIX_ROWS=0, MIX_ROWS_B=0, TB_MIX=16, TB_MIX_B=16)
     _train(make_inputs(P=2, T=70, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
                        repeats=True, seed=30), 32)
-    host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1, TB_MIX=32, TB_MIX_B=32)
 
 
 def case_step_walk_kept():
