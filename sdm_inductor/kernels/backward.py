@@ -31,6 +31,7 @@ from torch import Tensor
 from .launch import launch, pow2, step_walks
 from .phase1 import entry_groups, plan
 from .pipeline import ahead, behind, token_windows
+from .sources import chunk_start_sources
 
 # snapshot_quant modes as the kernel decodes the undo log
 _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
@@ -502,14 +503,19 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
                 torch.zeros_like(g, dtype=torch.float32), torch.zeros_like(q_val, dtype=bank_dtype))
     qmode = _QMODE[snapshot_quant]
     log = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
-    # the bank state, rebuilt chunk by chunk in reverse from the final bank and the log
-    work = final_bank.clone()
+    tokens = config["TRAIN_WINDOW_TOKENS"]
+    step = step_walks(config, dB, (P, W, R, C))
+    one_window = not step or tokens <= 0 or T <= tokens
+    # the step walk of one window reads the chunk-start rows from the final bank and the
+    # log (sources.py, SOURCES); else the bank state, rebuilt chunk by chunk in reverse
+    # from the final bank and the log
+    by_source = step and one_window and bool(config["SOURCES"])
+    work = final_bank.contiguous() if by_source else final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
     scales = saved_scales if saved_scales.numel() else torch.empty(1, dtype=torch.float32,
                                                                   device=dev)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
-    step = step_walks(config, dB, (P, W, R, C))
     ctx = (dB, work, saved_rows.shape[-1], qmode, prec, config, step)
 
     def make(win):   # Phase 1 of a window: independent of the bank
@@ -517,14 +523,15 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
         return pl, entry_groups(pl)
 
-    tokens = config["TRAIN_WINDOW_TOKENS"]
-    one_window = not step or tokens <= 0 or T <= tokens
     # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
     kept = _kept(step and one_window, P, T, C, W, R)
     if one_window:
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
+        from .. import ops
+        ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
         dv, sums = _reverse(pl, entry_groups(pl), log, scales, v, dy, *ctx,
-                            vmr=None if kept is None else kept.vmr)
+                            vmr=None if kept is None else kept.vmr,
+                            sources=chunk_start_sources(pl, S) if by_source else None)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
                 dq.to(bank_dtype))
@@ -561,7 +568,7 @@ def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
 
 
 def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
-             config: dict, step: bool, vmr=None):
+             config: dict, step: bool, vmr=None, sources=None):
     """The reverse walk over one window's chunks (``pl``: its Phase 1; ``log`` / ``scales``
     its undo log; ``v`` / ``dy`` its tokens; ``vmr``: the forward's ``v - r0``, if kept),
     advancing ``dB`` and ``work`` in place to the window's start: the window's ``dv``
@@ -571,7 +578,7 @@ def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec:
         # eager: the step walk (step_backward.py), launches per chunk over the whole GPU
         from .step_backward import step_reverse
         sums = step_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec, config,
-                            vmr)
+                            vmr, sources)
     else:
         sums = _column_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec,
                                config)

@@ -59,16 +59,44 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
              x.to(work_ptr.dtype.element_ty), mask=(sl >= 0)[:, None] & cm[None, :])
 
 
+@triton.jit
+def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
+                n: tl.constexpr, NP: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr,
+                CG: tl.constexpr = "", EV: tl.constexpr = ""):
+    """The chunk-start rows ``M0[sl_e, cols]`` (fp32) of the ``n`` entries from ``base``.
+    Without ``SRC``: the working bank, which the restore launch brought back to the chunk's
+    start (``CG`` / ``EV``: the loads' cache modifier and eviction policy). With ``SRC``
+    (``sources.py``): ``work_ptr`` is the final bank, and an entry whose slot is written at
+    or after this chunk reads the undo-log row ``src_ptr[base + e]`` instead, dequantized
+    and rounded to the bank's dtype as the restore launch stores it (bitwise its rows)."""
+    m2 = (sl >= 0)[:, None] & cm[None, :]
+    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+    if SRC:
+        e = tl.arange(0, NP)
+        src = tl.load(src_ptr + base + e, mask=e < n, other=-1)
+        lg = _load_log(log_ptr, scale_ptr, src.to(tl.int64), src >= 0, width, cols, cm, QMODE)
+        fin = tl.load(work_ptr + ro, mask=m2 & (src < 0)[:, None], other=0.0)
+        rows = tl.where((src >= 0)[:, None], lg.to(work_ptr.dtype.element_ty), fin)
+    else:
+        rows = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV, cache_modifier=CG)
+    return rows.to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["c", "T", "NC"])
-def _step_bwd_gather_kernel(work_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, c, T, hd, NC,
-                            C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                            WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                            EV: tl.constexpr = ""):
+def _step_bwd_gather_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
+                            vmr_ptr, c, T, hd, width, NC, C: tl.constexpr, W: tl.constexpr,
+                            R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
+                            CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
+                            QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     sl, wt = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     _grid_dependency(PDL >= 2)
-    r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd, EV)
+    if SRC:
+        r0 = tl.sum(wt[:, None] * _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl,
+                                              cols, cm, hd, width, W, WP, QMODE, SRC), axis=0)
+    else:
+        r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd, EV)
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
@@ -253,10 +281,12 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 
 
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
-def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_ptr, pm_ptr, c,
-                        hd, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                        BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                        EV: tl.constexpr = "", EV_DB: tl.constexpr = "", CG: tl.constexpr = ""):
+def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
+                        dd_ptr, pc_ptr, pm_ptr, c, hd, width, NC, NB, NCW, C: tl.constexpr,
+                        W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
+                        CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
+                        EV_DB: tl.constexpr = "", CG: tl.constexpr = "",
+                        QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
     # launch) and of the dB rows (read again by the dB launch)
@@ -274,8 +304,9 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr, pc_
     m2 = (sl >= 0)[:, None] & cm[None, :]
     Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
                  cache_modifier=CG).to(tl.float32)
-    M0 = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV,
-                 cache_modifier=CG).to(tl.float32)
+    # (SRC: the log and the final bank, which no launch of the walk writes)
+    M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width, W,
+                     WP, QMODE, SRC, CG, EV)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
     _grid_dependency(PDL == 3)
@@ -300,14 +331,6 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
 
 
 @triton.jit
-def _dev_rows(work_ptr, sl, cols, cm, hd, CG: tl.constexpr):
-    """The chunk-start rows ``M0[sl_e, cols]`` (``CG``: the loads' cache modifier)."""
-    return tl.load(work_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0,
-                   cache_modifier=CG).to(tl.float32)
-
-
-@triton.jit
 def _dev_half(rows, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr):
     """The ``d ev`` partials ``vec . rows_e`` of ``n`` entries."""
     e = tl.arange(0, NP)
@@ -315,10 +338,11 @@ def _dev_half(rows, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
-def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, NC, NB, NCW,
-                         C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                         CG: tl.constexpr = ""):
+def _step_bwd_dev_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr,
+                         c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr,
+                         R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
+                         CP: tl.constexpr, PDL: tl.constexpr, CG: tl.constexpr = "",
+                         QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
@@ -334,8 +358,10 @@ def _step_bwd_dev_kernel(work_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, N
     _grid_dependency(PDL == 2)
     # PDL == 3: the chunk-start rows (the restore launch four back) load before the wait,
     # through L2, and the read entries' partials need nothing of the launch before
-    rw = _dev_rows(work_ptr, slw, cols, cm, hd, CG)
-    rr = _dev_rows(work_ptr, slr, cols, cm, hd, CG)
+    rw = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, slw, cols, cm, hd, width, W, WP,
+                     QMODE, SRC, CG)
+    rr = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base + W, slr, cols, cm, hd, width,
+                     R, RP, QMODE, SRC, CG)
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
     _grid_dependency(PDL == 3)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
@@ -380,12 +406,14 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
 
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
-                 config: dict, vmr_kept=None) -> dict:
+                 config: dict, vmr_kept=None, sources=None) -> dict:
     """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
     ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
     cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s).
     With ``vmr_kept`` (the forward's ``v - r0``, ``[NC, P, CP, hd]``) there is no gather
-    launch: six launches per chunk.
+    launch: six launches per chunk. With ``sources`` (``sources.chunk_start_sources``)
+    ``work`` is the final bank, which stays as it is: the chunk-start rows come from it and
+    the log, and there is no restore launch.
 
     The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
     the last chunks first), reduced over the column blocks after each window, so their
@@ -418,31 +446,36 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
     # the products' whole rows at once (host.CONFIG, MIX_ROWS_B)
     rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= ROWS_MAX_CP
+    src = sources is not None
+    # the chunk-start rows: from the restored working bank, or (src) the final bank and log
+    rows0 = (work, log, scales, sources if src else pl.slot)
     steps = [
-        Relaunch(_step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
-                 pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
-                 num_warps=ww, num_stages=1, **pd),
+        *([] if src else [Relaunch(
+            _step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
+            pl.runs.slot, 0, P, hd, width, NC, C=C, W=W, BD=BDW, NG=NG, QMODE=qmode,
+            num_warps=ww, num_stages=1, **pd)]),
         # v - r0: gathered here unless the forward kept it. The forward gather's warps:
         # the sum over a token's entries then runs in the same order, so the gradients
         # are bitwise those of a kept v - r0 (with BD_STEP_B == BD_STEP, the defaults)
         *([] if vmr_kept is not None else [Relaunch(
-            _step_bwd_gather_kernel, g_rows, "c", work, pl.slot, pl.ev, v, vmr, 0, T, hd, NC,
-            C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
-            num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
+            _step_bwd_gather_kernel, g_rows, "c", *rows0, pl.slot, pl.ev, v, vmr, 0, T, hd,
+            width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
+            QMODE=qmode, SRC=src, num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
                  num_stages=1, ROWS=rows, **pd),
-        Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, work, pl.slot, pl.coef, delta, ddelta,
-                 parts["coef"], parts["m"], 0, hd, NC, NBW, NCW, C=C, W=W, R=R, BD=BDD,
-                 WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]], EV_DB=EVICT[config["EV_DB"]],
-                 CG=cg, num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
+        Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, *rows0, pl.slot, pl.coef, delta,
+                 ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, C=C, W=W, R=R,
+                 BD=BDD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
+                 EV_DB=EVICT[config["EV_DB"]], CG=cg, QMODE=qmode, SRC=src,
+                 num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  ROWS=rows, **pd),
-        Relaunch(_step_bwd_dev_kernel, g_rows, "c", work, pl.slot, dr, dy, parts["ev"], 0, T, hd,
-                 NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg,
-                 num_warps=wg, num_stages=1, **pd),
+        Relaunch(_step_bwd_dev_kernel, g_rows, "c", *rows0, pl.slot, dr, dy, parts["ev"], 0, T,
+                 hd, width, NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
+                 CG=cg, QMODE=qmode, SRC=src, num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
                  gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, dr, dy, 0, P, T, hd, NC,
                  C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
