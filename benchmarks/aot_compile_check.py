@@ -69,6 +69,9 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
     f32, i32 = "*fp32", "*i32"
     W = R = 64
     BDB, wg = CFG["BD_STEP_B"], CFG["WARPS_STEP_B"]
+    # the backward's chunk-start rows from the final bank and a raw undo log (SOURCES)
+    src = bool(CFG["SOURCES"])
+    src_ptrs = dict(log_ptr=bank, scale_ptr=f32, src_ptr=i32)
     return {
         "gather": (step._step_gather_kernel,
                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
@@ -86,14 +89,15 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                        CP=C, SAVE=save, EV=EVICT[CFG["EV_WO"]], CL=CFG["CL_WRITE"]),
                   CFG["WARPS_STEP_W"]),
         "dw": (step_backward._step_bwd_dw_kernel,
-               dict(dB_ptr=bank, work_ptr=bank, slot_ptr=i32, coef_ptr=f32, d_ptr=f32,
-                    dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
+               dict(dB_ptr=bank, work_ptr=bank, **src_ptrs, slot_ptr=i32, coef_ptr=f32,
+                    d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
                dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]],
-                    EV_DB=EVICT[CFG["EV_DB"]], CG=""),
+                    EV_DB=EVICT[CFG["EV_DB"]], CG="", SRC=src, QMODE=0),
                CFG["WARPS_DW"] or wg),
         "dev": (step_backward._step_bwd_dev_kernel,
-                dict(work_ptr=bank, slot_ptr=i32, dr_ptr=f32, dy_ptr=bank, pe_ptr=f32),
-                dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, CG=""), wg),
+                dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, dr_ptr=f32, dy_ptr=bank,
+                     pe_ptr=f32),
+                dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, CG="", SRC=src, QMODE=0), wg),
         "group": (step_backward._step_bwd_group_kernel,
                   dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
                        g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32, dy_ptr=bank),
@@ -204,9 +208,16 @@ def main(dtype="bf16"):
     for q in (0, 1):
         compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
                     scale_ptr=f32, run_slot_ptr=i32), dict(C=C, W=W, BD=BDW, NG=NGS, QMODE=q), ww)
-    compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, slot_ptr=i32, ev_ptr=f32,
-                v_ptr=bank, vmr_ptr=f32), dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C,
-                                                EV=EVICT[CFG["EV_BW"]]), CFG["WARPS_STEP"])
+    for q in (0, 1):   # the fp8 log read by the row launches themselves (SOURCES)
+        lg = dict(log_ptr=bank if q == 0 else "*u8", scale_ptr=f32, src_ptr=i32)
+        compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
+                    ev_ptr=f32, v_ptr=bank, vmr_ptr=f32),
+                    dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]], QMODE=q,
+                         SRC=bool(CFG["SOURCES"])), CFG["WARPS_STEP"])
+        if q:
+            compile_one(sb._step_bwd_dev_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
+                        dr_ptr=f32, dy_ptr=bank, pe_ptr=f32),
+                        dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, QMODE=q, SRC=True, CG=""), wg)
     compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                 dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
     specs = step_specs(C, bank, "tf32", save=True)

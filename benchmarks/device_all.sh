@@ -461,6 +461,20 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s21a)   # session 21: the backward's chunk-start rows from the final bank and the log
+      # (SOURCES=1, no restore launch) against the restoring walk; its CUDA tests first
+      run t21 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "sources or bitwise or oracle or snapshot or kept"
+      cd benchmarks
+      run ab21_A 150 python3 ab_cuda.py --graph --config A --chunks 64,128 --rows fb \
+        --rounds 3 --a SOURCES=0 --b SOURCES=1
+      run ab21_B 80 python3 ab_cuda.py --graph --config B --chunks 128 --rows fb \
+        --rounds 3 --a SOURCES=0 --b SOURCES=1
+      run ab21_ag 150 python3 ab_cuda.py --config A --chunks 128,256 --rows ag \
+        --rounds 3 --a SOURCES=0 --b SOURCES=1
+      run ab21_agB 80 python3 ab_cuda.py --config B --chunks 128 --rows ag \
+        --rounds 3 --a SOURCES=0 --b SOURCES=1
+      cd .. ;;
     s20a)   # session 20: the walk-graph cache in a training loop of 6 layers; the d ev
       # partials in the dB launch (DEV_GROUP=1) against their own launch: measured on
       # commit 593c113, slower, removed (NOTES.md run 20; DEV_GROUP is no setting now)

@@ -285,6 +285,39 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
         assert torch.equal(a, b), n
 
 
+@pytest.mark.parametrize("dtype,mode,keep", [(torch.bfloat16, "none", 1),
+                                              (torch.bfloat16, "none", 0),
+                                              (torch.float32, "bf16", 1),
+                                              (torch.bfloat16, "fp8", 1)])
+def test_chunk_start_sources_are_bitwise_the_restoring_walk(dtype, mode, keep):
+    """The backward step walk reading its chunk-start rows from the final bank and the undo
+    log (``kernels/sources.py``; ``SOURCES=2`` for the fp8 log) gives bitwise the gradients
+    of the walk that restores a working copy, with the forward's ``v - r0`` kept or
+    gathered again, and leaves the final bank as the forward returned it."""
+    from sdm_inductor.kernels import host
+    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
+                  per_write_gate=True, repeats=True)
+    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
+    dM = torch.randn_like(ins.bank)
+    got = {}
+    try:
+        host.CONFIG["KEEP"] = keep
+        for source in (2 if mode == "fp8" else 1, 0):
+            host.CONFIG["SOURCES"] = source
+            leaves = ins.leaves()
+            y, M, _, _ = _op(leaves, 64, mode=mode)
+            final = M.detach().clone()
+            grads = torch.autograd.grad((y, M), [leaves[i] for i in FLOAT_INPUTS], (dy, dM))
+            assert torch.equal(M, final), "the backward changed the final bank"
+            assert ops.last_dispatch()["chunk_start_rows"] == ("sources" if source else
+                                                               "restored")
+            got[source] = grads
+    finally:
+        host.CONFIG.update(KEEP=1, SOURCES=1)
+    for n, a, b in zip(NAMES, got[max(got)], got[0]):
+        assert torch.equal(a, b), n
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     """Eager step walks replayed from CUDA graphs (``kernels/graphs.py``, from the second

@@ -30,7 +30,7 @@ def _run(case: str):
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
                                   "column_walk", "step_walk", "step_walk_windows",
-                                  "step_walk_kept", "phase1_scans",
+                                  "step_walk_kept", "chunk_start_sources", "phase1_scans",
                                   "solve_blocks"])
 def test_kernels_under_interpreter(case):
     _run(case)
@@ -405,6 +405,68 @@ def _kept_for_backward():
     assert ops.last_dispatch().get("phase1_backward") == "kept", ops.last_dispatch()
     for n, a, b in zip(NAMES, [t.grad for t in x], recomputed_plain):
         assert torch.equal(a, b), "compiled kept grad " + n
+
+
+def case_chunk_start_sources():
+    """``sources.chunk_start_sources``: every touched entry's source (an undo-log row of
+    the saving forward, or the final bank's row) holds its slot's row as the oracle has it
+    at the start of the entry's chunk (the oracle run on the tokens before that chunk);
+    entries that touch nothing have none. Then the backward step walk with the sources
+    (``SOURCES``) gives bitwise the gradients of the walk that restores a working bank,
+    for a log of the bank's dtype, an fp32 bank's bf16 log and an fp8 log, and leaves the
+    final bank as it was."""
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.phase1 import plan
+    from sdm_inductor.kernels.sources import chunk_start_sources
+    from sdm_inductor.testing import make_inputs, reference_outputs
+    _step_config()
+    C = 8
+    ins = make_inputs(P=2, T=29, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
+                      repeats=True, seed=31)
+    P, T, W = ins.k_idx.shape
+    S = ins.bank.shape[0]
+    bank = ins.bank.clone()
+    _, rows, _ = host.forward(bank, *tuple(ins)[1:], C, "none", True)
+    pl = plan(S, *(x.contiguous() for x in (ins.k_idx, ins.k_val, ins.beta, ins.g,
+                                             ins.q_idx, ins.q_val)), C)
+    src = chunk_start_sources(pl, S).long()
+    assert src.shape == (pl.B, C, pl.E)
+    for c in range(pl.NC):
+        head = ins._replace(**{f: getattr(ins, f)[:, :c * C] for f in
+                               ("k_idx", "k_val", "v", "beta", "g", "q_idx", "q_val")})
+        start = reference_outputs(head)[1] if c else ins.bank.double()
+        for p in range(P):
+            sl, sr = pl.slot.view(pl.B, C, pl.E)[p * pl.NC + c].long(), src[p * pl.NC + c]
+            assert bool((sr[sl < 0] == -1).all()), (c, p)
+            live = sl >= 0
+            got = torch.where((sr >= 0)[..., None], rows[sr.clamp(min=0)],
+                              bank[sl.clamp(min=0)])[live]
+            _check(f"chunk {c} stream {p} start rows", got, start[sl[live]], 1e-5)
+
+    def grads(source, mode, dtype, fp32_grad=False):
+        host.CONFIG["SOURCES"] = source
+        x = make_inputs(P=2, T=29, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
+                        repeats=True, dtype=dtype, seed=32)
+        gen = torch.Generator().manual_seed(3)
+        dy = torch.randn(2, 29, 16, generator=gen).to(dtype)
+        dM = torch.randn(x.bank.shape, generator=gen).to(dtype)
+        fin = x.bank.clone()
+        _, log, scales = host.forward(fin, *tuple(x)[1:], C, mode, True)
+        kept = fin.clone()
+        out = host.backward(dy, dM, fin, log, scales, *tuple(x)[1:], C, mode, fp32_grad)
+        assert torch.equal(fin, kept), "the backward changed the final bank"
+        return ops.last_dispatch()["chunk_start_rows"], out
+
+    for mode, dtype, source in (("none", torch.float32, 1), ("bf16", torch.float32, 1),
+                                ("fp8", torch.bfloat16, 2)):
+        (how_s, by_src), (how_r, restored) = grads(source, mode, dtype), grads(0, mode, dtype)
+        assert (how_s, how_r) == ("sources", "restored"), (mode, how_s, how_r)
+        for n, a, b in zip(NAMES, by_src, restored):
+            assert torch.equal(a, b), (mode, n)
+    host.CONFIG["SOURCES"] = 1
+    assert grads(1, "fp8", torch.bfloat16)[0] == "restored"   # 1: raw logs only
 
 
 def case_phase1_scans():

@@ -507,9 +507,10 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     step = step_walks(config, dB, (P, W, R, C))
     one_window = not step or tokens <= 0 or T <= tokens
     # the step walk of one window reads the chunk-start rows from the final bank and the
-    # log (sources.py, SOURCES); else the bank state, rebuilt chunk by chunk in reverse
-    # from the final bank and the log
-    by_source = step and one_window and bool(config["SOURCES"])
+    # log (sources.py; SOURCES=1: a log of the bank's rows, 2: also fp8 / int4 logs, whose
+    # dequantization in the one-warp gather launch spills on sm_90); else the bank state,
+    # rebuilt chunk by chunk in reverse from the final bank and the log
+    by_source = step and one_window and config["SOURCES"] >= (1 if qmode == 0 else 2)
     work = final_bank.contiguous() if by_source else final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)

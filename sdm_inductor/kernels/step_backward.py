@@ -62,7 +62,7 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
 @triton.jit
 def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
                 n: tl.constexpr, NP: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr,
-                CG: tl.constexpr = "", EV: tl.constexpr = ""):
+                CG: tl.constexpr, EV: tl.constexpr):
     """The chunk-start rows ``M0[sl_e, cols]`` (fp32) of the ``n`` entries from ``base``.
     Without ``SRC``: the working bank, which the restore launch brought back to the chunk's
     start (``CG`` / ``EV``: the loads' cache modifier and eviction policy). With ``SRC``
@@ -74,9 +74,17 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
     if SRC:
         e = tl.arange(0, NP)
         src = tl.load(src_ptr + base + e, mask=e < n, other=-1)
-        lg = _load_log(log_ptr, scale_ptr, src.to(tl.int64), src >= 0, width, cols, cm, QMODE)
-        fin = tl.load(work_ptr + ro, mask=m2 & (src < 0)[:, None], other=0.0)
-        rows = tl.where((src >= 0)[:, None], lg.to(work_ptr.dtype.element_ty), fin)
+        lo = src.to(tl.int64)[:, None] * width + cols[None, :]
+        if (QMODE == 0) & (log_ptr.dtype.element_ty == work_ptr.dtype.element_ty):
+            # a log of the bank's dtype: one load through either pointer (one tile of
+            # registers, as the working bank's)
+            rows = tl.load(tl.where((src >= 0)[:, None], log_ptr + lo, work_ptr + ro), mask=m2,
+                           other=0.0)
+        else:
+            lg = _load_log(log_ptr, scale_ptr, src.to(tl.int64), src >= 0, width, cols, cm,
+                           QMODE)
+            fin = tl.load(work_ptr + ro, mask=m2 & (src < 0)[:, None], other=0.0)
+            rows = tl.where((src >= 0)[:, None], lg.to(work_ptr.dtype.element_ty), fin)
     else:
         rows = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV, cache_modifier=CG)
     return rows.to(tl.float32)
@@ -94,7 +102,8 @@ def _step_bwd_gather_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_
     _grid_dependency(PDL >= 2)
     if SRC:
         r0 = tl.sum(wt[:, None] * _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl,
-                                              cols, cm, hd, width, W, WP, QMODE, SRC), axis=0)
+                                              cols, cm, hd, width, W, WP, QMODE, SRC, "", EV),
+                    axis=0)
     else:
         r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd, EV)
     tg = c * C + i
@@ -359,9 +368,9 @@ def _step_bwd_dev_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr
     # PDL == 3: the chunk-start rows (the restore launch four back) load before the wait,
     # through L2, and the read entries' partials need nothing of the launch before
     rw = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, slw, cols, cm, hd, width, W, WP,
-                     QMODE, SRC, CG)
+                     QMODE, SRC, CG, "")
     rr = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base + W, slr, cols, cm, hd, width,
-                     R, RP, QMODE, SRC, CG)
+                     R, RP, QMODE, SRC, CG, "")
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
     _grid_dependency(PDL == 3)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
