@@ -475,6 +475,11 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run ab21_agB 80 python3 ab_cuda.py --config B --chunks 128 --rows ag \
         --rounds 3 --a SOURCES=0 --b SOURCES=1
       cd .. ;;
+    s21b)   # session 21, final: what the sources cost, then the benchmark
+      cd benchmarks
+      run sources_cost 100 python3 sources_cost.py
+      cd ..
+      run bench_cuda 250 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
     s20a)   # session 20: the walk-graph cache in a training loop of 6 layers; the d ev
       # partials in the dB launch (DEV_GROUP=1) against their own launch: measured on
       # commit 593c113, slower, removed (NOTES.md run 20; DEV_GROUP is no setting now)

@@ -289,11 +289,15 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
                                               (torch.bfloat16, "none", 0),
                                               (torch.float32, "bf16", 1),
                                               (torch.bfloat16, "fp8", 1)])
-def test_chunk_start_sources_are_bitwise_the_restoring_walk(dtype, mode, keep):
+def test_chunk_start_sources_match_the_restoring_walk(dtype, mode, keep):
     """The backward step walk reading its chunk-start rows from the final bank and the undo
-    log (``kernels/sources.py``; ``SOURCES=2`` for the fp8 log) gives bitwise the gradients
-    of the walk that restores a working copy, with the forward's ``v - r0`` kept or
-    gathered again, and leaves the final bank as the forward returned it."""
+    log (``kernels/sources.py``; ``SOURCES=2`` for the fp8 log) gives the gradients of the
+    walk that restores a working copy, with the forward's ``v - r0`` kept or gathered
+    again, and leaves the final bank as the forward returned it. Bitwise where the log
+    holds the bank's dtype; with another log dtype the row launches load the log and the
+    bank separately, and the compiled Dw launch then sums its tiles in another order
+    (measured: every gradient within a few fp32 ulps), so there to 1e-6 (fp32) / 2e-3
+    (bf16) of the restoring walk's, and both to the oracle's tolerance."""
     from sdm_inductor.kernels import host
     ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
                   per_write_gate=True, repeats=True)
@@ -314,8 +318,12 @@ def test_chunk_start_sources_are_bitwise_the_restoring_walk(dtype, mode, keep):
             got[source] = grads
     finally:
         host.CONFIG.update(KEEP=1, SOURCES=1)
+    same_dtype = mode == "none" or (mode == "bf16" and dtype == torch.bfloat16)
     for n, a, b in zip(NAMES, got[max(got)], got[0]):
-        assert torch.equal(a, b), n
+        if same_dtype:
+            assert torch.equal(a, b), n
+        else:
+            _check(n, a, b, 1e-6 if dtype == torch.float32 else 2e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

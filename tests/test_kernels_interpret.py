@@ -428,7 +428,8 @@ def case_chunk_start_sources():
     P, T, W = ins.k_idx.shape
     S = ins.bank.shape[0]
     bank = ins.bank.clone()
-    _, rows, _ = host.forward(bank, *tuple(ins)[1:], C, "none", True)
+    _, log, _ = host.forward(bank, *tuple(ins)[1:], C, "none", True)
+    rows = log.view(-1, log.shape[-1])   # [segments * C, W, hd]: one row per write position
     pl = plan(S, *(x.contiguous() for x in (ins.k_idx, ins.k_val, ins.beta, ins.g,
                                              ins.q_idx, ins.q_val)), C)
     src = chunk_start_sources(pl, S).long()

@@ -1,0 +1,27 @@
+"""What ``sources.chunk_start_sources`` costs (the backward's one step before its walk when
+the chunk-start rows come from the final bank and the undo log, SOURCES=1), beside the
+Phase 1 it follows, at configs A and B: eager (host included) and replayed from a CUDA graph.
+
+    python benchmarks/sources_cost.py
+"""
+from __future__ import annotations
+
+from bench_cuda import CONFIGS, bench, bench_graph, eager_plan, make_inputs
+from sdm_inductor.kernels.sources import chunk_start_sources
+
+
+def main():
+    print("| config | C | plan ms | sources ms (eager) | sources ms (graph) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, C in (("A", 64), ("A", 128), ("B", 128)):
+        bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
+        S = bank.shape[0]
+        pl = eager_plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
+        plan_ms = bench(lambda: eager_plan(S, k_idx, k_val, beta, g, q_idx, q_val, C), rep=100)
+        eager = bench(lambda: chunk_start_sources(pl, S), rep=100)
+        graph = bench_graph(lambda: chunk_start_sources(pl, S), rep=100)
+        print(f"| {name} | {C} | {plan_ms:.3f} | {eager:.3f} | {graph:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
