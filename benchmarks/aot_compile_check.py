@@ -15,8 +15,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sdm_inductor.kernels import (backward, decode, phase1, phase2, quantize, solve, step,
-                                  step_backward, walk)
+from sdm_inductor.kernels import (backward, decode, phase1, phase2, quantize, solve, sources,
+                                  step, step_backward, walk)
 from sdm_inductor.kernels.host import CONFIG as CFG
 from sdm_inductor.kernels.launch import EVICT
 
@@ -237,6 +237,11 @@ def main(dtype="bf16"):
                          PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
+    for kt in (i32, "*i64"):   # the backward's chunk-start sources (sources.py)
+        compile_one(sources._run_keys_kernel, dict(run_slot_ptr=i32, key_ptr=kt),
+                    dict(CW=C * W, BLOCK=sources.BLOCK))
+        compile_one(sources._search_kernel, dict(slot_ptr=i32, skey_ptr=kt, order_ptr="*i64",
+                    src_ptr=i32), dict(CE=C * (W + R), CW=C * W, BLOCK=sources.BLOCK))
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,

@@ -480,6 +480,20 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run sources_cost 100 python3 sources_cost.py
       cd ..
       run bench_cuda 250 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    s21c)   # session 21: the sources by two launches and torch's sort; their tests, their
+      # cost, the A/B again; the AOTI CUDA test that failed in `full` (forward only), again
+      run t21c 150 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "sources or launch_overlap or kept"
+      cd benchmarks
+      run sources_cost 100 python3 sources_cost.py
+      run ab21c_ag 100 python3 ab_cuda.py --config A --chunks 128 --rows ag --rounds 3 \
+        --a SOURCES=0 --b SOURCES=1
+      run ab21c_agB 60 python3 ab_cuda.py --config B --chunks 128 --rows ag --rounds 3 \
+        --a SOURCES=0 --b SOURCES=1
+      cd ..
+      export CXX=/usr/bin/g++
+      run aoti21 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_export_aoti.py \
+        -k aoti_cuda_dynamic ;;
     s20a)   # session 20: the walk-graph cache in a training loop of 6 layers; the d ev
       # partials in the dB launch (DEV_GROUP=1) against their own launch: measured on
       # commit 593c113, slower, removed (NOTES.md run 20; DEV_GROUP is no setting now)

@@ -6,12 +6,14 @@ Phase 1 it follows, at configs A and B: eager (host included) and replayed from 
 """
 from __future__ import annotations
 
+import torch
+
 from bench_cuda import CONFIGS, bench, bench_graph, eager_plan, make_inputs
-from sdm_inductor.kernels.sources import chunk_start_sources
+from sdm_inductor.kernels.sources import chunk_start_sources, reference_sources
 
 
 def main():
-    print("| config | C | plan ms | sources ms (eager) | sources ms (graph) |")
+    print("| config | C | plan ms | sources ms eager / graph | torch-ops form eager / graph |")
     print("| --- | --- | --- | --- | --- |")
     for name, C in (("A", 64), ("A", 128), ("B", 128)):
         bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
@@ -20,7 +22,11 @@ def main():
         plan_ms = bench(lambda: eager_plan(S, k_idx, k_val, beta, g, q_idx, q_val, C), rep=100)
         eager = bench(lambda: chunk_start_sources(pl, S), rep=100)
         graph = bench_graph(lambda: chunk_start_sources(pl, S), rep=100)
-        print(f"| {name} | {C} | {plan_ms:.3f} | {eager:.3f} | {graph:.3f} |", flush=True)
+        ref_e = bench(lambda: reference_sources(pl, S), rep=100)
+        ref_g = bench_graph(lambda: reference_sources(pl, S), rep=100)
+        assert torch.equal(chunk_start_sources(pl, S), reference_sources(pl, S))
+        print(f"| {name} | {C} | {plan_ms:.3f} | {eager:.3f} / {graph:.3f} | {ref_e:.3f} / "
+              f"{ref_g:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -419,7 +419,7 @@ def case_chunk_start_sources():
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.phase1 import plan
-    from sdm_inductor.kernels.sources import chunk_start_sources
+    from sdm_inductor.kernels.sources import chunk_start_sources, reference_sources
     from sdm_inductor.testing import make_inputs, reference_outputs
     _step_config()
     C = 8
@@ -432,7 +432,9 @@ def case_chunk_start_sources():
     rows = log.view(-1, log.shape[-1])   # [segments * C, W, hd]: one row per write position
     pl = plan(S, *(x.contiguous() for x in (ins.k_idx, ins.k_val, ins.beta, ins.g,
                                              ins.q_idx, ins.q_val)), C)
-    src = chunk_start_sources(pl, S).long()
+    src = chunk_start_sources(pl, S)
+    assert torch.equal(src, reference_sources(pl, S))   # the launches = torch's searchsorted
+    src = src.long()
     assert src.shape == (pl.B, C, pl.E)
     for c in range(pl.NC):
         head = ins._replace(**{f: getattr(ins, f)[:, :c * C] for f in

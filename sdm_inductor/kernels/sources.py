@@ -11,12 +11,77 @@ the log and wrote it back into the copy (about 44 MB per chunk step at config A)
 walk's row loads depend on nothing the walk itself writes.
 
 One sort of the write runs' starts by (stream, slot, chunk) and one binary search per entry
-give the sources: shapes-only host code, the same launches for every call of a shape.
+give the sources: a key launch, torch's sort, a search launch; shapes-only host code.
+``reference_sources`` is the same in torch ops (the tests' reference: what torch's own
+``searchsorted`` finds).
 """
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
+
+from .launch import launch
+
+BLOCK = 1024   # positions / entries per program of both launches
+
+
+@triton.jit
+def _run_keys_kernel(run_slot_ptr, key_ptr, S, NC, N, CW: tl.constexpr, BLOCK: tl.constexpr):
+    """Sort keys of the write positions: ``(p * S + slot) * NC + c`` at a run start (a
+    slot's writes in chunk order within its stream), ``P * S * NC`` (last) elsewhere."""
+    pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = pos < N
+    b = pos // CW
+    p, c = b // NC, b % NC
+    rs = tl.load(run_slot_ptr + pos, mask=m, other=-1)
+    none = (N // CW // NC) * S * NC   # P * S * NC
+    key = tl.where(rs >= 0, (p.to(tl.int64) * S + rs) * NC + c, none)
+    tl.store(key_ptr + pos, key.to(key_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["STEPS"])
+def _search_kernel(slot_ptr, skey_ptr, order_ptr, src_ptr, S, NC, P, NE, NK, STEPS,
+                   CE: tl.constexpr, CW: tl.constexpr, BLOCK: tl.constexpr):
+    """Each entry's source: the first run start in sorted order whose key is at least the
+    entry's own (``(p * S + slot) * NC + c``), if it is of the same stream and slot, as its
+    log row ``(c' * P + p) * CW + f``; else -1. A lower-bound binary search of ``STEPS``
+    halvings (a runtime count: one compilation for every length)."""
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = e < NE
+    b = e // CE
+    p, c = b // NC, b % NC
+    sl = tl.load(slot_ptr + e, mask=m, other=-1)
+    live = m & (sl >= 0)
+    ps = p.to(tl.int64) * S + sl
+    q = ps * NC + c
+    lo = tl.zeros([BLOCK], tl.int64)
+    n = tl.zeros([BLOCK], tl.int64) + NK   # the search range [lo, lo + n)
+    step = 0
+    while step < STEPS:   # a while: the interpreter's range() refuses a runtime bound
+        step += 1
+        half = n // 2
+        mid = lo + half
+        k = tl.load(skey_ptr + mid, mask=live & (n > 0), other=0).to(tl.int64)
+        right = (n > 0) & (k < q)
+        lo = tl.where(right, mid + 1, lo)
+        n = tl.where(right, n - half - 1, half)
+    found = live & (lo < NK)
+    k = tl.load(skey_ptr + lo, mask=found, other=-1).to(tl.int64)
+    found = found & (k // NC == ps)
+    pos = tl.load(order_ptr + lo, mask=found, other=0)
+    bw, f = pos // CW, pos % CW
+    row = ((bw % NC) * P + bw // NC) * CW + f
+    tl.store(src_ptr + e, tl.where(found, row, -1).to(tl.int32), mask=m)
+
+
+def _check(pl, S: int):
+    if pl.NC * pl.P * pl.C * pl.W >= 2 ** 31:
+        raise ValueError(f"the undo log's {pl.NC * pl.P * pl.C * pl.W} rows do not fit int32 "
+                         "sources")
+    # int32 keys when (stream, slot, chunk) fits
+    return torch.int32 if pl.P * S * pl.NC < 2 ** 31 else torch.int64
 
 
 def chunk_start_sources(pl, S: int) -> Tensor:
@@ -24,25 +89,35 @@ def chunk_start_sources(pl, S: int) -> Tensor:
     on a bank of ``S`` rows: the undo-log row (``(c * P + p) * C * W + run start``, the
     forward's layout, ``quant.UndoLog``) that holds the entry's chunk-start row, or -1
     where that is the final bank's row ``pl.slot`` (also where the entry touches nothing)."""
+    kdt = _check(pl, S)
+    B, C, W, E = pl.B, pl.C, pl.W, pl.E
+    N, NE = B * C * W, B * C * E
+    keys = torch.empty(N, dtype=kdt, device=pl.slot.device)
+    launch(_run_keys_kernel, (triton.cdiv(N, BLOCK),), pl.runs.slot, keys, S, pl.NC, N,
+           CW=C * W, BLOCK=BLOCK)
+    # the run starts are unique keys (one run per written slot and chunk): any sort will do
+    skey, order = torch.sort(keys)
+    src = torch.empty(B, C, E, dtype=torch.int32, device=pl.slot.device)
+    launch(_search_kernel, (triton.cdiv(NE, BLOCK),), pl.slot, skey, order, src, S, pl.NC,
+           pl.P, NE, N, N.bit_length(), CE=C * E, CW=C * W, BLOCK=BLOCK)
+    return src
+
+
+def reference_sources(pl, S: int) -> Tensor:
+    """``chunk_start_sources`` in torch ops (``torch.searchsorted``)."""
+    kdt = _check(pl, S)
     B, C, W, E, P, NC = pl.B, pl.C, pl.W, pl.E, pl.P, pl.NC
     CW = C * W
-    if NC * P * CW >= 2 ** 31:
-        raise ValueError(f"the undo log's {NC * P * CW} rows do not fit int32 sources")
     dev = pl.slot.device
     b = torch.arange(B, device=dev)
     p, c = b // NC, b % NC
-    # keys (p * S + slot) * NC + c: a slot's writes in chunk order within its stream; the
-    # run starts are unique keys (one run per written slot and chunk), others sort last
-    none = P * S * NC
-    kdt = torch.int32 if none < 2 ** 31 else torch.int64
     stream = (p * S)[:, None]
     rs = pl.runs.slot.long()
-    skey, order = torch.sort(torch.where(rs >= 0, (stream + rs) * NC + c[:, None], none)
+    skey, order = torch.sort(torch.where(rs >= 0, (stream + rs) * NC + c[:, None], P * S * NC)
                              .to(kdt).view(-1))
     rows = ((c * P + p)[:, None] * CW + torch.arange(CW, device=dev)).view(-1)[order]
     es = pl.slot.view(B, C * E).long()
-    q = torch.where(es >= 0, (stream + es) * NC + c[:, None], none).to(kdt).view(-1)
-    # the first write of the entry's slot at or after its chunk, if in its stream and slot
+    q = torch.where(es >= 0, (stream + es) * NC + c[:, None], P * S * NC).to(kdt).view(-1)
     i = torch.searchsorted(skey, q).clamp_(max=skey.numel() - 1)
     hit = (skey[i] // NC == q // NC) & (es.view(-1) >= 0)
     return torch.where(hit, rows[i], -1).to(torch.int32).view(B, C, E)
