@@ -100,6 +100,12 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # 3 (the default): the backward walk also does work that needs nothing of the launch just
 # before (forward + backward 0.976-0.981 against 2 at A C=64 / 128 and B C=128, NOTES.md
 # run 19; the forward's launches treat 3 as 2). Environment: SDM_INDUCTOR_PDL.
+# SOURCES: the backward step walk of one window reads each entry's chunk-start row from the
+# final bank or the undo log (``sources.py``): no working copy of the bank and no restore
+# launch per chunk. 1: logs of raw rows (modes none / bf16); 2: also fp8 / int4 logs
+# (dequantized in the row launches: the one-warp gather launch then spills on sm_90,
+# unmeasured); 0: the restore launch. Autograd forward + backward, 1 against 0, NOTES.md
+# run 21: 0.951 (A C=128), 0.926 (B C=128); peak memory less one bank.
 # PDL3_MAX_C: the backward takes PDL=3 only up to this chunk size, 2 above it (autograd
 # forward + backward at A C=256, PDL=2 against 3: 0.967, NOTES.md run 20; at C=128 1.021).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).

@@ -5,7 +5,10 @@ passes), cut where one pass needs another's results for all the chunk's tokens, 
 piece is one launch with many programs (as the forward's ``step.py``):
 
 1. ``_step_restore_kernel`` (write positions x column blocks): the rows chunk c wrote
-   get their chunk-start values back from the undo log, in the working bank;
+   get their chunk-start values back from the undo log, in the working bank. Not with
+   the sources (``sources.py``, ``host.CONFIG["SOURCES"]``): the row launches then read
+   each entry's chunk-start row from the final bank or the undo log itself, both
+   immutable during the walk, and there is no working copy;
 2. ``_step_bwd_gather_kernel`` (tokens x column blocks): ``v - r0``;
 3. ``_step_bwd_mix1_kernel`` (token blocks x column slices): ``delta = X u`` and the
    ``QK^T dy`` part of ``d delta``;
@@ -306,8 +309,9 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
     cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
     _grid_dependency(PDL == 2)
-    # PDL == 3: the dB rows (the dB launch two back) and chunk-start rows (the restore
-    # launch two back) load before the wait too, through L2 (CG = ".cg": never a line an
+    # PDL == 3: the dB rows (the dB launch two back, or three with a restore launch) and
+    # chunk-start rows (the restore launch two back; with SRC nothing the walk writes)
+    # load before the wait too, through L2 (CG = ".cg": never a line an
     # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
@@ -365,7 +369,8 @@ def _step_bwd_dev_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr
     dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                   other=0.0).to(tl.float32)
     _grid_dependency(PDL == 2)
-    # PDL == 3: the chunk-start rows (the restore launch four back) load before the wait,
+    # PDL == 3: the chunk-start rows (the restore launch four back; with SRC nothing the
+    # walk writes) load before the wait,
     # through L2, and the read entries' partials need nothing of the launch before
     rw = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, slw, cols, cm, hd, width, W, WP,
                      QMODE, SRC, CG, "")
