@@ -72,6 +72,14 @@ def walk(request):
     return request.param
 
 
+def _training_case(dtype):
+    """Inputs and output gradients of the tests that compare two ways of running a training
+    step: enough chunks, slots shared by tokens, repeated slots."""
+    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
+                  per_write_gate=True, repeats=True)
+    return ins, torch.randn(2, 300, 96, device="cuda").to(dtype), torch.randn_like(ins.bank)
+
+
 def _check(name, got, want, tol):
     err = rel_err(got, want)
     assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.0e}"
@@ -269,10 +277,7 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
     """The training forward's Phase 1 and ``v - r0`` handed to the backward (``KEEP``)
     give bitwise the gradients of a backward that recomputes them."""
     from sdm_inductor.kernels import host
-    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
-                  per_write_gate=True, repeats=True)
-    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
-    dM = torch.randn_like(ins.bank)
+    ins, dy, dM = _training_case(dtype)
     got = {}
     try:
         for keep in (1, 0):
@@ -299,25 +304,19 @@ def test_chunk_start_sources_match_the_restoring_walk(dtype, mode, keep):
     (measured: every gradient within a few fp32 ulps), so there to 1e-6 (fp32) / 2e-3
     (bf16) of the restoring walk's, and both to the oracle's tolerance."""
     from sdm_inductor.kernels import host
-    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
-                  per_write_gate=True, repeats=True)
-    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
-    dM = torch.randn_like(ins.bank)
+    ins, dy, dM = _training_case(dtype)
     got = {}
-    try:
-        host.CONFIG["KEEP"] = keep
-        for source in (2 if mode == "fp8" else 1, 0):
-            host.CONFIG["SOURCES"] = source
-            leaves = ins.leaves()
-            y, M, _, _ = _op(leaves, 64, mode=mode)
-            final = M.detach().clone()
-            grads = torch.autograd.grad((y, M), [leaves[i] for i in FLOAT_INPUTS], (dy, dM))
-            assert torch.equal(M, final), "the backward changed the final bank"
-            assert ops.last_dispatch()["chunk_start_rows"] == ("sources" if source else
-                                                               "restored")
-            got[source] = grads
-    finally:
-        host.CONFIG.update(KEEP=1, SOURCES=1)
+    host.CONFIG["KEEP"] = keep   # (the autouse fixture restores CONFIG)
+    for source in (2 if mode == "fp8" else 1, 0):
+        host.CONFIG["SOURCES"] = source
+        leaves = ins.leaves()
+        y, M, _, _ = _op(leaves, 64, mode=mode)
+        final = M.detach().clone()
+        grads = torch.autograd.grad((y, M), [leaves[i] for i in FLOAT_INPUTS], (dy, dM))
+        assert torch.equal(M, final), "the backward changed the final bank"
+        assert ops.last_dispatch()["chunk_start_rows"] == ("sources" if source else
+                                                           "restored")
+        got[source] = grads
     same_dtype = mode == "none" or (mode == "bf16" and dtype == torch.bfloat16)
     for n, a, b in zip(NAMES, got[max(got)], got[0]):
         if same_dtype:
@@ -334,10 +333,7 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     result dropped: the allocator hands out the same blocks); a call on other data gives
     its own results (a replay reads whatever its pointers hold now)."""
     from sdm_inductor.kernels import graphs, host
-    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
-                  per_write_gate=True, repeats=True)
-    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
-    dM = torch.randn_like(ins.bank)
+    ins, dy, dM = _training_case(dtype)
     leaves = ins.leaves()
 
     def step():
