@@ -461,6 +461,21 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s22a)   # session 22: the dB launch over packed group headers (GROUP_PACK) and the
+      # backward's groups and sources made beside the training forward's walk (KEEP_GROUPS);
+      # their CUDA tests first; A/Bs with the old behaviour (both 0) as side A
+      run t22 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "group_layouts or kept or sources or launch_overlap"
+      cd benchmarks
+      run ab22_A 200 python3 ab_cuda.py --config A --chunks 128 --rows ag --rounds 3 \
+        --a GROUP_PACK=0 KEEP_GROUPS=0 --b GROUP_PACK=1 KEEP_GROUPS=0 \
+        --c GROUP_PACK=0 KEEP_GROUPS=1 --d GROUP_PACK=1 KEEP_GROUPS=1
+      run ab22_B 120 python3 ab_cuda.py --config B --chunks 128 --rows ag --rounds 3 \
+        --a GROUP_PACK=0 KEEP_GROUPS=0 --b GROUP_PACK=1 KEEP_GROUPS=0 \
+        --c GROUP_PACK=0 KEEP_GROUPS=1 --d GROUP_PACK=1 KEEP_GROUPS=1
+      run ab22_A256 100 python3 ab_cuda.py --config A --chunks 256 --rows ag --rounds 3 \
+        --a GROUP_PACK=0 KEEP_GROUPS=0 --b GROUP_PACK=1 KEEP_GROUPS=1
+      cd .. ;;
     s21a)   # session 21: the backward's chunk-start rows from the final bank and the log
       # (SOURCES=1, no restore launch) against the restoring walk; its CUDA tests first
       run t21 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \

@@ -127,23 +127,23 @@ def _dev_tile(pe_ptr, off, rows, ents, em, dr0, dyt, W: tl.constexpr):
 
 
 @triton.jit
-def _group_head(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0,
-                CE: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
+def _group_head(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr, gb,
+                f0, CE: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
     """What a dB tile needs before its row loads, independent of the columns: the headers
-    of the groups starting in positions [f0, f0 + NG) and their first ``KW`` members
-    (token, weight, which are live and which are write members)."""
-    pos = f0 + tl.arange(0, NG)
-    fm = pos < CE
-    sl = tl.load(g_slot_ptr + gb + pos, mask=fm, other=-1)
-    ln = tl.load(g_len_ptr + gb + pos, mask=fm, other=0)
-    nw = tl.load(g_nw_ptr + gb + pos, mask=fm, other=0)
-    dec = tl.load(g_decay_ptr + gb + pos, mask=fm, other=1.0)
+    of groups [f0, f0 + NG) (``phase1.Groups``: packed, or by position) and their first
+    ``KW`` members (token, weight, which are live and which are write members)."""
+    gi = f0 + tl.arange(0, NG)
+    fm = gi < CE
+    sl = tl.load(g_slot_ptr + gb + gi, mask=fm, other=-1)
+    ln = tl.load(g_len_ptr + gb + gi, mask=fm, other=0)
+    nw = tl.load(g_nw_ptr + gb + gi, mask=fm, other=0)
+    dec = tl.load(g_decay_ptr + gb + gi, mask=fm, other=1.0)
+    pos = tl.load(g_pos_ptr + gb + gi, mask=fm, other=-1)
     ks = tl.arange(0, KW)
     mpos = pos[:, None] + ks[None, :]
-    inb = fm[:, None] & (mpos < CE)
-    tf = tl.load(g_tok_ptr + gb + mpos, mask=inb, other=0)
-    wt = tl.load(g_ev_ptr + gb + mpos, mask=inb, other=0.0)
     mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
+    tf = tl.load(g_tok_ptr + gb + mpos, mask=mk, other=0)
+    wt = tl.load(g_ev_ptr + gb + mpos, mask=mk, other=0.0)
     isw = ks[None, :] < nw[:, None]
     return pos, sl, ln, nw, dec, tf, wt, mk, isw
 
@@ -187,21 +187,23 @@ def _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw
 
 
 @triton.jit
-def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, scr_dr,
-                dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, CE: tl.constexpr, NG: tl.constexpr,
-                KW: tl.constexpr, BD: tl.constexpr, DS):
-    """dB at the chunk start of the groups starting in positions [f0, f0 + NG), columns
-    ``cols`` (``_group_head`` then ``_group_cols``)."""
+def _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr,
+                g_ev_ptr, scr_dr, dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, CE: tl.constexpr,
+                NG: tl.constexpr, KW: tl.constexpr, BD: tl.constexpr, DS):
+    """dB at the chunk start of groups [f0, f0 + NG), columns ``cols`` (``_group_head``
+    then ``_group_cols``; nothing past the last group of packed headers)."""
     pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
-        g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr, gb, f0, CE, NG, KW)
-    _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf, wt,
-                mk, isw, p, c, T, hd, cols, cm, sc, C, KW, DS, "")
+        g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr, gb, f0, CE,
+        NG, KW)
+    if tl.max(sl, axis=0) >= 0:
+        _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec, tf,
+                    wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, DS, "")
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "B", "C_LO", "N_WIN", "NCW"])
 def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr, ev_ptr,
                     coef_ptr,
-                    g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
+                    g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr,
                     X_ptr, QK_ptr, beta_ptr, v_ptr, dy_ptr,
                     dv_ptr, pe_ptr, pc_ptr, pm_ptr, pb_ptr, pqk_ptr, pl_ptr, scratch_ptr,
                     P, T, hd, width, NC, B, C_LO, N_WIN, NCW,
@@ -382,8 +384,9 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
         # 5: dB at the chunk start, each distinct touched slot once (lane = group start)
         gb = b.to(tl.int64) * C * E
         for f0 in range(0, C * E, NG):
-            _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_tok_ptr, g_ev_ptr,
-                        scr_dr, dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG, KW, BD, BD)
+            _group_tile(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr,
+                        g_ev_ptr, scr_dr, dy_ptr, gb, f0, p, c, T, hd, cols, cm, sc, C, C * E, NG,
+                        KW, BD, BD)
         tl.debug_barrier()
         cc += 1
 
@@ -522,17 +525,22 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     def make(win):   # Phase 1 of a window: independent of the bank
         sl = slice(*win)
         pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
-        return pl, entry_groups(pl)
+        return pl, entry_groups(pl, bool(config["GROUP_PACK"]))
 
     # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
     kept = _kept(step and one_window, P, T, C, W, R)
     if one_window:
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
+        # the groups and sources of the forward (host._backward_plan), else made here
+        gr = getattr(kept, "groups", None)
+        gr = entry_groups(pl, bool(config["GROUP_PACK"])) if gr is None else gr
+        src = getattr(kept, "sources", None) if by_source else None
+        src = chunk_start_sources(pl, S) if by_source and src is None else src
         from .. import ops
-        ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
-        dv, sums = _reverse(pl, entry_groups(pl), log, scales, v, dy, *ctx,
-                            vmr=None if kept is None else kept.vmr,
-                            sources=chunk_start_sources(pl, S) if by_source else None)
+        ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored",
+                            groups="kept" if getattr(kept, "groups", None) is gr else "made")
+        dv, sums = _reverse(pl, gr, log, scales, v, dy, *ctx,
+                            vmr=None if kept is None else kept.vmr, sources=src)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
                 dq.to(bank_dtype))
@@ -657,8 +665,8 @@ def _column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode:
         c_lo = w * NCW
         n_win = NC if nwin == 1 else max(0, min(NCW, NC - c_lo))
         launch(_reverse_kernel, (P, NCB), dB, work, log, scales, pl.runs.slot, pl.slot, pl.ev,
-               pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.tok, gr.ev, pl.X, pl.QK,
-               pl.beta, v, dy, dv,
+               pl.coef, gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, pl.X,
+               pl.QK, pl.beta, v, dy, dv,
                parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
                scratch, P, T, hd, width, NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
                BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,

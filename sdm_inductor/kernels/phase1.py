@@ -534,13 +534,18 @@ class Runs:
 @dataclass
 class Groups:
     """The same for all ``C*E`` entries (``[B, C*E]``, ``perm`` order): one group per
-    distinct touched slot, write members first; used by the backward's ``dB`` pass."""
-    slot: Tensor    # int32 slot at a group start, else -1
-    length: Tensor  # int32 members (na) at a group start, else 0
-    n_w: Tensor     # int32 write members of the group of the entry at this position
+    distinct touched slot, write members first; used by the backward's ``dB`` pass.
+    The headers (``slot``, ``length``, ``n_w``, ``decay``, ``pos``) are indexed by group:
+    a segment's groups packed to the front of its row in position order, then -1 / 0 /
+    1 (``entry_groups(pack=False)``: by position, -1 where no group starts). ``tok`` and
+    ``ev`` are by position: group ``i``'s members sit at ``pos[i]`` onwards."""
+    slot: Tensor    # int32 slot of the group, else -1
+    length: Tensor  # int32 members (na) of the group, else 0
+    n_w: Tensor     # int32 write members of the group
     decay: Tensor   # fp32 exp(gend) if the slot is written in the chunk, else 1
     tok: Tensor     # int32 token of the entry at this position
     ev: Tensor      # fp32 ev of the entry at this position
+    pos: Tensor     # int32 position of the group's first member, else -1
 
 
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
@@ -699,16 +704,31 @@ def _search_runs(key: Tensor, slot: Tensor, C: int, W: int, R: int):
             (wperm // W).to(torch.int32), ent.to(torch.int32))
 
 
-def entry_groups(pl: "Plan") -> Groups:
+def entry_groups(pl: "Plan", pack: bool = True) -> Groups:
+    """The groups of ``pl`` (``Groups``). ``pack``: their headers packed to the front of
+    each segment's row, so the dB launch's tiles hold only groups (at config A, C=128,
+    ~13 k of a stream's 16 k positions start one) and its programs past the last group
+    skip their work: the launch is bound by instruction issue (NOTES.md run 13)."""
     B, C, E = pl.B, pl.C, pl.E
+    CE = C * E
     perm = pl.perm.long()
-    take = lambda x: x.reshape(B, C * E).gather(1, perm)
-    start = take(pl.gs) == torch.arange(C * E, device=perm.device)
+    take = lambda x: x.reshape(B, CE).gather(1, perm)
+    at = torch.arange(CE, device=perm.device).expand(B, CE)
+    start = take(pl.gs) == at
     slot = torch.where(start, take(pl.slot), -1)
-    n_w = take(pl.nw)
-    return Groups(slot.to(torch.int32), torch.where(slot >= 0, take(pl.na), 0).to(torch.int32),
-                  n_w, torch.where(n_w > 0, take(pl.decay), 1.0), (perm // E).to(torch.int32),
-                  take(pl.ev))
+    length = torch.where(start, take(pl.na), 0)
+    n_w = torch.where(start, take(pl.nw), 0)
+    decay = torch.where(n_w > 0, take(pl.decay), 1.0)
+    pos = torch.where(start, at, -1)
+    if pack:
+        # a stable partition of each row: group i to column i, the other positions (whose
+        # headers are already -1 / 0 / 0 / 1 / -1) after the last group
+        first = start.cumsum(1) - 1
+        dst = torch.where(start, first, first[:, -1:] + at - first)
+        slot, length, n_w, decay, pos = (torch.empty_like(x).scatter_(1, dst, x)
+                                         for x in (slot, length, n_w, decay, pos))
+    return Groups(slot.to(torch.int32), length.to(torch.int32), n_w.to(torch.int32), decay,
+                  (perm // E).to(torch.int32), take(pl.ev), pos.to(torch.int32))
 
 
 def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):

@@ -1,0 +1,59 @@
+"""``phase1.entry_groups``: the backward's dB groups, with headers by position or packed to
+the front of each segment (``GROUP_PACK``). Pure torch ops: runs on CPU without Triton's
+interpreter; the dB launches that read both layouts are tested against the oracle in
+``test_kernels_interpret.py`` and bitwise against each other in ``test_cuda.py``."""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from sdm_inductor.kernels.phase1 import entry_groups
+
+
+def _plan(B: int, C: int, E: int, seed: int):
+    """A plan's group fields for random groups: each segment's sorted positions cut into
+    groups of 1-4 members, ``perm`` a random entry order (fields in entry order, as
+    ``phase1.plan`` keeps them)."""
+    gen = torch.Generator().manual_seed(seed)
+    CE = C * E
+    perm = torch.stack([torch.randperm(CE, generator=gen) for _ in range(B)])
+    gs = torch.empty(B, CE, dtype=torch.int64)
+    na, nw = torch.zeros(B, CE, dtype=torch.int64), torch.zeros(B, CE, dtype=torch.int64)
+    for b in range(B):
+        pos = 0
+        while pos < CE:
+            n = min(CE - pos, int(torch.randint(1, 5, (), generator=gen)))
+            gs[b, pos:pos + n] = pos
+            na[b, pos:pos + n] = n
+            nw[b, pos:pos + n] = int(torch.randint(0, n + 1, (), generator=gen))
+            pos += n
+    slot = gs * 7 % 1000   # distinct per group within a segment
+    to_entries = lambda x: torch.empty_like(x).scatter_(1, perm, x).reshape(B, C, E)
+    return types.SimpleNamespace(
+        B=B, C=C, E=E, perm=perm.to(torch.int32), gs=to_entries(gs), slot=to_entries(slot),
+        na=to_entries(na), nw=to_entries(nw),
+        decay=to_entries(torch.rand(B, CE, generator=gen)),
+        ev=to_entries(torch.randn(B, CE, generator=gen)))
+
+
+def test_packed_headers_are_the_group_starts_in_order():
+    pl = _plan(B=3, C=8, E=5, seed=0)
+    by_pos, packed = entry_groups(pl, pack=False), entry_groups(pl, pack=True)
+    assert torch.equal(by_pos.tok, packed.tok) and torch.equal(by_pos.ev, packed.ev)
+    CE = pl.C * pl.E
+    for b in range(pl.B):
+        starts = torch.nonzero(by_pos.slot[b] >= 0).flatten()
+        n = len(starts)
+        assert torch.equal(by_pos.pos[b][starts], starts.to(torch.int32))
+        assert (by_pos.pos[b][by_pos.slot[b] < 0] == -1).all()
+        for name, fill in (("slot", -1), ("length", 0), ("n_w", 0), ("decay", 1.0),
+                           ("pos", -1)):
+            a, p = getattr(by_pos, name)[b], getattr(packed, name)[b]
+            assert torch.equal(p[:n], a[starts]), name
+            assert (p[n:] == fill).all(), name
+        # every member position belongs to exactly one packed group
+        covered = torch.zeros(CE, dtype=torch.int64)
+        for i in range(n):
+            covered[packed.pos[b, i]:packed.pos[b, i] + packed.length[b, i]] += 1
+        assert (covered == 1).all()
