@@ -461,9 +461,25 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s22b)   # session 22: the intermittent AOTI CUDA failure (reads of unwritten memory?);
+      # GROUP_PACK alone at A C=64 / 256; the dB launch in Nsight Compute, both layouts
+      run aoti_poison 300 python3 benchmarks/aoti_poison.py 3
+      cd benchmarks
+      run ab22b 150 python3 ab_cuda.py --config A --chunks 64,256 --rows ag --rounds 3 \
+        --a GROUP_PACK=0 --b GROUP_PACK=1
+      python3 ncu_step.py A 128 PDL=0 > "$OUT/ncu_warm.log" 2>&1
+      for v in 0 1; do
+        run ncu_group_pack$v 90 "$NCU" --profile-from-start off --clock-control none \
+          -k regex:"^_step_bwd_group_kernel" --launch-skip 5 --launch-count 1 \
+          --section SpeedOfLight --section LaunchStats --section SchedulerStats \
+          python3 ncu_step.py A 128 PDL=0 GROUP_PACK=$v
+        grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issued Warp|No Eligible" "$OUT/ncu_group_pack$v.log"
+      done
+      cd .. ;;
     s22a)   # session 22: the dB launch over packed group headers (GROUP_PACK) and the
       # backward's groups and sources made beside the training forward's walk (KEEP_GROUPS);
-      # their CUDA tests first; A/Bs with the old behaviour (both 0) as side A
+      # their CUDA tests first; A/Bs with the old behaviour (both 0) as side A. Ran at
+      # commit 0688485; KEEP_GROUPS was removed after it (NOTES.md run 22)
       run t22 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
         -k "group_layouts or kept or sources or launch_overlap"
       cd benchmarks

@@ -531,16 +531,11 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     kept = _kept(step and one_window, P, T, C, W, R)
     if one_window:
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
-        # the groups and sources of the forward (host._backward_plan), else made here
-        gr = getattr(kept, "groups", None)
-        gr = entry_groups(pl, bool(config["GROUP_PACK"])) if gr is None else gr
-        src = getattr(kept, "sources", None) if by_source else None
-        src = chunk_start_sources(pl, S) if by_source and src is None else src
         from .. import ops
-        ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored",
-                            groups="kept" if getattr(kept, "groups", None) is gr else "made")
-        dv, sums = _reverse(pl, gr, log, scales, v, dy, *ctx,
-                            vmr=None if kept is None else kept.vmr, sources=src)
+        ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
+        dv, sums = _reverse(pl, entry_groups(pl, bool(config["GROUP_PACK"])), log, scales, v,
+                            dy, *ctx, vmr=None if kept is None else kept.vmr,
+                            sources=chunk_start_sources(pl, S) if by_source else None)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
                 dq.to(bank_dtype))

@@ -20,10 +20,9 @@ from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
-from .phase1 import entry_groups, plan, prep
+from .phase1 import plan, prep
 from . import graphs, plan_graph
-from .pipeline import ahead, behind, join, tensors, token_windows
-from .sources import chunk_start_sources
+from .pipeline import ahead, token_windows
 from .quantize import pack_log
 from .phase2 import _forward_kernel
 from .step import ROWS_MAX_CP, _step_gather_kernel, _step_mix_kernel, _step_write_kernel
@@ -55,7 +54,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=1, KEEP_GROUPS=1,
+              CL_GROUP=3, CL_WRITE=1, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=1,
               WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
@@ -107,9 +106,6 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # (dequantized in the row launches: the one-warp gather launch then spills on sm_90,
 # unmeasured); 0: the restore launch. Autograd forward + backward, 1 against 0, NOTES.md
 # run 21: 0.951 (A C=128), 0.926 (B C=128); peak memory less one bank.
-# KEEP_GROUPS: a training forward that keeps its Phase 1 (KEEP) also computes the
-# backward's dB groups and chunk-start sources, on the side stream beside its walk
-# (``host._backward_plan``); 0: the backward computes them before its walk.
 # GROUP_PACK: the backward's dB groups with their headers packed to the front of each
 # segment (``phase1.entry_groups``), so its tiles hold only groups and the tiles past the
 # last skip their work; 0: headers by position (the dB launch then spends issue slots on
@@ -433,8 +429,8 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         # not while a CUDA graph records the call (a compiled graph's extern call: nothing
         # takes the offer there, and it would pin memory of the graph's pool)
         if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
-            keep = _backward_plan(pl, S, snapshot_quant, torch.empty(
-                pl.NC, P, pow2(C), hd, dtype=torch.float32, device=bank.device))
+            keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
+                                        device=bank.device))
         _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
                    None if keep is None else keep.vmr)
         if not whole:
@@ -442,25 +438,8 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     if rows is None:
         rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
     if keep is not None:
-        join(bank.device, keep.groups, keep.sources)
         ops.keep_for_backward(readings, keep)
     return readings, rows, scales
-
-
-def _backward_plan(pl, S: int, snapshot_quant: str, vmr: Tensor) -> "Kept":
-    """What the training forward hands its backward (``Kept``). With ``KEEP_GROUPS``, also
-    the backward's dB groups and chunk-start sources (``sources.py``; only where the
-    backward reads them: ``backward.backward``'s rule): they depend on Phase 1 alone, so
-    they are queued on the side stream before the walk and run beside it
-    (``pipeline.behind``; ``join`` at the forward's end), instead of ahead of the
-    backward's walk."""
-    if not CONFIG["KEEP_GROUPS"]:
-        return Kept(pl, vmr)
-    by_source = CONFIG["SOURCES"] >= (1 if bwd._QMODE[snapshot_quant] == 0 else 2)
-    with behind(vmr.device, CONFIG["PLAN_AHEAD"], *tensors(pl)):
-        groups = entry_groups(pl, bool(CONFIG["GROUP_PACK"]))
-        sources = chunk_start_sources(pl, S) if by_source else None
-    return Kept(pl, vmr, groups, sources)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -471,8 +450,6 @@ class Kept:
     per chunk). About 0.2 GiB at config A, beside the undo log's 1.6 GiB."""
     plan: object
     vmr: Tensor
-    groups: object = None    # phase1.Groups (KEEP_GROUPS)
-    sources: Tensor = None   # sources.chunk_start_sources (KEEP_GROUPS, where it applies)
 
 
 @direct_launches

@@ -46,16 +46,15 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE[key]
 
 
-def tensors(obj) -> Iterator[Tensor]:
-    """The tensors in ``obj`` (a tensor, dataclass, tuple or list; nested)."""
+def _tensors(obj) -> Iterator[Tensor]:
     if isinstance(obj, Tensor):
         yield obj
     elif dataclasses.is_dataclass(obj):
         for f in dataclasses.fields(obj):
-            yield from tensors(getattr(obj, f.name))
+            yield from _tensors(getattr(obj, f.name))
     elif isinstance(obj, (tuple, list)):
         for x in obj:
-            yield from tensors(x)
+            yield from _tensors(x)
 
 
 def ahead(items: Iterable, make: Callable, device: torch.device,
@@ -100,7 +99,7 @@ def ahead(items: Iterable, make: Callable, device: torch.device,
             if i + 1 < len(items):
                 pending = enqueue(items[i + 1])
             main.wait_event(done)
-            for t in tensors(out):
+            for t in _tensors(out):
                 t.record_stream(main)
             yield it, out
     finally:
@@ -123,15 +122,3 @@ def behind(device: torch.device, enabled: bool, *used: Tensor):
         t.record_stream(side)
     with torch.cuda.stream(side):
         yield
-
-
-def join(device: torch.device, *made) -> None:
-    """The current stream waits for what ``behind`` queued on the side stream, and the
-    tensors in ``made`` (allocated there) are marked as used by the current stream, so
-    their memory is not handed out again before it is done with them."""
-    if not overlaps(device):
-        return
-    main = torch.cuda.current_stream(device)
-    main.wait_stream(_side_stream(device))
-    for t in tensors(made):
-        t.record_stream(main)
