@@ -461,6 +461,18 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s22c)   # session 22: the groups by one kernel (phase1.entry_groups; GROUPS_KERNEL=0: the
+      # torch form, as in session 21), packed or not; the AOTI check with the system compiler
+      run t22c 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "group_layouts or entry_groups or kept or sources or launch_overlap or oracle"
+      cd benchmarks
+      ab="--rows ag --rounds 3 --a phase1.GROUPS_KERNEL=0 GROUP_PACK=0 --b GROUP_PACK=1 --c GROUP_PACK=0"
+      run ab22c_A 150 python3 ab_cuda.py --config A --chunks 64,128 $ab
+      run ab22c_B 80 python3 ab_cuda.py --config B --chunks 128 $ab
+      run ab22c_A256 80 python3 ab_cuda.py --config A --chunks 256 $ab
+      cd ..
+      export CXX=/usr/bin/g++
+      run aoti_poison 300 python3 benchmarks/aoti_poison.py 2 ;;
     s22b)   # session 22: the intermittent AOTI CUDA failure (reads of unwritten memory?);
       # GROUP_PACK alone at A C=64 / 256; the dB launch in Nsight Compute, both layouts
       run aoti_poison 300 python3 benchmarks/aoti_poison.py 3

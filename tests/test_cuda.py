@@ -306,6 +306,19 @@ def test_group_layouts_are_bitwise_equal(walk):
         assert torch.equal(a, b), n
 
 
+def test_entry_groups_kernel_is_the_torch_form():
+    """``phase1.entry_groups`` (one program per segment) gives exactly ``reference_groups``,
+    packed and by position, on a plan with repeated slots and several blocks per segment."""
+    from sdm_inductor.kernels import phase1
+    ins, _, _ = _training_case(torch.bfloat16)
+    pl = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
+        ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 64)
+    for pack in (True, False):
+        got, want = phase1.entry_groups(pl, pack), phase1.reference_groups(pl, pack)
+        for name in ("slot", "length", "n_w", "decay", "tok", "ev", "pos"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (pack, name)
+
+
 @pytest.mark.parametrize("dtype,mode,keep", [(torch.bfloat16, "none", 1),
                                               (torch.bfloat16, "none", 0),
                                               (torch.float32, "bf16", 1),

@@ -1,17 +1,18 @@
-"""``phase1.entry_groups``: the backward's dB groups, with headers by position or packed to
-the front of each segment (``GROUP_PACK``). Pure torch ops: runs on CPU without Triton's
-interpreter; the dB launches that read both layouts are tested against the oracle in
-``test_kernels_interpret.py`` and bitwise against each other in ``test_cuda.py``."""
+"""``phase1.reference_groups`` (the torch form of ``entry_groups``): the backward's dB groups,
+with headers by position or packed to the front of each segment (``GROUP_PACK``). Runs on
+CPU without Triton's interpreter; the kernel is compared against this form in
+``test_kernels_interpret.py`` (``case_entry_groups``), and the dB launches that read both
+layouts against the oracle there and bitwise against each other in ``test_cuda.py``."""
 from __future__ import annotations
 
 import types
 
 import torch
 
-from sdm_inductor.kernels.phase1 import entry_groups
+from sdm_inductor.kernels.phase1 import reference_groups
 
 
-def _plan(B: int, C: int, E: int, seed: int):
+def random_plan(B: int, C: int, E: int, seed: int):
     """A plan's group fields for random groups: each segment's sorted positions cut into
     groups of 1-4 members, ``perm`` a random entry order (fields in entry order, as
     ``phase1.plan`` keeps them)."""
@@ -38,8 +39,8 @@ def _plan(B: int, C: int, E: int, seed: int):
 
 
 def test_packed_headers_are_the_group_starts_in_order():
-    pl = _plan(B=3, C=8, E=5, seed=0)
-    by_pos, packed = entry_groups(pl, pack=False), entry_groups(pl, pack=True)
+    pl = random_plan(B=3, C=8, E=5, seed=0)
+    by_pos, packed = reference_groups(pl, pack=False), reference_groups(pl, pack=True)
     assert torch.equal(by_pos.tok, packed.tok) and torch.equal(by_pos.ev, packed.ev)
     CE = pl.C * pl.E
     for b in range(pl.B):

@@ -30,8 +30,8 @@ def _run(case: str):
 @pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
                                   "column_walk", "step_walk", "step_walk_windows",
-                                  "step_walk_kept", "chunk_start_sources", "phase1_scans",
-                                  "solve_blocks"])
+                                  "step_walk_kept", "chunk_start_sources", "entry_groups",
+                                  "phase1_scans", "solve_blocks"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -469,6 +469,31 @@ def case_chunk_start_sources():
             assert torch.equal(a, b), (mode, n)
     host.CONFIG["SOURCES"] = 1
     assert grads(1, "fp8", torch.bfloat16)[0] == "restored"   # 1: raw logs only
+
+
+def case_entry_groups():
+    """``phase1.entry_groups`` (one program per segment, its positions in blocks) gives
+    exactly ``reference_groups``' torch form, packed and by position: random groups, then
+    a real plan with repeated and out-of-range slots; blocks smaller than a segment, so the
+    running count crosses blocks and the empty headers past the last group span several."""
+    import torch
+    from sdm_inductor.kernels import phase1
+    from sdm_inductor.testing import make_inputs
+    sys.path.insert(0, HERE)
+    from test_groups import random_plan
+    phase1.GROUPS_BLOCK = 16
+    ins = make_inputs(P=2, T=37, W=4, R=3, hd=8, slots_per_stream=10, repeats=True, seed=31)
+    real = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
+        ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 16)
+    for pl in (random_plan(B=3, C=8, E=5, seed=1), real):
+        pl.perm, pl.gs, pl.slot, pl.na, pl.nw = (x.to(torch.int32) for x in
+                                                 (pl.perm, pl.gs, pl.slot, pl.na, pl.nw))
+        pl.decay, pl.ev = pl.decay.float(), pl.ev.float()
+        for pack in (True, False):
+            got, want = phase1.entry_groups(pl, pack), phase1.reference_groups(pl, pack)
+            for name in ("slot", "length", "n_w", "decay", "tok", "ev", "pos"):
+                a, b = getattr(got, name), getattr(want, name)
+                assert a.dtype == b.dtype and torch.equal(a, b), (pack, name)
 
 
 def case_phase1_scans():

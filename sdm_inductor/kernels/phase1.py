@@ -704,11 +704,82 @@ def _search_runs(key: Tensor, slot: Tensor, C: int, W: int, R: int):
             (wperm // W).to(torch.int32), ent.to(torch.int32))
 
 
+# positions per step of ``_entry_groups_kernel``'s walk over a segment; GROUPS_KERNEL=0:
+# ``entry_groups`` takes the torch form (for measurements: ~15 torch ops over the plan)
+GROUPS_BLOCK = 1024
+GROUPS_KERNEL = True
+
+
+@triton.jit
+def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, ev_ptr,
+                         o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok_ptr,
+                         o_ev_ptr, CE, E: tl.constexpr, PACK: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """One segment's ``Groups``: its positions in blocks, in order; with ``PACK`` the
+    group starts of a block go to the next free header columns (a running count and the
+    block's prefix sum), then the columns past the last group get the empty header."""
+    base = tl.program_id(0).to(tl.int64) * CE
+    n = 0   # groups so far
+    f0 = 0
+    while f0 < CE:   # (a runtime bound: a while loop, which the interpreter runs too)
+        pos = f0 + tl.arange(0, BLOCK)
+        m = pos < CE
+        e = tl.load(perm_ptr + base + pos, mask=m, other=0)   # the entry at this position
+        st = m & (tl.load(gs_ptr + base + e, mask=m, other=-1) == pos)
+        tl.store(o_tok_ptr + base + pos, e // E, mask=m)
+        tl.store(o_ev_ptr + base + pos, tl.load(ev_ptr + base + e, mask=m, other=0.0), mask=m)
+        sl = tl.load(slot_ptr + base + e, mask=st, other=-1)
+        na = tl.load(na_ptr + base + e, mask=st, other=0)
+        nw = tl.load(nw_ptr + base + e, mask=st, other=0)
+        dec = tl.where(nw > 0, tl.load(decay_ptr + base + e, mask=st, other=1.0), 1.0)
+        if PACK:
+            col = n + tl.cumsum(st.to(tl.int32), axis=0) - 1
+            hm = st
+            n += tl.sum(st.to(tl.int32), axis=0)
+        else:
+            col = pos
+            hm = m
+        tl.store(o_slot_ptr + base + col, sl, mask=hm)
+        tl.store(o_len_ptr + base + col, na, mask=hm)
+        tl.store(o_nw_ptr + base + col, nw, mask=hm)
+        tl.store(o_decay_ptr + base + col, dec, mask=hm)
+        tl.store(o_pos_ptr + base + col, tl.where(st, pos, -1), mask=hm)
+        f0 += BLOCK
+    if PACK:
+        f0 = n // BLOCK * BLOCK
+        while f0 < CE:   # from the block of the last group on
+            col = f0 + tl.arange(0, BLOCK)
+            em = (col >= n) & (col < CE)
+            tl.store(o_slot_ptr + base + col, tl.full([BLOCK], -1, tl.int32), mask=em)
+            tl.store(o_len_ptr + base + col, tl.zeros([BLOCK], tl.int32), mask=em)
+            tl.store(o_nw_ptr + base + col, tl.zeros([BLOCK], tl.int32), mask=em)
+            tl.store(o_decay_ptr + base + col, tl.full([BLOCK], 1.0, tl.float32), mask=em)
+            tl.store(o_pos_ptr + base + col, tl.full([BLOCK], -1, tl.int32), mask=em)
+            f0 += BLOCK
+
+
 def entry_groups(pl: "Plan", pack: bool = True) -> Groups:
-    """The groups of ``pl`` (``Groups``). ``pack``: their headers packed to the front of
-    each segment's row, so the dB launch's tiles hold only groups (at config A, C=128,
-    ~13 k of a stream's 16 k positions start one) and its programs past the last group
-    skip their work: the launch is bound by instruction issue (NOTES.md run 13)."""
+    """The groups of ``pl`` (``Groups``), one launch of a program per segment. ``pack``:
+    their headers packed to the front of each segment's row, so the dB launch's tiles hold
+    only groups (at config A, C=128, ~13 k of a stream's 16 k positions start one) and its
+    programs past the last group skip their work: the launch is bound by instruction
+    issue (NOTES.md runs 13 and 22). ``reference_groups`` is the same in torch ops."""
+    if not GROUPS_KERNEL:
+        return reference_groups(pl, pack)
+    B, CE = pl.B, pl.C * pl.E
+    dev = pl.perm.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    out = Groups(*(torch.empty(B, CE, **i32) for _ in range(3)),
+                 torch.empty(B, CE, dtype=torch.float32, device=dev), torch.empty(B, CE, **i32),
+                 torch.empty(B, CE, dtype=torch.float32, device=dev), torch.empty(B, CE, **i32))
+    launch(_entry_groups_kernel, (B,), pl.perm, pl.gs, pl.slot, pl.na, pl.nw, pl.decay, pl.ev,
+           out.slot, out.length, out.n_w, out.decay, out.pos, out.tok, out.ev, CE, E=pl.E,
+           PACK=pack, BLOCK=GROUPS_BLOCK, num_warps=4)
+    return out
+
+
+def reference_groups(pl: "Plan", pack: bool = True) -> Groups:
+    """``entry_groups`` in torch ops (the tests' reference)."""
     B, C, E = pl.B, pl.C, pl.E
     CE = C * E
     perm = pl.perm.long()
