@@ -109,7 +109,10 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # GROUP_PACK: the backward's dB groups with their headers packed to the front of each
 # segment (``phase1.entry_groups``), so its tiles hold only groups and the tiles past the
 # last skip their work; 0: headers by position (the dB launch then spends issue slots on
-# the ~20 % of positions at A C=128 where no group starts).
+# the ~20 % of positions at A C=128 where no group starts). Nsight Compute: 34.1 -> 30.3
+# us per dB launch at A C=128; autograd forward + backward against 0 (both by the groups
+# kernel; ratio of the A/B's medians, NOTES.md run 22): 0.997 (A C=64), 0.978 (A C=128),
+# 0.957 (A C=256), 0.996 (B C=128).
 # PDL3_MAX_C: the backward takes PDL=3 only up to this chunk size, 2 above it (autograd
 # forward + backward at A C=256, PDL=2 against 3: 0.967, NOTES.md run 20; at C=128 1.021).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
