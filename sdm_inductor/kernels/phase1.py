@@ -536,9 +536,10 @@ class Groups:
     """The same for all ``C*E`` entries (``[B, C*E]``, ``perm`` order): one group per
     distinct touched slot, write members first; used by the backward's ``dB`` pass.
     The headers (``slot``, ``length``, ``n_w``, ``decay``, ``pos``) are indexed by group:
-    a segment's groups packed to the front of its row in position order, then -1 / 0 /
-    1 (``entry_groups(pack=False)``: by position, -1 where no group starts). ``tok`` and
-    ``ev`` are by position: group ``i``'s members sit at ``pos[i]`` onwards."""
+    a segment's groups packed to the front of its row in position order, then the empty
+    header -1 / 0 / 0 / 1 / -1 (``entry_groups(pack=False)``: by position, the empty header
+    where no group starts). ``tok`` and ``ev`` are by position: group ``i``'s members sit
+    at positions ``pos[i]`` to ``pos[i] + length[i] - 1``."""
     slot: Tensor    # int32 slot of the group, else -1
     length: Tensor  # int32 members (na) of the group, else 0
     n_w: Tensor     # int32 write members of the group
