@@ -30,10 +30,11 @@ def random_plan(B: int, C: int, E: int, seed: int):
             nw[b, pos:pos + n] = int(torch.randint(0, n + 1, (), generator=gen))
             pos += n
     slot = gs * 7 % 1000   # distinct per group within a segment
+    # in entry order and in ``phase1.plan``'s dtypes (int32 indices, fp32 weights)
     to_entries = lambda x: torch.empty_like(x).scatter_(1, perm, x).reshape(B, C, E)
+    ints = (to_entries(x).to(torch.int32) for x in (gs, slot, na, nw))
     return types.SimpleNamespace(
-        B=B, C=C, E=E, perm=perm.to(torch.int32), gs=to_entries(gs), slot=to_entries(slot),
-        na=to_entries(na), nw=to_entries(nw),
+        B=B, C=C, E=E, perm=perm.to(torch.int32), **dict(zip(("gs", "slot", "na", "nw"), ints)),
         decay=to_entries(torch.rand(B, CE, generator=gen)),
         ev=to_entries(torch.randn(B, CE, generator=gen)))
 

@@ -712,6 +712,17 @@ GROUPS_KERNEL = True
 
 
 @triton.jit
+def _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, off, mask, sl, na,
+                   nw, dec, gpos):
+    """Group headers (slot, members, write members, decay, first position) at ``off``."""
+    tl.store(o_slot_ptr + off, sl, mask=mask)
+    tl.store(o_len_ptr + off, na, mask=mask)
+    tl.store(o_nw_ptr + off, nw, mask=mask)
+    tl.store(o_decay_ptr + off, dec, mask=mask)
+    tl.store(o_pos_ptr + off, gpos, mask=mask)
+
+
+@triton.jit
 def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, ev_ptr,
                          o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok_ptr,
                          o_ev_ptr, CE, E: tl.constexpr, PACK: tl.constexpr,
@@ -729,6 +740,7 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         st = m & (tl.load(gs_ptr + base + e, mask=m, other=-1) == pos)
         tl.store(o_tok_ptr + base + pos, e // E, mask=m)
         tl.store(o_ev_ptr + base + pos, tl.load(ev_ptr + base + e, mask=m, other=0.0), mask=m)
+        # where no group starts, the empty header: -1 / 0 / 0 / 1 / -1
         sl = tl.load(slot_ptr + base + e, mask=st, other=-1)
         na = tl.load(na_ptr + base + e, mask=st, other=0)
         nw = tl.load(nw_ptr + base + e, mask=st, other=0)
@@ -740,22 +752,18 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         else:
             col = pos
             hm = m
-        tl.store(o_slot_ptr + base + col, sl, mask=hm)
-        tl.store(o_len_ptr + base + col, na, mask=hm)
-        tl.store(o_nw_ptr + base + col, nw, mask=hm)
-        tl.store(o_decay_ptr + base + col, dec, mask=hm)
-        tl.store(o_pos_ptr + base + col, tl.where(st, pos, -1), mask=hm)
+        _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, base + col, hm,
+                       sl, na, nw, dec, tl.where(st, pos, -1))
         f0 += BLOCK
     if PACK:
         f0 = n // BLOCK * BLOCK
+        none = tl.full([BLOCK], -1, tl.int32)
+        zero = tl.zeros([BLOCK], tl.int32)
         while f0 < CE:   # from the block of the last group on
             col = f0 + tl.arange(0, BLOCK)
-            em = (col >= n) & (col < CE)
-            tl.store(o_slot_ptr + base + col, tl.full([BLOCK], -1, tl.int32), mask=em)
-            tl.store(o_len_ptr + base + col, tl.zeros([BLOCK], tl.int32), mask=em)
-            tl.store(o_nw_ptr + base + col, tl.zeros([BLOCK], tl.int32), mask=em)
-            tl.store(o_decay_ptr + base + col, tl.full([BLOCK], 1.0, tl.float32), mask=em)
-            tl.store(o_pos_ptr + base + col, tl.full([BLOCK], -1, tl.int32), mask=em)
+            _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, base + col,
+                           (col >= n) & (col < CE), none, zero, zero,
+                           tl.full([BLOCK], 1.0, tl.float32), none)
             f0 += BLOCK
 
 
