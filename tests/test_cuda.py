@@ -294,28 +294,30 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
 
 @pytest.mark.parametrize("walk", ["step", "column"])
 def test_group_layouts_are_bitwise_equal(walk):
-    """The dB launches over packed group headers (``GROUP_PACK``, ``phase1.entry_groups``)
-    and over headers by position give bitwise the same gradients: the same sums in the same
-    order, only the tiles that hold them differ."""
+    """The dB launches over split, packed and by-position group headers (``GROUP_PACK``,
+    ``phase1.entry_groups``), with and without the step launch's one-member path
+    (``GROUP_ONE``), give bitwise the same gradients: the same sums in the same order,
+    only the tiles that hold them differ."""
     from sdm_inductor.kernels import host
     ins, dy, dM = _training_case(torch.bfloat16)
     host.CONFIG["WALK"] = walk   # (the autouse fixture restores CONFIG)
     got = {}
-    for pack in (1, 0):
-        host.CONFIG["GROUP_PACK"] = pack
-        got[pack] = _grads(ins, 64, dy, dM)[2]
-    for n, a, b in zip(NAMES, got[1], got[0]):
-        assert torch.equal(a, b), n
+    for pack, one in ((2, 1), (2, 0), (1, 1), (0, 0)):
+        host.CONFIG.update(GROUP_PACK=pack, GROUP_ONE=one)
+        got[pack, one] = _grads(ins, 64, dy, dM)[2]
+    for key in got:
+        for n, a, b in zip(NAMES, got[key], got[0, 0]):
+            assert torch.equal(a, b), (key, n)
 
 
 def test_entry_groups_kernel_is_the_torch_form():
     """``phase1.entry_groups`` (one program per segment) gives exactly ``reference_groups``,
-    packed and by position, on a plan with repeated slots and several blocks per segment."""
+    in its three layouts, on a plan with repeated slots and several blocks per segment."""
     from sdm_inductor.kernels import phase1
     ins, _, _ = _training_case(torch.bfloat16)
     pl = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 64)
-    for pack in (True, False):
+    for pack in (2, 1, 0):
         got, want = phase1.entry_groups(pl, pack), phase1.reference_groups(pl, pack)
         for f in dataclasses.fields(phase1.Groups):
             assert torch.equal(getattr(got, f.name), getattr(want, f.name)), (pack, f.name)

@@ -272,7 +272,8 @@ def case_step_walk():
     products, the backward's windows of partial sums, the undo log, and the
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket; write and dB programs of one and of
-    several column blocks; a bf16 bank (the forward's bf16 delta scratch); the product
+    several column blocks; dB tiles of single members (the launch's one-member path); a
+    bf16 bank (the forward's bf16 delta scratch); the product
     launches in both forms (whole rows before the wait, blocks after it). Three cases
     (``step_walk``, ``step_walk_windows``, ``step_walk_kept``), each its own subprocess: as
     one case the whole ran 577 s on 2 CPU cores, close to ``_run``'s 600 s limit."""
@@ -292,7 +293,9 @@ def case_step_walk():
                        repeats=True, seed=25), 16)
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=28), 16)
-    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=26), 128)
+    # sparse slots (640 entries a chunk over 2000): most dB tiles hold single members
+    # only and take the launch's one-member path (GROUP_ONE), beside tiles of longer groups
+    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=2000, seed=26), 128)
 
 
 def _step_config(two_blocks: bool = False):
@@ -302,8 +305,8 @@ def _step_config(two_blocks: bool = False):
     host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
                        MIX_STEP=0, MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
                        NG_GROUP=8, KW_GROUP=1, CL_GROUP=1, CL_WRITE=1)
-    if two_blocks:
-        host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2)
+    if two_blocks:   # (and two inline dB members: the one-member path differs from them)
+        host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2, KW_GROUP=2)
 
 
 def case_step_walk_windows():
@@ -473,7 +476,8 @@ def case_chunk_start_sources():
 
 def case_entry_groups():
     """``phase1.entry_groups`` (one program per segment, its positions in blocks) gives
-    exactly ``reference_groups``' torch form, packed and by position: random groups, then
+    exactly ``reference_groups``' torch form in its three layouts (split, packed, by
+    position): random groups, then
     a real plan with repeated and out-of-range slots; blocks smaller than a segment, so the
     running count crosses blocks and the empty headers past the last group span several."""
     import dataclasses
@@ -487,7 +491,7 @@ def case_entry_groups():
     real = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 16)
     for pl in (random_plan(B=3, C=8, E=5, seed=1), real):
-        for pack in (True, False):
+        for pack in (2, 1, 0):
             got, want = phase1.entry_groups(pl, pack), phase1.reference_groups(pl, pack)
             for f in dataclasses.fields(phase1.Groups):
                 a, b = getattr(got, f.name), getattr(want, f.name)

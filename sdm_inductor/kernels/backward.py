@@ -130,8 +130,19 @@ def _dev_tile(pe_ptr, off, rows, ents, em, dr0, dyt, W: tl.constexpr):
 def _group_head(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr, gb,
                 f0, CE: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
     """What a dB tile needs before its row loads, independent of the columns: the headers
-    of groups [f0, f0 + NG) (``phase1.Groups``: packed, or by position) and their first
-    ``KW`` members (token, weight, which are live and which are write members)."""
+    of groups [f0, f0 + NG) (``phase1.Groups``, any layout) and their first ``KW``
+    members (``_group_members``)."""
+    pos, sl, ln, nw, dec = _group_headers(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
+                                          gb, f0, CE, NG)
+    tf, wt, mk, isw = _group_members(g_tok_ptr, g_ev_ptr, gb, pos, sl, ln, nw, KW)
+    return pos, sl, ln, nw, dec, tf, wt, mk, isw
+
+
+@triton.jit
+def _group_headers(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, gb, f0,
+                   CE: tl.constexpr, NG: tl.constexpr):
+    """The headers of groups [f0, f0 + NG): first position, slot, members, write members,
+    decay."""
     gi = f0 + tl.arange(0, NG)
     fm = gi < CE
     sl = tl.load(g_slot_ptr + gb + gi, mask=fm, other=-1)
@@ -139,13 +150,20 @@ def _group_head(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_p
     nw = tl.load(g_nw_ptr + gb + gi, mask=fm, other=0)
     dec = tl.load(g_decay_ptr + gb + gi, mask=fm, other=1.0)
     pos = tl.load(g_pos_ptr + gb + gi, mask=fm, other=-1)
+    return pos, sl, ln, nw, dec
+
+
+@triton.jit
+def _group_members(g_tok_ptr, g_ev_ptr, gb, pos, sl, ln, nw, KW: tl.constexpr):
+    """The first ``KW`` members of each group (token, weight, which are live and which are
+    write members)."""
     ks = tl.arange(0, KW)
     mpos = pos[:, None] + ks[None, :]
     mk = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
     tf = tl.load(g_tok_ptr + gb + mpos, mask=mk, other=0)
     wt = tl.load(g_ev_ptr + gb + mpos, mask=mk, other=0.0)
     isw = ks[None, :] < nw[:, None]
-    return pos, sl, ln, nw, dec, tf, wt, mk, isw
+    return tf, wt, mk, isw
 
 
 @triton.jit
@@ -525,7 +543,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     def make(win):   # Phase 1 of a window: independent of the bank
         sl = slice(*win)
         pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
-        return pl, entry_groups(pl, bool(config["GROUP_PACK"]))
+        return pl, entry_groups(pl, config["GROUP_PACK"])
 
     # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
     kept = _kept(step and one_window, P, T, C, W, R)
@@ -533,7 +551,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         from .. import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
-        dv, sums = _reverse(pl, entry_groups(pl, bool(config["GROUP_PACK"])), log, scales, v,
+        dv, sums = _reverse(pl, entry_groups(pl, config["GROUP_PACK"]), log, scales, v,
                             dy, *ctx, vmr=None if kept is None else kept.vmr,
                             sources=chunk_start_sources(pl, S) if by_source else None)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])

@@ -535,11 +535,14 @@ class Runs:
 class Groups:
     """The same for all ``C*E`` entries (``[B, C*E]``, ``perm`` order): one group per
     distinct touched slot, write members first; used by the backward's ``dB`` pass.
-    The headers (``slot``, ``length``, ``n_w``, ``decay``, ``pos``) are indexed by group:
-    a segment's groups packed to the front of its row in position order, then the empty
-    header -1 / 0 / 0 / 1 / -1 (``entry_groups(pack=False)``: by position, the empty header
-    where no group starts). ``tok`` and ``ev`` are by position: group ``i``'s members sit
-    at positions ``pos[i]`` to ``pos[i] + length[i] - 1``."""
+    The headers (``slot``, ``length``, ``n_w``, ``decay``, ``pos``) are indexed by group,
+    in one of ``entry_groups``' layouts (``pack``): 2 (split), the segment's groups of one
+    member packed to the front of its row and the others packed from its end, both in
+    position order (from the end: the last column holds the first of them), the empty
+    header -1 / 0 / 0 / 1 / -1 between; 1 (packed), all groups at the front in position
+    order, then the empty header; 0, by position, the empty header where no group starts.
+    ``tok`` and ``ev`` are by position: group ``i``'s members sit at positions ``pos[i]``
+    to ``pos[i] + length[i] - 1``."""
     slot: Tensor    # int32 slot of the group, else -1
     length: Tensor  # int32 members (na) of the group, else 0
     n_w: Tensor     # int32 write members of the group
@@ -727,11 +730,13 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
                          o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok_ptr,
                          o_ev_ptr, CE, E: tl.constexpr, PACK: tl.constexpr,
                          BLOCK: tl.constexpr):
-    """One segment's ``Groups``: its positions in blocks, in order; with ``PACK`` the
-    group starts of a block go to the next free header columns (a running count and the
-    block's prefix sum), then the columns past the last group get the empty header."""
+    """One segment's ``Groups``: its positions in blocks, in order. ``PACK`` 1: the group
+    starts of a block go to the next free header columns (a running count and the block's
+    prefix sum); 2: the same for groups of one member, and from the row's end for the
+    others (a second count); then the columns between get the empty header."""
     base = tl.program_id(0).to(tl.int64) * CE
-    n = 0   # groups so far
+    n = 0   # groups so far (PACK 2: of one member)
+    n_end = 0   # PACK 2: groups of more members so far
     f0 = 0
     while f0 < CE:   # (a runtime bound: a while loop, which the interpreter runs too)
         pos = f0 + tl.arange(0, BLOCK)
@@ -745,7 +750,15 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         na = tl.load(na_ptr + base + e, mask=st, other=0)
         nw = tl.load(nw_ptr + base + e, mask=st, other=0)
         dec = tl.where(nw > 0, tl.load(decay_ptr + base + e, mask=st, other=1.0), 1.0)
-        if PACK:
+        if PACK == 2:
+            front = st & (na == 1)
+            back = st & (na > 1)
+            col = tl.where(front, n + tl.cumsum(front.to(tl.int32), axis=0) - 1,
+                           CE - n_end - tl.cumsum(back.to(tl.int32), axis=0))
+            hm = st
+            n += tl.sum(front.to(tl.int32), axis=0)
+            n_end += tl.sum(back.to(tl.int32), axis=0)
+        elif PACK == 1:
             col = n + tl.cumsum(st.to(tl.int32), axis=0) - 1
             hm = st
             n += tl.sum(st.to(tl.int32), axis=0)
@@ -755,24 +768,27 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, base + col, hm,
                        sl, na, nw, dec, tl.where(st, pos, -1))
         f0 += BLOCK
-    if PACK:
+    if PACK != 0:
         f0 = n // BLOCK * BLOCK
         none = tl.full([BLOCK], -1, tl.int32)
         zero = tl.zeros([BLOCK], tl.int32)
-        while f0 < CE:   # from the block of the last group on
+        while f0 < CE - n_end:   # from the block of the last front group on
             col = f0 + tl.arange(0, BLOCK)
             _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, base + col,
-                           (col >= n) & (col < CE), none, zero, zero,
+                           (col >= n) & (col < CE - n_end), none, zero, zero,
                            tl.full([BLOCK], 1.0, tl.float32), none)
             f0 += BLOCK
 
 
-def entry_groups(pl: "Plan", pack: bool = True) -> Groups:
-    """The groups of ``pl`` (``Groups``), one launch of a program per segment. ``pack``:
-    their headers packed to the front of each segment's row, so the dB launch's tiles hold
-    only groups (at config A, C=128, ~13 k of a stream's 16 k positions start one) and its
-    programs past the last group skip their work: the launch is bound by instruction
-    issue (NOTES.md runs 13 and 22). ``reference_groups`` is the same in torch ops."""
+def entry_groups(pl: "Plan", pack: int = 2) -> Groups:
+    """The groups of ``pl`` (``Groups``), one launch of a program per segment. ``pack``
+    (``Groups``' layouts): packed headers let the dB launch's tiles hold only groups (at
+    config A, C=128, ~13 k of a stream's 16 k positions start one), and its programs past
+    the last group skip their work: the launch is bound by instruction issue (NOTES.md
+    runs 13 and 22). Split (2), most tiles hold groups of one member only (~80 % of the
+    groups at config A, C=128, ~95 % at B), which the launch sums without a second member's
+    loads or the loop over long groups. ``reference_groups`` is the same in torch ops."""
+    pack = int(pack)
     if not GROUPS_KERNEL:
         return reference_groups(pl, pack)
     B, CE = pl.B, pl.C * pl.E
@@ -787,7 +803,7 @@ def entry_groups(pl: "Plan", pack: bool = True) -> Groups:
     return out
 
 
-def reference_groups(pl: "Plan", pack: bool = True) -> Groups:
+def reference_groups(pl: "Plan", pack: int = 2) -> Groups:
     """``entry_groups`` in torch ops (the tests' reference)."""
     B, C, E = pl.B, pl.C, pl.E
     CE = C * E
@@ -801,10 +817,15 @@ def reference_groups(pl: "Plan", pack: bool = True) -> Groups:
     decay = torch.where(n_w > 0, take(pl.decay), 1.0)
     pos = torch.where(start, at, -1)
     if pack:
-        # a stable partition of each row: group i to column i, the other positions (whose
-        # headers are already -1 / 0 / 0 / 1 / -1) after the last group
-        first = start.cumsum(1) - 1
-        dst = torch.where(start, first, first[:, -1:] + at - first)
+        # a permutation of each row: the front groups to columns 0, 1, ..., the back
+        # groups (pack 2: more than one member) to columns CE - 1, CE - 2, ..., the other
+        # positions (whose headers are already -1 / 0 / 0 / 1 / -1) in between
+        front = start & (length == 1) if int(pack) == 2 else start
+        back = start & ~front
+        n_front = front.sum(1, keepdim=True)
+        rest = ~start
+        dst = torch.where(front, front.cumsum(1) - 1,
+                          torch.where(back, CE - back.cumsum(1), n_front + rest.cumsum(1) - 1))
         slot, length, n_w, decay, pos = (torch.empty_like(x).scatter_(1, dst, x)
                                          for x in (slot, length, n_w, decay, pos))
     return Groups(slot.to(torch.int32), length.to(torch.int32), n_w.to(torch.int32), decay,

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backward import _group_cols, _group_head, _load_log, _qkt_dy
+from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
 from . import graphs
 from .launch import EVICT, Relaunch, pdl, pow2
 from .step import (ROWS_MAX_CP, _block_program, _gather_index, _gather_rows, _grid_dependency,
@@ -382,17 +382,38 @@ def _step_bwd_dev_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr
     _dev_half(rw, pe_ptr, po, dr0, W, WP)
 
 
+@triton.jit
+def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec, p, c,
+                     T, hd, sc, C: tl.constexpr, BD: tl.constexpr, KW: tl.constexpr,
+                     CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr, PDL: tl.constexpr):
+    """A dB tile's first ``KW`` members (Phase 1's: early loads), then ``_group_cols`` in
+    this program's ``CL`` column blocks, one after the other (nothing for an empty tile)."""
+    tf, wt, mk, isw = _group_members(g_tok_ptr, g_ev_ptr, gb, pos, sl, ln, nw, KW)
+    _grid_dependency(PDL == 2)
+    if tl.max(sl, axis=0) >= 0:
+        for j in tl.static_range(CL):
+            cb = tl.program_id(1) * CL + j
+            cols = cb * BD + sc
+            cm = cols < hd
+            scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
+            _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec,
+                        tf, wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
+
+
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
 def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
                            g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
                            E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                            KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                           CL: tl.constexpr = 1, CG: tl.constexpr = ""):
+                           CL: tl.constexpr = 1, CG: tl.constexpr = "",
+                           ONE: tl.constexpr = False):
     """dB of one tile of ``NG`` groups (``phase1.Groups``), in ``CL`` column blocks of ``BD``
     (one after the other): the tile's headers load once for all of them. The launch
     measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
     offsets were most of each program's instructions at one block per program. With
-    packed headers, the tiles past a segment's last group skip the blocks."""
+    packed headers, the tiles past a segment's last group skip the blocks. ``ONE``: a tile
+    whose groups all have one member (most of them, with the split layout) loads one
+    member per group instead of ``KW``, and never enters the loop over longer groups."""
     # PDL == 3: nothing here depends on the launch before (d ev: it writes only its
     # partials, and reads neither dB nor d r0), so the launch runs whole without waiting,
     # reading what the walk wrote through L2 (CG = ".cg"); one program (the last) waits at
@@ -405,18 +426,18 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     f0 = (pid % NGT) * NG
     sc = tl.arange(0, BD)
     gb = (p * NC + c).to(tl.int64) * C * E
-    pos, sl, ln, nw, dec, tf, wt, mk, isw = _group_head(
-        g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr, gb, f0, C * E,
-        NG, KW)
-    _grid_dependency(PDL == 2)   # the group headers are Phase 1's: early loads
-    if tl.max(sl, axis=0) >= 0:
-        for j in tl.static_range(CL):
-            cb = tl.program_id(1) * CL + j
-            cols = cb * BD + sc
-            cm = cols < hd
-            scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
-            _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec,
-                        tf, wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
+    pos, sl, ln, nw, dec = _group_headers(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
+                                          gb, f0, C * E, NG)
+    if ONE:
+        if tl.max(ln, axis=0) <= 1:
+            _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
+                             dec, p, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
+        else:
+            _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
+                             dec, p, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
+    else:
+        _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec,
+                         p, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
     if PDL == 3:
         if (pid == tl.num_programs(0) - 1) & (tl.program_id(1) == tl.num_programs(1) - 1):
             _wait(True)
@@ -496,7 +517,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
                  gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, dr, dy, 0, P, T, hd,
                  NC, C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
-                 num_warps=config["WARPS_GROUP"], num_stages=1, **pd),
+                 ONE=bool(config["GROUP_ONE"]), num_warps=config["WARPS_GROUP"], num_stages=1,
+                 **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
