@@ -137,7 +137,7 @@ def main(dtype="bf16"):
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32), dict(E=W + R, BLK=blk))
-    for pack in (True, False):
+    for pack in (2, 1, 0):
         compile_one(phase1._entry_groups_kernel,
                     dict(perm_ptr=i32, gs_ptr=i32, slot_ptr=i32, na_ptr=i32, nw_ptr=i32,
                          decay_ptr=f32, ev_ptr=f32, o_slot_ptr=i32, o_len_ptr=i32, o_nw_ptr=i32,
