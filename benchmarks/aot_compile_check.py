@@ -103,7 +103,7 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                        g_pos_ptr=i32, g_tok_ptr=i32, g_ev_ptr=f32, dr_ptr=f32, dy_ptr=bank),
                   dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
                        KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"], CG="",
-                       ONE=bool(CFG["GROUP_ONE"])),
+                       ONE=int(CFG["GROUP_ONE"])),
                   CFG["WARPS_GROUP"]),
     }
 

@@ -461,6 +461,23 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s23b)   # session 23: the one-member dB path with all column blocks' loads first and
+      # the first member in the group header (GROUP_ONE=2) against the path of s23a (1)
+      # and session 22's default (packed, no path)
+      run t23b 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "group_layouts or entry_groups"
+      cd benchmarks
+      ab="--rows ag --rounds 3 --a GROUP_PACK=1 GROUP_ONE=0 --b GROUP_PACK=2 GROUP_ONE=2 --c GROUP_PACK=2 GROUP_ONE=1"
+      run ab23b_A 150 python3 ab_cuda.py --config A --chunks 128 $ab
+      run ab23b_B 120 python3 ab_cuda.py --config B --chunks 128 $ab
+      python3 ncu_step.py A 128 PDL=0 > "$OUT/ncu_warm.log" 2>&1
+      run ncu_group_22 90 "$NCU" --profile-from-start off --clock-control none \
+        -k regex:"^_step_bwd_group_kernel" --launch-skip 5 --launch-count 1 \
+        --section SpeedOfLight --section LaunchStats --section SchedulerStats \
+        --section Occupancy --section WarpStateStats \
+        python3 ncu_step.py A 128 PDL=0 GROUP_PACK=2 GROUP_ONE=2
+      grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issued Warp|No Eligible|Registers|Achieved Occ|Stall" "$OUT/ncu_group_22.log"
+      cd .. ;;
     s23a)   # session 23: the dB groups split by length (GROUP_PACK=2) and the dB launch's
       # one-member path (GROUP_ONE); side A is session 22's default (packed, no path)
       run t23a 240 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \

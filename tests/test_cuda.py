@@ -295,14 +295,14 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
 @pytest.mark.parametrize("walk", ["step", "column"])
 def test_group_layouts_are_bitwise_equal(walk):
     """The dB launches over split, packed and by-position group headers (``GROUP_PACK``,
-    ``phase1.entry_groups``), with and without the step launch's one-member path
-    (``GROUP_ONE``), give bitwise the same gradients: the same sums in the same order,
+    ``phase1.entry_groups``), with and without the step launch's one-member paths
+    (``GROUP_ONE`` 1 and 2), give bitwise the same gradients: the same sums in the same order,
     only the tiles that hold them differ."""
     from sdm_inductor.kernels import host
     ins, dy, dM = _training_case(torch.bfloat16)
     host.CONFIG["WALK"] = walk   # (the autouse fixture restores CONFIG)
     got = {}
-    for pack, one in ((2, 1), (2, 0), (1, 1), (0, 0)):
+    for pack, one in ((2, 2), (2, 1), (2, 0), (1, 1), (0, 0)):
         host.CONFIG.update(GROUP_PACK=pack, GROUP_ONE=one)
         got[pack, one] = _grads(ins, 64, dy, dM)[2]
     for key in got:

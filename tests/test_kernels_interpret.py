@@ -272,7 +272,7 @@ def case_step_walk():
     products, the backward's windows of partial sums, the undo log, and the
     delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
     each (stream, column block), picked by a ticket; write and dB programs of one and of
-    several column blocks; dB tiles of single members (the launch's one-member path); a
+    several column blocks; dB tiles of single members (the launch's one-member paths); a
     bf16 bank (the forward's bf16 delta scratch); the product
     launches in both forms (whole rows before the wait, blocks after it). Three cases
     (``step_walk``, ``step_walk_windows``, ``step_walk_kept``), each its own subprocess: as
@@ -306,7 +306,8 @@ def _step_config(two_blocks: bool = False):
                        MIX_STEP=0, MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
                        NG_GROUP=8, KW_GROUP=1, CL_GROUP=1, CL_WRITE=1)
     if two_blocks:   # (and two inline dB members: the one-member path differs from them)
-        host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2, KW_GROUP=2)
+        host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2, KW_GROUP=2,
+                           GROUP_ONE=2)
 
 
 def case_step_walk_windows():

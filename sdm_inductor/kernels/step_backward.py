@@ -400,20 +400,77 @@ def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, l
                         tf, wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
 
 
+@triton.jit
+def _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd, cb, sc, C: tl.constexpr,
+              BD: tl.constexpr, CP: tl.constexpr, CG: tl.constexpr):
+    """A one-member tile's old dB rows and member vectors (``d r0`` of a write member, ``dy``
+    of a read member) in column block ``cb``, as ``_group_cols`` loads them."""
+    cols = cb * BD + sc
+    cm = cols < hd
+    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
+    wm = (sl >= 0)[:, None] & cm[None, :]
+    old = tl.load(dB_ptr + ro, mask=wm, other=0.0, cache_modifier=CG)
+    dr = tl.load(dr_ptr + p.to(tl.int64) * CP * hd + tf[:, None] * hd + cols[None, :],
+                 mask=wm & isw[:, None], other=0.0, cache_modifier=CG)
+    fg = c * C + tf
+    dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, None] * hd + cols[None, :],
+                  mask=wm & ((~isw) & (fg < T))[:, None], other=0.0).to(tl.float32)
+    return ro, wm, old, dr + dyf
+
+
+@triton.jit
+def _one_store(dB_ptr, ro, wm, old, vec, dec, wt):
+    """``_group_cols``' new dB rows for groups of one member: the same terms, in its order."""
+    new = dec[:, None] * old.to(tl.float32) + wt[:, None] * vec
+    tl.store(dB_ptr + ro, new.to(dB_ptr.dtype.element_ty), mask=wm)
+
+
+@triton.jit
+def _one_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, nw, dec, p, c, T, hd, sc,
+              C: tl.constexpr, BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr,
+              CG: tl.constexpr, PDL: tl.constexpr):
+    """A tile of groups of one member (``GROUP_ONE=2``, ``CL`` <= 3): every column block's
+    loads first, then the stores. ``_group_cols`` runs the blocks one after the other: the
+    compiler cannot move a block's loads of ``dB`` above the stores of the block before
+    (they may alias), so a program made ``CL`` round trips to memory; here it makes one."""
+    tl.static_assert(CL <= 3)
+    live = sl >= 0
+    tf = tl.load(g_tok_ptr + gb + pos, mask=live, other=0)
+    wt = tl.load(g_ev_ptr + gb + pos, mask=live, other=0.0)
+    isw = nw > 0
+    _grid_dependency(PDL == 2)
+    if tl.max(sl, axis=0) >= 0:
+        cb = tl.program_id(1) * CL
+        ro0, wm0, old0, v0 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd, cb, sc,
+                                       C, BD, CP, CG)
+        if CL > 1:
+            ro1, wm1, old1, v1 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd,
+                                           cb + 1, sc, C, BD, CP, CG)
+        if CL > 2:
+            ro2, wm2, old2, v2 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd,
+                                           cb + 2, sc, C, BD, CP, CG)
+        _one_store(dB_ptr, ro0, wm0, old0, v0, dec, wt)
+        if CL > 1:
+            _one_store(dB_ptr, ro1, wm1, old1, v1, dec, wt)
+        if CL > 2:
+            _one_store(dB_ptr, ro2, wm2, old2, v2, dec, wt)
+
+
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
 def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
                            g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
                            E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                            KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
                            CL: tl.constexpr = 1, CG: tl.constexpr = "",
-                           ONE: tl.constexpr = False):
+                           ONE: tl.constexpr = 0):
     """dB of one tile of ``NG`` groups (``phase1.Groups``), in ``CL`` column blocks of ``BD``
     (one after the other): the tile's headers load once for all of them. The launch
     measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
     offsets were most of each program's instructions at one block per program. With
     packed headers, the tiles past a segment's last group skip the blocks. ``ONE``: a tile
     whose groups all have one member (most of them, with the split layout) loads one
-    member per group instead of ``KW``, and never enters the loop over longer groups."""
+    member per group instead of ``KW``, and never enters the loop over longer groups (2:
+    and loads all its column blocks before storing any, ``_one_tile``)."""
     # PDL == 3: nothing here depends on the launch before (d ev: it writes only its
     # partials, and reads neither dB nor d r0), so the launch runs whole without waiting,
     # reading what the walk wrote through L2 (CG = ".cg"); one program (the last) waits at
@@ -430,8 +487,12 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                                           gb, f0, C * E, NG)
     if ONE:
         if tl.max(ln, axis=0) <= 1:
-            _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
-                             dec, p, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
+            if (ONE == 2) & (CL <= 3):
+                _one_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, nw, dec, p, c,
+                          T, hd, sc, C, BD, CP, CL, CG, PDL)
+            else:
+                _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln,
+                                 nw, dec, p, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
         else:
             _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
                              dec, p, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
@@ -517,7 +578,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
                  gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, dr, dy, 0, P, T, hd,
                  NC, C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
-                 ONE=bool(config["GROUP_ONE"]), num_warps=config["WARPS_GROUP"], num_stages=1,
+                 ONE=int(config["GROUP_ONE"]), num_warps=config["WARPS_GROUP"], num_stages=1,
                  **pd),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
