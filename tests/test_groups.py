@@ -50,10 +50,13 @@ def test_packed_headers_are_the_group_starts_in_order():
         assert torch.equal(by_pos.pos[b][starts], starts.to(torch.int32))
         assert (by_pos.pos[b][by_pos.slot[b] < 0] == -1).all()
         for name, fill in (("slot", -1), ("length", 0), ("n_w", 0), ("decay", 1.0),
-                           ("pos", -1)):
+                           ("pos", -1), ("tok0", 0), ("ev0", 0.0)):
             a, p = getattr(by_pos, name)[b], getattr(packed, name)[b]
             assert torch.equal(p[:n], a[starts]), name
             assert (p[n:] == fill).all(), name
+        # the first member's token and weight in the header are tok / ev at its position
+        assert torch.equal(packed.tok0[b, :n], packed.tok[b][packed.pos[b, :n].long()])
+        assert torch.equal(packed.ev0[b, :n], packed.ev[b][packed.pos[b, :n].long()])
         # every member position belongs to exactly one packed group
         covered = torch.zeros(CE, dtype=torch.int64)
         for i in range(n):
@@ -77,7 +80,7 @@ def test_split_headers_put_single_members_first_and_the_rest_from_the_end():
         n1, n2 = len(ones), len(longer)
         kinds |= {k for k, n in (("one", n1), ("longer", n2)) if n}
         for name, fill in (("slot", -1), ("length", 0), ("n_w", 0), ("decay", 1.0),
-                           ("pos", -1)):
+                           ("pos", -1), ("tok0", 0), ("ev0", 0.0)):
             a, s = getattr(by_pos, name)[b], getattr(split, name)[b]
             assert torch.equal(s[:n1], a[ones]), name
             assert torch.equal(s[CE - n2:].flip(0), a[longer]), name

@@ -535,11 +535,12 @@ class Runs:
 class Groups:
     """The same for all ``C*E`` entries (``[B, C*E]``, ``perm`` order): one group per
     distinct touched slot, write members first; used by the backward's ``dB`` pass.
-    The headers (``slot``, ``length``, ``n_w``, ``decay``, ``pos``) are indexed by group,
+    The headers (``slot``, ``length``, ``n_w``, ``decay``, ``pos``, ``tok0``, ``ev0``) are
+    indexed by group,
     in one of ``entry_groups``' layouts (``pack``): 2 (split), the segment's groups of one
     member packed to the front of its row and the others packed from its end, both in
     position order (from the end: the last column holds the first of them), the empty
-    header -1 / 0 / 0 / 1 / -1 between; 1 (packed), all groups at the front in position
+    header -1 / 0 / 0 / 1 / -1 / 0 / 0 between; 1 (packed), all groups at the front in position
     order, then the empty header; 0, by position, the empty header where no group starts.
     ``tok`` and ``ev`` are by position: group ``i``'s members sit at positions ``pos[i]``
     to ``pos[i] + length[i] - 1``."""
@@ -550,6 +551,8 @@ class Groups:
     tok: Tensor     # int32 token of the entry at this position
     ev: Tensor      # fp32 ev of the entry at this position
     pos: Tensor     # int32 position of the group's first member, else -1
+    tok0: Tensor    # int32 token of the group's first member (a header: tok[pos]), else 0
+    ev0: Tensor     # fp32 ev of the group's first member (ev[pos]), else 0
 
 
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
@@ -715,21 +718,24 @@ GROUPS_KERNEL = True
 
 
 @triton.jit
-def _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, off, mask, sl, na,
-                   nw, dec, gpos):
-    """Group headers (slot, members, write members, decay, first position) at ``off``."""
+def _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok0_ptr,
+                   o_ev0_ptr, off, mask, sl, na, nw, dec, gpos, tok0, ev0):
+    """Group headers (slot, members, write members, decay, first position, the first
+    member's token and weight) at ``off``."""
     tl.store(o_slot_ptr + off, sl, mask=mask)
     tl.store(o_len_ptr + off, na, mask=mask)
     tl.store(o_nw_ptr + off, nw, mask=mask)
     tl.store(o_decay_ptr + off, dec, mask=mask)
     tl.store(o_pos_ptr + off, gpos, mask=mask)
+    tl.store(o_tok0_ptr + off, tok0, mask=mask)
+    tl.store(o_ev0_ptr + off, ev0, mask=mask)
 
 
 @triton.jit
 def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, ev_ptr,
                          o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok_ptr,
-                         o_ev_ptr, CE, E: tl.constexpr, PACK: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         o_ev_ptr, o_tok0_ptr, o_ev0_ptr, CE, E: tl.constexpr,
+                         PACK: tl.constexpr, BLOCK: tl.constexpr):
     """One segment's ``Groups``: its positions in blocks, in order. ``PACK`` 1: the group
     starts of a block go to the next free header columns (a running count and the block's
     prefix sum); 2: the same for groups of one member, and from the row's end for the
@@ -743,9 +749,11 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         m = pos < CE
         e = tl.load(perm_ptr + base + pos, mask=m, other=0)   # the entry at this position
         st = m & (tl.load(gs_ptr + base + e, mask=m, other=-1) == pos)
-        tl.store(o_tok_ptr + base + pos, e // E, mask=m)
-        tl.store(o_ev_ptr + base + pos, tl.load(ev_ptr + base + e, mask=m, other=0.0), mask=m)
-        # where no group starts, the empty header: -1 / 0 / 0 / 1 / -1
+        tok = e // E
+        ev = tl.load(ev_ptr + base + e, mask=m, other=0.0)
+        tl.store(o_tok_ptr + base + pos, tok, mask=m)
+        tl.store(o_ev_ptr + base + pos, ev, mask=m)
+        # where no group starts, the empty header: -1 / 0 / 0 / 1 / -1 / 0 / 0
         sl = tl.load(slot_ptr + base + e, mask=st, other=-1)
         na = tl.load(na_ptr + base + e, mask=st, other=0)
         nw = tl.load(nw_ptr + base + e, mask=st, other=0)
@@ -765,8 +773,9 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         else:
             col = pos
             hm = m
-        _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, base + col, hm,
-                       sl, na, nw, dec, tl.where(st, pos, -1))
+        _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok0_ptr,
+                       o_ev0_ptr, base + col, hm, sl, na, nw, dec, tl.where(st, pos, -1),
+                       tl.where(st, tok, 0), tl.where(st, ev, 0.0))
         f0 += BLOCK
     if PACK != 0:
         f0 = n // BLOCK * BLOCK
@@ -774,9 +783,10 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         zero = tl.zeros([BLOCK], tl.int32)
         while f0 < CE - n_end:   # from the block of the last front group on
             col = f0 + tl.arange(0, BLOCK)
-            _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, base + col,
-                           (col >= n) & (col < CE - n_end), none, zero, zero,
-                           tl.full([BLOCK], 1.0, tl.float32), none)
+            _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok0_ptr,
+                           o_ev0_ptr, base + col, (col >= n) & (col < CE - n_end), none, zero,
+                           zero, tl.full([BLOCK], 1.0, tl.float32), none, zero,
+                           tl.zeros([BLOCK], tl.float32))
             f0 += BLOCK
 
 
@@ -794,12 +804,13 @@ def entry_groups(pl: "Plan", pack: int = 2) -> Groups:
     B, CE = pl.B, pl.C * pl.E
     dev = pl.perm.device
     i32 = dict(dtype=torch.int32, device=dev)
-    out = Groups(*(torch.empty(B, CE, **i32) for _ in range(3)),
-                 torch.empty(B, CE, dtype=torch.float32, device=dev), torch.empty(B, CE, **i32),
-                 torch.empty(B, CE, dtype=torch.float32, device=dev), torch.empty(B, CE, **i32))
+    f32 = dict(dtype=torch.float32, device=dev)
+    out = Groups(*(torch.empty(B, CE, **i32) for _ in range(3)), torch.empty(B, CE, **f32),
+                 torch.empty(B, CE, **i32), torch.empty(B, CE, **f32), torch.empty(B, CE, **i32),
+                 torch.empty(B, CE, **i32), torch.empty(B, CE, **f32))
     launch(_entry_groups_kernel, (B,), pl.perm, pl.gs, pl.slot, pl.na, pl.nw, pl.decay, pl.ev,
-           out.slot, out.length, out.n_w, out.decay, out.pos, out.tok, out.ev, CE, E=pl.E,
-           PACK=pack, BLOCK=GROUPS_BLOCK, num_warps=4)
+           out.slot, out.length, out.n_w, out.decay, out.pos, out.tok, out.ev, out.tok0,
+           out.ev0, CE, E=pl.E, PACK=pack, BLOCK=GROUPS_BLOCK, num_warps=4)
     return out
 
 
@@ -816,6 +827,8 @@ def reference_groups(pl: "Plan", pack: int = 2) -> Groups:
     n_w = torch.where(start, take(pl.nw), 0)
     decay = torch.where(n_w > 0, take(pl.decay), 1.0)
     pos = torch.where(start, at, -1)
+    tok, ev = perm // E, take(pl.ev)
+    tok0, ev0 = torch.where(start, tok, 0), torch.where(start, ev, 0.0)
     if pack:
         # a permutation of each row: the front groups to columns 0, 1, ..., the back
         # groups (pack 2: more than one member) to columns CE - 1, CE - 2, ..., the other
@@ -826,10 +839,11 @@ def reference_groups(pl: "Plan", pack: int = 2) -> Groups:
         rest = ~start
         dst = torch.where(front, front.cumsum(1) - 1,
                           torch.where(back, CE - back.cumsum(1), n_front + rest.cumsum(1) - 1))
-        slot, length, n_w, decay, pos = (torch.empty_like(x).scatter_(1, dst, x)
-                                         for x in (slot, length, n_w, decay, pos))
-    return Groups(slot.to(torch.int32), length.to(torch.int32), n_w.to(torch.int32), decay,
-                  (perm // E).to(torch.int32), take(pl.ev), pos.to(torch.int32))
+        slot, length, n_w, decay, pos, tok0, ev0 = (
+            torch.empty_like(x).scatter_(1, dst, x)
+            for x in (slot, length, n_w, decay, pos, tok0, ev0))
+    i32 = lambda x: x.to(torch.int32)
+    return Groups(i32(slot), i32(length), i32(n_w), decay, i32(tok), ev, i32(pos), i32(tok0), ev0)
 
 
 def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):

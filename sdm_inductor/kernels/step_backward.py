@@ -426,17 +426,16 @@ def _one_store(dB_ptr, ro, wm, old, vec, dec, wt):
 
 
 @triton.jit
-def _one_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, nw, dec, p, c, T, hd, sc,
-              C: tl.constexpr, BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr,
-              CG: tl.constexpr, PDL: tl.constexpr):
-    """A tile of groups of one member (``GROUP_ONE=2``, ``CL`` <= 3): every column block's
-    loads first, then the stores. ``_group_cols`` runs the blocks one after the other: the
-    compiler cannot move a block's loads of ``dB`` above the stores of the block before
-    (they may alias), so a program made ``CL`` round trips to memory; here it makes one."""
+def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, c, T, hd, sc, C: tl.constexpr,
+              BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr,
+              PDL: tl.constexpr):
+    """A tile of groups of one member (``GROUP_ONE=2``, ``CL`` <= 3), whose token ``tf`` and
+    weight ``wt`` came with the headers (``Groups.tok0`` / ``ev0``: no dependent round trip
+    through ``pos``): every column block's loads first, then the stores. ``_group_cols``
+    runs the blocks one after the other: the compiler cannot move a block's loads of ``dB``
+    above the stores of the block before (they may alias), so a program made ``CL`` round
+    trips to memory; here it makes one."""
     tl.static_assert(CL <= 3)
-    live = sl >= 0
-    tf = tl.load(g_tok_ptr + gb + pos, mask=live, other=0)
-    wt = tl.load(g_ev_ptr + gb + pos, mask=live, other=0.0)
     isw = nw > 0
     _grid_dependency(PDL == 2)
     if tl.max(sl, axis=0) >= 0:
@@ -458,7 +457,8 @@ def _one_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, nw, dec,
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
 def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
-                           g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, c, P, T, hd, NC, C: tl.constexpr,
+                           g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, P, T, hd,
+                           NC, C: tl.constexpr,
                            E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                            KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
                            CL: tl.constexpr = 1, CG: tl.constexpr = "",
@@ -485,11 +485,15 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     gb = (p * NC + c).to(tl.int64) * C * E
     pos, sl, ln, nw, dec = _group_headers(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
                                           gb, f0, C * E, NG)
+    if ONE == 2:   # the first members with the headers (one round trip for all of them)
+        gi = f0 + tl.arange(0, NG)
+        tf0 = tl.load(g_tok0_ptr + gb + gi, mask=gi < C * E, other=0)
+        wt0 = tl.load(g_ev0_ptr + gb + gi, mask=gi < C * E, other=0.0)
     if ONE:
         if tl.max(ln, axis=0) <= 1:
             if (ONE == 2) & (CL <= 3):
-                _one_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, nw, dec, p, c,
-                          T, hd, sc, C, BD, CP, CL, CG, PDL)
+                _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf0, wt0, p, c, T, hd, sc, C, BD,
+                          CP, CL, CG, PDL)
             else:
                 _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln,
                                  nw, dec, p, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
@@ -576,7 +580,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  hd, width, NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                  CG=cg, QMODE=qmode, SRC=src, num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
-                 gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, dr, dy, 0, P, T, hd,
+                 gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0, dr,
+                 dy, 0, P, T, hd,
                  NC, C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
                  ONE=int(config["GROUP_ONE"]), num_warps=config["WARPS_GROUP"], num_stages=1,
                  **pd),
