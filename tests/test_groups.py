@@ -64,10 +64,10 @@ def test_packed_headers_are_the_group_starts_in_order():
         assert (covered == 1).all()
 
 
-def test_split_headers_put_single_members_first_and_the_rest_from_the_end():
-    """``pack=2``: groups of one member packed to the front in position order, the longer
-    ones from the row's end (the last column holds the first of them), empty headers
-    between; the same groups as by position, and tok / ev untouched."""
+def test_split_headers_put_longer_groups_first_and_single_members_from_the_end():
+    """``pack=2``: groups of several members packed to the front in position order, those
+    of one member from the row's end (the last column holds the first of them), empty
+    headers between; the same groups as by position, and tok / ev untouched."""
     pl = random_plan(B=3, C=8, E=5, seed=1)
     by_pos, split = reference_groups(pl, pack=0), reference_groups(pl, pack=2)
     assert torch.equal(by_pos.tok, split.tok) and torch.equal(by_pos.ev, split.ev)
@@ -75,15 +75,15 @@ def test_split_headers_put_single_members_first_and_the_rest_from_the_end():
     kinds = set()
     for b in range(pl.B):
         starts = torch.nonzero(by_pos.slot[b] >= 0).flatten()
-        ones = starts[by_pos.length[b][starts] == 1]
         longer = starts[by_pos.length[b][starts] > 1]
-        n1, n2 = len(ones), len(longer)
-        kinds |= {k for k, n in (("one", n1), ("longer", n2)) if n}
+        ones = starts[by_pos.length[b][starts] == 1]
+        n1, n2 = len(longer), len(ones)
+        kinds |= {k for k, n in (("longer", n1), ("one", n2)) if n}
         for name, fill in (("slot", -1), ("length", 0), ("n_w", 0), ("decay", 1.0),
                            ("pos", -1), ("tok0", 0), ("ev0", 0.0)):
             a, s = getattr(by_pos, name)[b], getattr(split, name)[b]
-            assert torch.equal(s[:n1], a[ones]), name
-            assert torch.equal(s[CE - n2:].flip(0), a[longer]), name
+            assert torch.equal(s[:n1], a[longer]), name
+            assert torch.equal(s[CE - n2:].flip(0), a[ones]), name
             assert (s[n1:CE - n2] == fill).all(), name
-        assert (split.length[b][:n1] == 1).all() and (split.length[b][CE - n2:] > 1).all()
+        assert (split.length[b][:n1] > 1).all() and (split.length[b][CE - n2:] == 1).all()
     assert kinds == {"one", "longer"}   # random_plan made both kinds

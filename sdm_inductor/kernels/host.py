@@ -54,7 +54,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=1,
+              CL_GROUP=3, CL_WRITE=1, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
               WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
@@ -113,9 +113,14 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # us per dB launch at A C=128; autograd forward + backward against 0 (both by the groups
 # kernel; ratio of the A/B's medians, NOTES.md run 22): 0.997 (A C=64), 0.978 (A C=128),
 # 0.957 (A C=256), 0.996 (B C=128).
-# GROUP_PACK=2 (split): the groups of one member packed to the front, the others from the
-# end, so that with GROUP_ONE most dB tiles hold single members only and take the launch's
-# one-member path (one member's loads instead of KW_GROUP's, no loop over long groups).
+# GROUP_PACK=2 (split): the groups of several members packed to the front, those of one
+# member from the end, so that with GROUP_ONE most dB tiles hold single members only and
+# take the launch's one-member path (one member's loads instead of KW_GROUP's, no loop over
+# long groups; 2: also every column block's loads before the stores, and the member with
+# the headers, ``Groups.tok0`` / ``ev0``). Nsight Compute, the dB launch at A C=128
+# (``PDL=0``): 31.1 us packed, 29.0 split with GROUP_ONE=1, 27.1 with 2. Autograd forward
+# + backward against session 22's packed headers (NOTES.md run 23): GROUP_ONE=1 0.989
+# (A C=128), 0.995 (B C=128); 2: 0.970, 0.960.
 # PDL3_MAX_C: the backward takes PDL=3 only up to this chunk size, 2 above it (autograd
 # forward + backward at A C=256, PDL=2 against 3: 0.967, NOTES.md run 20; at C=128 1.021).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
