@@ -87,3 +87,48 @@ def test_split_headers_put_longer_groups_first_and_single_members_from_the_end()
             assert (s[n1:CE - n2] == fill).all(), name
         assert (split.length[b][:n1] > 1).all() and (split.length[b][CE - n2:] == 1).all()
     assert kinds == {"one", "longer"}   # random_plan made both kinds
+
+
+def random_runs(B: int, CW: int, seed: int):
+    """``phase1.Runs`` of random runs of 1-3 members (a run's slot and length at its first
+    position, -1 / 0 elsewhere), some positions left empty (masked writes)."""
+    from sdm_inductor.kernels.phase1 import Runs
+    gen = torch.Generator().manual_seed(seed)
+    slot = torch.full((B, CW), -1, dtype=torch.int32)
+    length = torch.zeros(B, CW, dtype=torch.int32)
+    for b in range(B):
+        pos = 0
+        while pos < CW:
+            n = min(CW - pos, int(torch.randint(1, 4, (), generator=gen)))
+            if torch.rand((), generator=gen) < 0.9:   # else: n positions without a run
+                slot[b, pos], length[b, pos] = pos * 3 % 997, n
+            pos += n
+    tok = torch.randint(0, 16, (B, CW), generator=gen, dtype=torch.int32)
+    return Runs(slot, length, torch.rand(B, CW, generator=gen), tok,
+                torch.randn(B, CW, generator=gen))
+
+
+def test_run_headers_split_the_runs_as_the_groups():
+    """``phase1.RunHeaders``: runs of several members at the front in position order, runs
+    of one from the end, empty headers between; each header's position is its run's start
+    (its undo-log row) and its first member's token and coefficient are the run's."""
+    from sdm_inductor.kernels.phase1 import reference_run_headers
+    runs = random_runs(B=3, CW=40, seed=2)
+    hr = reference_run_headers(runs)
+    CW = runs.slot.shape[1]
+    for b in range(3):
+        starts = torch.nonzero(runs.slot[b] >= 0).flatten()
+        longer = starts[runs.length[b][starts] > 1]
+        ones = starts[runs.length[b][starts] == 1]
+        n1, n2 = len(longer), len(ones)
+        assert n1 and n2
+        want = dict(slot=runs.slot[b], length=runs.length[b], decay=runs.decay[b],
+                    pos=torch.arange(CW, dtype=torch.int32), tok0=runs.tok[b],
+                    coef0=runs.coef[b])
+        fills = dict(slot=-1, length=0, decay=1.0, pos=-1, tok0=0, coef0=0.0)
+        for name, full in want.items():
+            got = getattr(hr, name)[b]
+            assert got.dtype == full.dtype, name
+            assert torch.equal(got[:n1], full[longer]), name
+            assert torch.equal(got[CW - n2:].flip(0), full[ones]), name
+            assert (got[n1:CW - n2] == fills[name]).all(), name

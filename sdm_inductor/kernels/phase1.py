@@ -854,6 +854,97 @@ def reference_groups(pl: "Plan", pack: int = 2) -> Groups:
     return Groups(i32(slot), i32(length), i32(n_w), decay, i32(tok), ev, i32(pos), i32(tok0), ev0)
 
 
+@dataclass
+class RunHeaders:
+    """``Runs``' headers split as ``Groups``' (``entry_groups(pack=2)``), for the step walk's
+    write launch: per segment (``[B, C*W]``), the runs of several members packed to the
+    front in position order, those of one member from the end, the empty header
+    -1 / 0 / 1 / -1 / 0 / 0 between. The members stay in ``Runs.tok`` / ``Runs.coef`` (by
+    position: run ``i``'s at ``pos[i]`` to ``pos[i] + length[i] - 1``); ``pos[i]`` is
+    also the run's row of the segment's undo log, as for headers by position."""
+    slot: Tensor    # int32 slot of the run, else -1
+    length: Tensor  # int32 members, else 0
+    decay: Tensor   # fp32 exp(gend) of the slot, else 1
+    pos: Tensor     # int32 position of the run's first member, else -1
+    tok0: Tensor    # int32 token of the run's first member, else 0
+    coef0: Tensor   # fp32 coef of the run's first member, else 0
+
+
+@triton.jit
+def _run_headers_kernel(slot_ptr, len_ptr, decay_ptr, tok_ptr, coef_ptr, o_slot_ptr, o_len_ptr,
+                        o_decay_ptr, o_pos_ptr, o_tok0_ptr, o_coef0_ptr, CW,
+                        BLOCK: tl.constexpr):
+    """One segment's ``RunHeaders``, as ``_entry_groups_kernel``'s split layout: its
+    positions in blocks, in order, two running counts and each block's prefix sums."""
+    base = tl.program_id(0).to(tl.int64) * CW
+    n = 0       # runs of several members so far (from the front)
+    n_end = 0   # runs of one member so far (from the end)
+    f0 = 0
+    while f0 < CW:   # (a runtime bound: a while loop, which the interpreter runs too)
+        pos = f0 + tl.arange(0, BLOCK)
+        m = pos < CW
+        sl = tl.load(slot_ptr + base + pos, mask=m, other=-1)
+        ln = tl.load(len_ptr + base + pos, mask=m, other=0)
+        st = sl >= 0
+        front = st & (ln > 1)
+        back = st & (ln == 1)
+        col = tl.where(front, n + tl.cumsum(front.to(tl.int32), axis=0) - 1,
+                       CW - n_end - tl.cumsum(back.to(tl.int32), axis=0))
+        off = base + col
+        tl.store(o_slot_ptr + off, sl, mask=st)
+        tl.store(o_len_ptr + off, ln, mask=st)
+        tl.store(o_decay_ptr + off, tl.load(decay_ptr + base + pos, mask=st, other=1.0), mask=st)
+        tl.store(o_pos_ptr + off, pos, mask=st)
+        tl.store(o_tok0_ptr + off, tl.load(tok_ptr + base + pos, mask=st, other=0), mask=st)
+        tl.store(o_coef0_ptr + off, tl.load(coef_ptr + base + pos, mask=st, other=0.0), mask=st)
+        n += tl.sum(front.to(tl.int32), axis=0)
+        n_end += tl.sum(back.to(tl.int32), axis=0)
+        f0 += BLOCK
+    f0 = n // BLOCK * BLOCK
+    while f0 < CW - n_end:   # the empty headers between
+        col = f0 + tl.arange(0, BLOCK)
+        em = (col >= n) & (col < CW - n_end)
+        off = base + col
+        tl.store(o_slot_ptr + off, tl.full([BLOCK], -1, tl.int32), mask=em)
+        tl.store(o_len_ptr + off, tl.zeros([BLOCK], tl.int32), mask=em)
+        tl.store(o_decay_ptr + off, tl.full([BLOCK], 1.0, tl.float32), mask=em)
+        tl.store(o_pos_ptr + off, tl.full([BLOCK], -1, tl.int32), mask=em)
+        tl.store(o_tok0_ptr + off, tl.zeros([BLOCK], tl.int32), mask=em)
+        tl.store(o_coef0_ptr + off, tl.zeros([BLOCK], tl.float32), mask=em)
+        f0 += BLOCK
+
+
+def run_headers(runs: Runs) -> RunHeaders:
+    """``RunHeaders`` of ``runs`` (``[B, C*W]``), one launch of a program per segment."""
+    B, CW = runs.slot.shape
+    dev = runs.slot.device
+    i32, f32 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float32, device=dev)
+    out = RunHeaders(torch.empty(B, CW, **i32), torch.empty(B, CW, **i32),
+                     torch.empty(B, CW, **f32), torch.empty(B, CW, **i32),
+                     torch.empty(B, CW, **i32), torch.empty(B, CW, **f32))
+    launch(_run_headers_kernel, (B,), runs.slot, runs.length, runs.decay, runs.tok, runs.coef,
+           out.slot, out.length, out.decay, out.pos, out.tok0, out.coef0, CW,
+           BLOCK=GROUPS_BLOCK, num_warps=4)
+    return out
+
+
+def reference_run_headers(runs: Runs) -> RunHeaders:
+    """``run_headers`` in torch ops (the tests' reference)."""
+    B, CW = runs.slot.shape
+    at = torch.arange(CW, device=runs.slot.device).expand(B, CW)
+    start = runs.slot >= 0
+    front, back = start & (runs.length > 1), start & (runs.length == 1)
+    rest = ~start
+    dst = torch.where(front, front.cumsum(1) - 1,
+                      torch.where(back, CW - back.cumsum(1),
+                                  front.sum(1, keepdim=True) + rest.cumsum(1) - 1))
+    fields = (torch.where(start, runs.slot, -1), torch.where(start, runs.length, 0),
+              torch.where(start, runs.decay, 1.0), torch.where(start, at, -1),
+              torch.where(start, runs.tok, 0), torch.where(start, runs.coef, 0.0))
+    out = (torch.empty_like(x).scatter_(1, dst, x) for x in fields)
+    return RunHeaders(*(x.to(torch.int32) if x.dtype != torch.float32 else x for x in out))
+
+
 def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):
     """Dense keys, masks and sort keys of every entry, and the padded per-token write
     strength ``[P, Tp]``; returns ``(slot, val, gate, key, first, NC, beta)``.
