@@ -310,28 +310,6 @@ def test_group_layouts_are_bitwise_equal(walk):
             assert torch.equal(a, b), (key, n)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("sparse", [True, False])
-def test_one_member_paths_are_bitwise_equal(dtype, sparse):
-    """The write launch over split run headers (``RUN_ONE``) and the dB launch's one-member
-    path over split groups (``GROUP_ONE=2``) give bitwise the readings, final bank and
-    gradients of the launches over headers by position / packed: the same terms in the
-    same order. Sparse slots: most tiles take the one-member paths."""
-    from sdm_inductor.kernels import host
-    slots = 8192 if sparse else 256
-    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=slots,
-                  per_write_gate=True, repeats=not sparse)
-    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
-    dM = torch.randn_like(ins.bank)
-    got = {}
-    for one in (1, 0):
-        host.CONFIG.update(RUN_ONE=one, GROUP_PACK=2 if one else 1, GROUP_ONE=2 * one)
-        y, M, g = _grads(ins, 64, dy, dM)
-        got[one] = (y, M, *g)
-    for n, a, b in zip(("readings", "final bank", *NAMES), got[1], got[0]):
-        assert torch.equal(a, b), n
-
-
 def test_entry_groups_kernel_is_the_torch_form():
     """``phase1.entry_groups`` (one program per segment) gives exactly ``reference_groups``,
     in its three layouts, on a plan with repeated slots and several blocks per segment."""

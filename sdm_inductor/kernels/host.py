@@ -20,7 +20,7 @@ from .. import quant
 from . import backward as bwd
 from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
-from .phase1 import plan, prep, run_headers
+from .phase1 import plan, prep
 from . import graphs, plan_graph
 from .pipeline import ahead, token_windows
 from .quantize import pack_log
@@ -54,7 +54,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2, RUN_ONE=1,
+              CL_GROUP=3, CL_WRITE=1, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
               WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
@@ -121,10 +121,6 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # (``PDL=0``): 31.1 us packed, 29.0 split with GROUP_ONE=1, 27.1 with 2. Autograd forward
 # + backward against session 22's packed headers (NOTES.md run 23): GROUP_ONE=1 0.989
 # (A C=128), 0.995 (B C=128); 2: 0.970, 0.960.
-# RUN_ONE: the forward step walk's write launch over ``phase1.RunHeaders`` (runs of several
-# members first, those of one from the end; one launch per window, ``run_headers``): a tile
-# of one-member runs (most, at sparse writes) loads one member, with its headers, and never
-# enters the loop over longer runs (as GROUP_ONE for the dB launch). 0: headers by position.
 # PDL3_MAX_C: the backward takes PDL=3 only up to this chunk size, 2 above it (autograd
 # forward + backward at A C=256, PDL=2 against 3: 0.967, NOTES.md run 20; at C=128 1.021).
 # PLAN_AHEAD=0: the windows' Phase 1 on the current stream (no overlap; for measurements).
@@ -269,15 +265,10 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                    ROWS=bool(CONFIG["MIX_ROWS"]) and CP <= ROWS_MAX_CP,
                    num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
     CLW = min(CONFIG["CL_WRITE"], NCBW)   # column blocks per write program
-    one = bool(CONFIG["RUN_ONE"])
-    # the split run headers (phase1.RunHeaders); without RUN_ONE the launch ignores them
-    hr = run_headers(ru) if one else ru
-    heads = (hr.slot, hr.length, hr.decay, hr.pos if one else ru.slot,
-             hr.tok0 if one else ru.tok, hr.coef0 if one else ru.coef)
     write = Relaunch(_step_write_kernel, (P * nrt, -(-NCBW // CLW)), "c", bank, delta, ru.slot,
-                     ru.length, ru.decay, ru.tok, ru.coef, *heads, saved, 0, P, hd, NC, C=C, W=W,
-                     BD=BDW, NG=NG, KW=CONFIG["KW_STEP"], CP=CP, SAVE=save,
-                     EV=EVICT[CONFIG["EV_WO"]], CL=CLW, ONE=one,
+                     ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,
+                     NG=NG, KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, EV=EVICT[CONFIG["EV_WO"]],
+                     CL=CLW,
                      num_warps=CONFIG["WARPS_STEP_W"],
                      num_stages=1, **pd)
     def body():

@@ -68,7 +68,7 @@ def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_
 
 
 @triton.jit
-def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, pos, sl, ln, dec, tk, cf, cols,
+def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
                 cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
                 BD: tl.constexpr, SAVE: tl.constexpr, DS, EV: tl.constexpr):
     """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
@@ -76,8 +76,8 @@ def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, pos, sl, ln, dec
     round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
     ``SAVE`` the old rows go to the undo log at the run's start position (``lb``: the
     segment's first log row; the log is chunk-major, the run arrays stream-major).
-    ``scr_d + tok * DS + sc`` holds token ``tok``'s delta for the tile's columns. ``pos``:
-    each header's position, its run's first (``f0 + arange(NG)`` for headers by position)."""
+    ``scr_d + tok * DS + sc`` holds token ``tok``'s delta for the tile's columns."""
+    pos = f0 + tl.arange(0, NG)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
     old = tl.load(bank_ptr + ro, mask=wm, other=0.0, eviction_policy=EV)
@@ -221,15 +221,13 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
                         run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
                         f0 + NG, C * W, NG, KW)
-                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb,
-                                f0 + tl.arange(0, NG), sl, ln, dec, tk, cf, cols, cm, sc, hd,
-                                log_ptr, lb, NG, KW, BD, SAVE, BD, "")
+                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
                     sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
                 else:
                     sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
                                                       run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
-                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb,
-                                f0 + tl.arange(0, NG), sl, ln, dec, tk, cf, cols, cm, sc, hd,
-                                log_ptr, lb, NG, KW, BD, SAVE, BD, "")
+                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
         tl.debug_barrier()
         c += 1

@@ -260,42 +260,14 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                  TB, CP, PREC)
 
 
-@triton.jit
-def _write_one_tile(bank_ptr, d_ptr, sl, dec, pos, tk0, cf0, p, hd, sc, log_ptr, lb,
-                    CP: tl.constexpr, BD: tl.constexpr, CL: tl.constexpr, SAVE: tl.constexpr,
-                    EV: tl.constexpr):
-    """``_write_tile`` for a tile of runs of one member each (``RUN_ONE``), whose token and
-    coefficient came with the headers (``phase1.RunHeaders``): the same terms in the same
-    order, without a second member's loads or the loop over longer runs."""
-    for j in tl.static_range(CL):
-        cb = tl.program_id(1) * CL + j
-        cols = cb * BD + sc
-        cm = cols < hd
-        ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-        wm = (sl >= 0)[:, None] & cm[None, :]
-        old = tl.load(bank_ptr + ro, mask=wm, other=0.0, eviction_policy=EV)
-        if SAVE:
-            tl.store(log_ptr + (lb + pos).to(tl.int64)[:, None] * hd + cols[None, :],
-                     old.to(log_ptr.dtype.element_ty), mask=wm)
-        dd = tl.load(d_ptr + (p.to(tl.int64) * CP + tk0)[:, None] * hd + cols[None, :],
-                     mask=wm, other=0.0)
-        acc = cf0[:, None] * dd
-        new = dec[:, None] * old.to(tl.float32) + acc
-        tl.store(bank_ptr + ro, new.to(bank_ptr.dtype.element_ty), mask=wm)
-
-
 @triton.jit(do_not_specialize=["c", "P", "NC"])
 def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
-                       run_coef_ptr, h_slot_ptr, h_len_ptr, h_decay_ptr, h_pos_ptr, h_tok0_ptr,
-                       h_coef0_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
+                       run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
                        BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
                        SAVE: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
-                       CL: tl.constexpr = 1, ONE: tl.constexpr = False):
+                       CL: tl.constexpr = 1):
     """The runs of one tile of ``NG`` write positions, in ``CL`` column blocks of ``BD`` one
-    after the other: the run headers load once for all of them (as the dB launch).
-    ``ONE``: the tile's headers are ``phase1.RunHeaders`` (``h_*``: runs of several
-    members first, then those of one), and a tile of one-member runs only (most of them,
-    at sparse writes) takes ``_write_one_tile``."""
+    after the other: the run headers load once for all of them (as the dB launch)."""
     _grid_dependency(PDL == 1)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
@@ -305,46 +277,13 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
     sc = tl.arange(0, BD)
     rb = b.to(tl.int64) * C * W
     lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
-    if ONE:
-        gi = f0 + tl.arange(0, NG)
-        fm = gi < C * W
-        sl = tl.load(h_slot_ptr + rb + gi, mask=fm, other=-1)
-        ln = tl.load(h_len_ptr + rb + gi, mask=fm, other=0)
-        dec = tl.load(h_decay_ptr + rb + gi, mask=fm, other=1.0)
-        pos = tl.load(h_pos_ptr + rb + gi, mask=fm, other=-1)
-        if tl.max(ln, axis=0) <= 1:
-            tk0 = tl.load(h_tok0_ptr + rb + gi, mask=fm, other=0)
-            cf0 = tl.load(h_coef0_ptr + rb + gi, mask=fm, other=0.0)
-            _grid_dependency(PDL >= 2)   # the run headers are Phase 1's: early loads
-            if tl.max(sl, axis=0) >= 0:
-                _write_one_tile(bank_ptr, d_ptr, sl, dec, pos, tk0, cf0, p, hd, sc, log_ptr, lb,
-                                CP, BD, CL, SAVE, EV)
-        else:
-            ks = tl.arange(0, KW)
-            mpos = pos[:, None] + ks[None, :]
-            mm = (sl >= 0)[:, None] & (mpos < C * W)
-            tk = tl.load(run_tok_ptr + rb + mpos, mask=mm, other=0)
-            cf = tl.load(run_coef_ptr + rb + mpos, mask=mm, other=0.0)
-            _grid_dependency(PDL >= 2)
-            _write_blocks(bank_ptr, d_ptr, run_tok_ptr, run_coef_ptr, rb, pos, sl, ln, dec, tk,
-                          cf, p, hd, sc, log_ptr, lb, NG, KW, BD, CP, CL, SAVE, EV)
-    else:
-        sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
-                                          run_coef_ptr, rb, f0, C * W, NG, KW)
-        _grid_dependency(PDL >= 2)   # the run headers are Phase 1's: early loads
-        _write_blocks(bank_ptr, d_ptr, run_tok_ptr, run_coef_ptr, rb, f0 + tl.arange(0, NG), sl,
-                      ln, dec, tk, cf, p, hd, sc, log_ptr, lb, NG, KW, BD, CP, CL, SAVE, EV)
-
-
-@triton.jit
-def _write_blocks(bank_ptr, d_ptr, run_tok_ptr, run_coef_ptr, rb, pos, sl, ln, dec, tk, cf, p,
-                  hd, sc, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr, BD: tl.constexpr,
-                  CP: tl.constexpr, CL: tl.constexpr, SAVE: tl.constexpr, EV: tl.constexpr):
-    """``phase2._write_tile`` in this program's ``CL`` column blocks, one after the other."""
+    sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
+                                      run_coef_ptr, rb, f0, C * W, NG, KW)
+    _grid_dependency(PDL >= 2)   # the run headers are Phase 1's: early loads
     for j in tl.static_range(CL):
         cb = tl.program_id(1) * CL + j
         cols = cb * BD + sc
         cm = cols < hd
         scr_d = d_ptr + p.to(tl.int64) * CP * hd + cb * BD
-        _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, pos, sl, ln, dec, tk, cf,
+        _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
                     cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)
