@@ -461,6 +461,26 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s23c)   # session 23: the write launch over split run headers (RUN_ONE) against headers
+      # by position; the split groups' order (phase1.SPLIT_LONG_FIRST); their CUDA tests.
+      # Ran at commit f181464; RUN_ONE (slower) and SPLIT_LONG_FIRST were removed after it
+      # (NOTES.md run 23), so its A/B rows now stop
+      run t23c 300 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "one_member or group_layouts or entry_groups or oracle"
+      cd benchmarks
+      ab="--rounds 3 --a RUN_ONE=0 --b RUN_ONE=1 --c RUN_ONE=1 phase1.SPLIT_LONG_FIRST=0"
+      run ab23c_A 200 python3 ab_cuda.py --config A --chunks 128 --rows fwd,ag $ab
+      run ab23c_B 150 python3 ab_cuda.py --config B --chunks 128 --rows fwd,ag $ab
+      python3 ncu_step.py A 128 PDL=0 > "$OUT/ncu_warm.log" 2>&1
+      for v in 0 1; do
+        run ncu_write_$v 90 "$NCU" --profile-from-start off --clock-control none \
+          -k regex:"^_step_write_kernel" --launch-skip 5 --launch-count 1 \
+          --section SpeedOfLight --section LaunchStats --section SchedulerStats \
+          --section Occupancy python3 ncu_step.py A 128 PDL=0 RUN_ONE=$v
+        grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issued Warp|No Eligible|Registers|Achieved Occ" "$OUT/ncu_write_$v.log"
+      done
+      run bench23 300 python3 bench_cuda.py --no-extras
+      cd .. ;;
     s23b)   # session 23: the one-member dB path with all column blocks' loads first and
       # the first member in the group header (GROUP_ONE=2) against the path of s23a (1)
       # and session 22's default (packed, no path)

@@ -310,6 +310,26 @@ def test_group_layouts_are_bitwise_equal(walk):
             assert torch.equal(a, b), (key, n)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_one_member_path_is_bitwise_equal(dtype, sparse):
+    """The dB launch's one-member path over split groups (``GROUP_ONE=2``) gives bitwise the
+    gradients of session 22's launch over packed headers: the same terms in the same
+    order. Sparse slots: most tiles take the one-member path."""
+    from sdm_inductor.kernels import host
+    slots = 8192 if sparse else 256
+    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=slots,
+                  per_write_gate=True, repeats=not sparse)
+    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
+    dM = torch.randn_like(ins.bank)
+    got = {}
+    for pack, one in ((2, 2), (1, 0)):
+        host.CONFIG.update(GROUP_PACK=pack, GROUP_ONE=one)
+        got[one] = _grads(ins, 64, dy, dM)[2]
+    for n, a, b in zip(NAMES, got[2], got[0]):
+        assert torch.equal(a, b), n
+
+
 def test_entry_groups_kernel_is_the_torch_form():
     """``phase1.entry_groups`` (one program per segment) gives exactly ``reference_groups``,
     in its three layouts, on a plan with repeated slots and several blocks per segment."""

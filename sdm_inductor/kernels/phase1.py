@@ -716,9 +716,6 @@ def _search_runs(key: Tensor, slot: Tensor, C: int, W: int, R: int):
 # ``entry_groups`` takes the torch form (for measurements: ~15 torch ops over the plan)
 GROUPS_BLOCK = 1024
 GROUPS_KERNEL = True
-# the split layout's order (``Groups``): groups of several members at the front (the dB
-# launch's slower tiles first); False puts those of one member there (for measurements)
-SPLIT_LONG_FIRST = True
 
 
 @triton.jit
@@ -739,8 +736,7 @@ def _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_to
 def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, ev_ptr,
                          o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_tok_ptr,
                          o_ev_ptr, o_tok0_ptr, o_ev0_ptr, CE, E: tl.constexpr,
-                         PACK: tl.constexpr, BLOCK: tl.constexpr,
-                         LONG_FIRST: tl.constexpr = True):
+                         PACK: tl.constexpr, BLOCK: tl.constexpr):
     """One segment's ``Groups``: its positions in blocks, in order. ``PACK`` 1: the group
     starts of a block go to the next free header columns (a running count and the block's
     prefix sum); 2: the same for groups of several members, and from the row's end for
@@ -764,8 +760,8 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
         nw = tl.load(nw_ptr + base + e, mask=st, other=0)
         dec = tl.where(nw > 0, tl.load(decay_ptr + base + e, mask=st, other=1.0), 1.0)
         if PACK == 2:
-            front = st & ((na > 1) == LONG_FIRST)
-            back = st & ((na > 1) != LONG_FIRST)
+            front = st & (na > 1)
+            back = st & (na == 1)
             col = tl.where(front, n + tl.cumsum(front.to(tl.int32), axis=0) - 1,
                            CE - n_end - tl.cumsum(back.to(tl.int32), axis=0))
             hm = st
@@ -802,9 +798,9 @@ def entry_groups(pl: "Plan", pack: int = 2) -> Groups:
     the last group skip their work: the launch is bound by instruction issue (NOTES.md
     runs 13 and 22). Split (2), most tiles hold groups of one member only (~80 % of the
     groups at config A, C=128, ~95 % at B), which the launch sums without a second member's
-    loads or the loop over long groups; the slower tiles of longer groups come first in
-    each segment, so the launch does not end on them. ``reference_groups`` is the same in
-    torch ops."""
+    loads or the loop over long groups (the slower tiles of longer groups come first in
+    each segment: measured no faster or slower than last, NOTES.md run 23).
+    ``reference_groups`` is the same in torch ops."""
     pack = int(pack)
     if not GROUPS_KERNEL:
         return reference_groups(pl, pack)
@@ -817,8 +813,7 @@ def entry_groups(pl: "Plan", pack: int = 2) -> Groups:
                  torch.empty(B, CE, **i32), torch.empty(B, CE, **f32))
     launch(_entry_groups_kernel, (B,), pl.perm, pl.gs, pl.slot, pl.na, pl.nw, pl.decay, pl.ev,
            out.slot, out.length, out.n_w, out.decay, out.pos, out.tok, out.ev, out.tok0,
-           out.ev0, CE, E=pl.E, PACK=pack, BLOCK=GROUPS_BLOCK, LONG_FIRST=SPLIT_LONG_FIRST,
-           num_warps=4)
+           out.ev0, CE, E=pl.E, PACK=pack, BLOCK=GROUPS_BLOCK, num_warps=4)
     return out
 
 
@@ -841,7 +836,7 @@ def reference_groups(pl: "Plan", pack: int = 2) -> Groups:
         # a permutation of each row: the front groups to columns 0, 1, ..., the back
         # groups (pack 2: those of one member) to columns CE - 1, CE - 2, ..., the other
         # positions (whose headers are already the empty one) in between
-        front = start & ((length > 1) == SPLIT_LONG_FIRST) if int(pack) == 2 else start
+        front = start & (length > 1) if int(pack) == 2 else start
         back = start & ~front
         n_front = front.sum(1, keepdim=True)
         rest = ~start
