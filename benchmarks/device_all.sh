@@ -461,6 +461,16 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s23d)   # session 23, final: the benchmark, then every CUDA-marked test (as `full`)
+      cd benchmarks
+      run bench23d 300 python3 bench_cuda.py --no-extras
+      cd ..
+      export CXX=/usr/bin/g++
+      run full_cuda_kernels 470 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
+        tests/test_cuda.py tests/test_gated.py tests/test_nn.py &
+      run full_cuda_compile 470 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests \
+        --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py &
+      wait ;;
     s23c)   # session 23: the write launch over split run headers (RUN_ONE) against headers
       # by position; the split groups' order (phase1.SPLIT_LONG_FIRST); their CUDA tests.
       # Ran at commit f181464; RUN_ONE (slower) and SPLIT_LONG_FIRST were removed after it
