@@ -106,7 +106,7 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # (dequantized in the row launches: the one-warp gather launch then spills on sm_90,
 # unmeasured); 0: the restore launch. Autograd forward + backward, 1 against 0, NOTES.md
 # run 21: 0.951 (A C=128), 0.926 (B C=128); peak memory less one bank.
-# GROUP_PACK: the backward's dB groups with their headers packed to the front of each
+# GROUP_PACK=1: the backward's dB groups with their headers packed to the front of each
 # segment (``phase1.entry_groups``), so its tiles hold only groups and the tiles past the
 # last skip their work; 0: headers by position (the dB launch then spends issue slots on
 # the ~20 % of positions at A C=128 where no group starts). Nsight Compute: 34.1 -> 30.3
@@ -114,10 +114,10 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # kernel; ratio of the A/B's medians, NOTES.md run 22): 0.997 (A C=64), 0.978 (A C=128),
 # 0.957 (A C=256), 0.996 (B C=128).
 # GROUP_PACK=2 (split): the groups of several members packed to the front, those of one
-# member from the end, so that with GROUP_ONE most dB tiles hold single members only and
-# take the launch's one-member path (one member's loads instead of KW_GROUP's, no loop over
-# long groups; 2: also every column block's loads before the stores, and the member with
-# the headers, ``Groups.tok0`` / ``ev0``). Nsight Compute, the dB launch at A C=128
+# member from the end, so that with GROUP_ONE (0: off) most dB tiles hold single members
+# only and take the launch's one-member path (1: one member's loads instead of KW_GROUP's,
+# no loop over long groups; 2: also every column block's loads before the stores, and the
+# member with the headers, ``Groups.tok0`` / ``ev0``). Nsight Compute, the dB launch at A C=128
 # (``PDL=0``): 31.1 us packed, 29.0 split with GROUP_ONE=1, 27.1 with 2. Autograd forward
 # + backward against session 22's packed headers (NOTES.md run 23): GROUP_ONE=1 0.989
 # (A C=128), 0.995 (B C=128); 2: 0.970, 0.960.
