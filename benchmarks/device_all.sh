@@ -23,6 +23,15 @@ run() {  # run NAME LIMIT command...
   echo "rc $? in $((SECONDS - t0)) s"
   grep -E "^(FAILED|ERROR|XFAIL)|passed|failed|^\| |^config|ms|goal" "$OUT/$name.log" | grep -v -i warn | tail -25
 }
+full_cuda() {  # full_cuda LIMIT: every CUDA-marked test in two concurrent pytest processes,
+  # AOTI with the system compiler (the image's CXX wrapper builds .so files that crash at load)
+  export CXX=/usr/bin/g++
+  run full_cuda_kernels "$1" python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
+    tests/test_cuda.py tests/test_gated.py tests/test_nn.py &
+  run full_cuda_compile "$1" python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests \
+    --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py &
+  wait
+}
 for seg in "$@"; do
   case $seg in
     tests)
@@ -53,16 +62,10 @@ for seg in "$@"; do
     variants)
       run bench_variants 170 python3 benchmarks/bench_variants.py --config A --chunk 64 --only 1
       run bench_variants_B 120 python3 benchmarks/bench_variants.py --config B --chunk 64 --only 1 ;;
-    full)   # every CUDA-marked test in two concurrent pytest processes (~8 min), AOTI with
-      # the system compiler (the image's CXX wrapper builds .so files that crash at load).
-      # The CPU suite is CI's; beside these two it did not finish in one call (session 11):
-      # `full_cpu` runs it on the image's torch
-      export CXX=/usr/bin/g++
-      run full_cuda_kernels 560 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
-        tests/test_cuda.py tests/test_gated.py tests/test_nn.py &
-      run full_cuda_compile 560 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests \
-        --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py &
-      wait ;;
+    full)   # every CUDA-marked test (~8 min, full_cuda). The CPU suite is CI's; beside
+      # these two it did not finish in one call (session 11): `full_cpu` runs it on the
+      # image's torch
+      full_cuda 560 ;;
     full_cpu)   # the CPU suite on the image's torch (2.11), two processes
       run full_cpu_kernels 560 python3 -m pytest -q -p no:cacheprovider -m "not cuda" \
         tests/test_kernels_interpret.py tests/test_fuzz.py tests/test_ops.py tests/test_host_tracing.py &
@@ -465,12 +468,7 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run bench23d 300 python3 bench_cuda.py --no-extras
       cd ..
-      export CXX=/usr/bin/g++
-      run full_cuda_kernels 470 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
-        tests/test_cuda.py tests/test_gated.py tests/test_nn.py &
-      run full_cuda_compile 470 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests \
-        --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py &
-      wait ;;
+      full_cuda 470 ;;
     s23c)   # session 23: the write launch over split run headers (RUN_ONE) against headers
       # by position; the split groups' order (phase1.SPLIT_LONG_FIRST); their CUDA tests.
       # Ran at commit f181464; RUN_ONE (slower) and SPLIT_LONG_FIRST were removed after it
