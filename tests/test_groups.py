@@ -12,6 +12,11 @@ import torch
 from sdm_inductor.kernels.phase1 import reference_groups
 
 
+# each header field and its value in an empty header (``phase1.Groups``)
+EMPTY_HEADER = (("slot", -1), ("length", 0), ("n_w", 0), ("decay", 1.0), ("pos", -1),
+                ("tok0", 0), ("ev0", 0.0))
+
+
 def random_plan(B: int, C: int, E: int, seed: int):
     """A plan's group fields for random groups: each segment's sorted positions cut into
     groups of 1-4 members, ``perm`` a random entry order (fields in entry order, as
@@ -49,8 +54,7 @@ def test_packed_headers_are_the_group_starts_in_order():
         n = len(starts)
         assert torch.equal(by_pos.pos[b][starts], starts.to(torch.int32))
         assert (by_pos.pos[b][by_pos.slot[b] < 0] == -1).all()
-        for name, fill in (("slot", -1), ("length", 0), ("n_w", 0), ("decay", 1.0),
-                           ("pos", -1), ("tok0", 0), ("ev0", 0.0)):
+        for name, fill in EMPTY_HEADER:
             a, p = getattr(by_pos, name)[b], getattr(packed, name)[b]
             assert torch.equal(p[:n], a[starts]), name
             assert (p[n:] == fill).all(), name
@@ -79,8 +83,7 @@ def test_split_headers_put_longer_groups_first_and_single_members_from_the_end()
         ones = starts[by_pos.length[b][starts] == 1]
         n1, n2 = len(longer), len(ones)
         kinds |= {k for k, n in (("longer", n1), ("one", n2)) if n}
-        for name, fill in (("slot", -1), ("length", 0), ("n_w", 0), ("decay", 1.0),
-                           ("pos", -1), ("tok0", 0), ("ev0", 0.0)):
+        for name, fill in EMPTY_HEADER:
             a, s = getattr(by_pos, name)[b], getattr(split, name)[b]
             assert torch.equal(s[:n1], a[longer]), name
             assert torch.equal(s[CE - n2:].flip(0), a[ones]), name
