@@ -260,6 +260,15 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                  TB, CP, PREC)
 
 
+@triton.jit
+def _column_block(scr_ptr, p, j, sc, hd, BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr):
+    """Column block ``j`` of this program's ``CL`` (grid axis 1): its columns, their mask,
+    and where they start in stream ``p``'s rows of a ``[P, CP, hd]`` scratch."""
+    cb = tl.program_id(1) * CL + j
+    cols = cb * BD + sc
+    return cols, cols < hd, scr_ptr + p.to(tl.int64) * CP * hd + cb * BD
+
+
 @triton.jit(do_not_specialize=["c", "P", "NC"])
 def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                        run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
@@ -281,9 +290,6 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
                                       run_coef_ptr, rb, f0, C * W, NG, KW)
     _grid_dependency(PDL >= 2)   # the run headers are Phase 1's: early loads
     for j in tl.static_range(CL):
-        cb = tl.program_id(1) * CL + j
-        cols = cb * BD + sc
-        cm = cols < hd
-        scr_d = d_ptr + p.to(tl.int64) * CP * hd + cb * BD
+        cols, cm, scr_d = _column_block(d_ptr, p, j, sc, hd, BD, CP, CL)
         _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
                     cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)

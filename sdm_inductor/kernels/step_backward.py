@@ -33,8 +33,8 @@ import triton.language as tl
 from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
 from . import graphs
 from .launch import EVICT, Relaunch, pdl, pow2
-from .step import (ROWS_MAX_CP, _block_program, _gather_index, _gather_rows, _grid_dependency,
-                   _launch_dependents, _token_program, _wait)
+from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
+                   _grid_dependency, _launch_dependents, _token_program, _wait)
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
@@ -392,10 +392,7 @@ def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, l
     _grid_dependency(PDL == 2)
     if tl.max(sl, axis=0) >= 0:
         for j in tl.static_range(CL):
-            cb = tl.program_id(1) * CL + j
-            cols = cb * BD + sc
-            cm = cols < hd
-            scr_dr = dr_ptr + p.to(tl.int64) * CP * hd + cb * BD
+            cols, cm, scr_dr = _column_block(dr_ptr, p, j, sc, hd, BD, CP, CL)
             _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec,
                         tf, wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
 
