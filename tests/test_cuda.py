@@ -400,18 +400,29 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     graphs.clear()
     before = dict(graphs.stats)
     # the allocator's cache as earlier tests left it may take many calls to settle into
-    # handing out the same blocks every call: start from an empty one
+    # handing out the same blocks every call: start from an empty one. Even so, after the
+    # whole CUDA suite the fp32 loop once had not repeated its forward's pointers by its
+    # sixth call (benchmarks/NOTES.md run 23; alone it replays from the third, run 24), so
+    # the loop runs until both walks replayed a graph recorded in an earlier call, at most
+    # 16 calls, every call checked
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    for _ in range(6):
+
+    def replays(walk):   # replays of earlier calls' graphs (a recording call replays too)
+        return (graphs.stats["replayed", walk] - before.get(("replayed", walk), 0)
+                - graphs.stats["captured", walk] + before.get(("captured", walk), 0))
+
+    for _ in range(16):
         got = step()
         for n, a, b in zip(("readings", "final bank") + NAMES, got, want):
             assert torch.equal(a, b), n
         del got
+        if replays("forward") >= 2 and replays("reverse") >= 2:
+            break
     for walk in ("forward", "reverse"):
         changed = {k[:3]: graphs.differences(*keys) for k, keys in graphs.recent.items()
                    if k[0] == walk and len(keys) == 2}
-        assert graphs.stats["replayed", walk] > before.get(("replayed", walk), 0), (walk, changed)
+        assert replays(walk) >= 2, (walk, changed)
     other = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
                     per_write_gate=True, repeats=True, seed=99)
     got = _grads(other, 64, dy, dM)
