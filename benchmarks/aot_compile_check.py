@@ -206,7 +206,7 @@ def main(dtype="bf16"):
                          g_nw_ptr=i32, g_decay_ptr=f32, g_pos_ptr=i32, g_tok_ptr=i32,
                          g_ev_ptr=f32,
                          X_ptr=f32, QK_ptr=f32,
-                         beta_ptr=f32, v_ptr=bank, dy_ptr=bank, dv_ptr=f32, pe_ptr=f32,
+                         beta_ptr=f32, v_ptr=bank, dy_ptr=bank, dv_ptr=bank, pe_ptr=f32,
                          pc_ptr=f32, pm_ptr=f32, pb_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
                          scratch_ptr=f32),
                     dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
@@ -233,7 +233,7 @@ def main(dtype="bf16"):
     specs = step_specs(C, bank, "tf32", save=True)
     compile_one(*specs["dw"])
     compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
-                dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
+                dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32, pl_ptr=f32,
                 pb_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
     for CC in (64, 128, 256):   # MIX_ROWS_B: the products' whole rows before the wait
         compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32,
@@ -241,7 +241,7 @@ def main(dtype="bf16"):
                     dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
                          PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
         compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
-                    d_ptr=f32, dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=f32, pqk_ptr=f32,
+                    d_ptr=f32, dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32,
                     pl_ptr=f32, pb_ptr=f32),
                     dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
                          PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
@@ -254,8 +254,9 @@ def main(dtype="bf16"):
                     src_ptr=i32), dict(CE=C * (W + R), CW=C * W, BLOCK=sources.BLOCK))
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
-                     nw_ptr=i32, na_ptr=i32, dev_ptr=f32, dcoef_ptr=f32, dgd_ptr=f32,
-                     dA_ptr=f32, dQK_ptr=f32, dval_ptr=f32, dgam_ptr=f32, dgend_ptr=f32),
+                     nw_ptr=i32, na_ptr=i32, slot_ptr=i32, decay_ptr=f32, beta_ptr=f32,
+                     dev_ptr=f32, dcoef_ptr=f32, dm_ptr=f32, dL_ptr=f32, dQK_ptr=f32,
+                     dval_ptr=f32, dgam_ptr=f32, dgend_ptr=f32),
                 dict(W=W, R=R, EB=32))
     compile_one(backward._gate_grads_kernel,
                 dict(perm_ptr=i32, gs_ptr=i32, nw_ptr=i32, na_ptr=i32, dgam_ptr=f32,

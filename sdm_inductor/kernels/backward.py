@@ -376,7 +376,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             tl.store(pb_ptr + (part + bw) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
             bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
             tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
-                     bt[:, None] * du, mask=tv[:, None] & cm[None, :])
+                     (bt[:, None] * du).to(dv_ptr.dtype.element_ty), mask=tv[:, None] & cm[None, :])
             dr0 = -bt[:, None] * du
             tl.store(scr_dr + toks[:, None] * BD + sc[None, :], dr0, mask=tm[:, None])
             dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -410,17 +410,21 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
 
 
 @triton.jit
-def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_ptr,
-                       dev_ptr, dcoef_ptr, dgd_ptr, dA_ptr, dQK_ptr,
+def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_ptr, slot_ptr,
+                       decay_ptr, beta_ptr, dev_ptr, dcoef_ptr, dm_ptr, dL_ptr, dQK_ptr,
                        dval_ptr, dgam_ptr, dgend_ptr, C,
                        W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr):
-    """Per entry: d val (k or q), d gam (gamq for reads), d gend, by walking its group."""
+    """Per entry: d val (k or q), d gam (gamq for reads), d gend, by walking its group.
+    ``dA = beta dL`` (row-wise) and the chunk decay's part of d gend (``decay * dm`` for
+    the first member of each written slot's group) are formed here from their factors,
+    the same products the torch ops before this kernel once made."""
     pid = tl.program_id(0)            # b * C + i
     b = pid // C
     i = pid % C
     E: tl.constexpr = W + R
     seg = b.to(tl.int64) * C * E
     mat = b.to(tl.int64) * C * C
+    beta_i = tl.load(beta_ptr + b.to(tl.int64) * C + i)
     for e0 in range(0, E, EB):
         e = e0 + tl.arange(0, EB)
         em = e < E
@@ -431,10 +435,14 @@ def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_
         gend = tl.load(gend_ptr + off, mask=em, other=0.0)
         dev = tl.load(dev_ptr + off, mask=em, other=0.0)
         dco = tl.load(dcoef_ptr + pid.to(tl.int64) * W + e, mask=em & is_w, other=0.0)
-        dgd = tl.load(dgd_ptr + pid.to(tl.int64) * W + e, mask=em & is_w, other=0.0)
         gs = tl.load(gs_ptr + off, mask=em, other=0)
         nw = tl.load(nw_ptr + off, mask=em, other=0)
         na = tl.load(na_ptr + off, mask=em, other=0)
+        # the group's first member in sorted order is this entry: its slot's chunk decay
+        lead = is_w & (tl.load(perm_ptr + seg + gs, mask=em, other=-1) == i * E + e)
+        lead = lead & (tl.load(slot_ptr + off, mask=em, other=-1) >= 0)
+        dm = tl.load(dm_ptr + pid.to(tl.int64) * W + e, mask=em & lead, other=0.0)
+        dgd = tl.where(lead, tl.load(decay_ptr + off, mask=em & lead, other=0.0) * dm, 0.0)
         eg = tl.exp(gam)
         ec = tl.where(is_w, tl.exp(gend - gam), 0.0)
         dv = dev * eg + dco * ec
@@ -456,8 +464,9 @@ def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_
             use_a_hi = mm & is_w & f_w & (tf > i)
             use_q_w = mm & is_w & (~f_w) & (tf >= i)
             use_q_r = mm & (~is_w) & f_w & (tf <= i)
-            a_lo = tl.load(dA_ptr + mat + i * C + tf, mask=use_a_lo, other=0.0)
-            a_hi = tl.load(dA_ptr + mat + tf * C + i, mask=use_a_hi, other=0.0)
+            a_lo = beta_i * tl.load(dL_ptr + mat + i * C + tf, mask=use_a_lo, other=0.0)
+            a_hi = (tl.load(beta_ptr + b.to(tl.int64) * C + tf, mask=use_a_hi, other=0.0)
+                    * tl.load(dL_ptr + mat + tf * C + i, mask=use_a_hi, other=0.0))
             q_w = tl.load(dQK_ptr + mat + tf * C + i, mask=use_q_w, other=0.0)
             q_r = tl.load(dQK_ptr + mat + i * C + tf, mask=use_q_r, other=0.0)
             x_lo = vf * tl.exp(gam - gf)      # e later than f
@@ -552,11 +561,10 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         from .. import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
         dv, sums = _reverse(pl, entry_groups(pl, config["GROUP_PACK"]), log, scales, v,
-                            dy, *ctx, vmr=None if kept is None else kept.vmr,
+                            dy, *ctx, dv_dtype=bank_dtype, vmr=None if kept is None else kept.vmr,
                             sources=chunk_start_sources(pl, S) if by_source else None)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
-        return (dB.to(bank_dtype), dk.to(bank_dtype), dv.to(bank_dtype), dbeta, dg,
-                dq.to(bank_dtype))
+        return dB.to(bank_dtype), dk.to(bank_dtype), dv, dbeta, dg, dq.to(bank_dtype)
     f32 = dict(dtype=torch.float32, device=dev)
     dk, dv, dbeta, dg, dq = (
         torch.empty(P, T, W, dtype=bank_dtype, device=dev),
@@ -567,7 +575,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         rows = slice(t0 // C * P * C, -(-t1 // C) * P * C)   # the window's chunks in the log
         dv_w, sums = _reverse(pl, gr, log[rows],
                               scales[rows] if saved_scales.numel() else scales,
-                              v[:, t0:t1].contiguous(), dy[:, t0:t1].contiguous(), *ctx)
+                              v[:, t0:t1].contiguous(), dy[:, t0:t1].contiguous(), *ctx,
+                              dv_dtype=bank_dtype)
         dv[:, t0:t1] = dv_w
         # the window's Phase 1 backward on the side stream too, after its walk: it needs
         # the walk's sums, not the bank, so the walk of the window before goes on meanwhile
@@ -590,12 +599,13 @@ def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
 
 
 def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
-             config: dict, step: bool, vmr=None, sources=None):
+             config: dict, step: bool, dv_dtype: torch.dtype, vmr=None, sources=None):
     """The reverse walk over one window's chunks (``pl``: its Phase 1; ``log`` / ``scales``
     its undo log; ``v`` / ``dy`` its tokens; ``vmr``: the forward's ``v - r0``, if kept),
     advancing ``dB`` and ``work`` in place to the window's start: the window's ``dv``
-    (fp32) and cross-column sums."""
-    dv = torch.empty(pl.P, pl.T, dB.shape[1], dtype=torch.float32, device=dB.device)
+    and cross-column sums. ``dv`` is written once per element, so the kernels round it to
+    ``dv_dtype`` (the bank's) as they store it: no fp32 copy and conversion pass after."""
+    dv = torch.empty(pl.P, pl.T, dB.shape[1], dtype=dv_dtype, device=dB.device)
     if step:
         # eager: the step walk (step_backward.py), launches per chunk over the whole GPU
         from .step_backward import step_reverse
@@ -616,21 +626,14 @@ def _phase1_grads(pl, sums: dict, g_width: int):
     dev = pl.val.device
     f32 = dict(dtype=torch.float32, device=dev)
     dL = sums["L"]
-    dQK = sums["qk"]
-    dA = pl.beta[:, :, None] * dL
     dbeta = (pl.A * dL).sum(-1) + sums["b"].view(B, C)
-    dev_ = sums["ev"]
-    dcoef = sums["coef"]
-    lead = pl.perm.long().gather(1, pl.gs.view(B, C * E).long()) == torch.arange(C * E, device=dev)
-    lead = lead.view(B, C, E)[:, :, :W] & (pl.slot.view(B, C, E)[:, :, :W] >= 0)
-    dgd = torch.where(lead, pl.decay.view(B, C, E)[:, :, :W] * sums["m"], 0.0)
 
     dval = torch.empty(B, C, E, **f32)
     dgam = torch.empty(B, C, E, **f32)
     dgend = torch.empty(B, C, E, **f32)
     launch(_pair_grads_kernel, (B * C,), pl.val, pl.gam, pl.gend, pl.perm, pl.gs, pl.nw, pl.na,
-           dev_, dcoef, dgd, dA, dQK, dval, dgam, dgend, C, W=W, R=R, EB=min(32, pow2(E)),
-           num_warps=4)
+           pl.slot, pl.decay, pl.beta, sums["ev"], sums["coef"], sums["m"], dL, sums["qk"], dval,
+           dgam, dgend, C, W=W, R=R, EB=min(32, pow2(E)), num_warps=4)
     dgate = torch.empty(B, C, W, **f32)
     launch(_gate_grads_kernel, (B * C,), pl.perm, pl.gs, pl.nw, pl.na, dgam, dgend, dgate, C,
            W=W, R=R, WB=min(32, pow2(W)), num_warps=4)

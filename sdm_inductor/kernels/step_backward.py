@@ -198,7 +198,7 @@ def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr
     tl.store(pb_ptr + prt.to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
     bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks, mask=tm, other=0.0)
     tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
-             bt[:, None] * du, mask=tv[:, None] & cm[None, :])
+             (bt[:, None] * du).to(dv_ptr.dtype.element_ty), mask=tv[:, None] & cm[None, :])
     tl.store(dr_ptr + buf, -bt[:, None] * du, mask=tm[:, None] & cm[None, :])
 
 
@@ -273,7 +273,7 @@ def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
                   other=0.0)
     tl.store(pb_ptr + prt.to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
     tl.store(dv_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
-             bt[:, None] * du, mask=tv[:, None] & cm[None, :])
+             (bt[:, None] * du).to(dv_ptr.dtype.element_ty), mask=tv[:, None] & cm[None, :])
     tl.store(dr_ptr + buf, -bt[:, None] * du, mask=tm[:, None] & cm[None, :])
 
 
@@ -593,7 +593,9 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
         graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
                    config.get("WALK_GRAPHS", 0))
-        # cross-column sums of the window, in a fixed order
+        # cross-column sums of the window, in a fixed order, straight into their slice
+        # (one reduction launch each, no copy after)
         for k, x in parts.items():
-            sums[k][:, c_lo:c_lo + n] = x.view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)
+            torch.sum(x.view(x.shape[0], P, NCW, C, -1)[:, :, :n], 0,
+                      out=sums[k][:, c_lo:c_lo + n])
     return {k: x.view(B, C, -1) for k, x in sums.items()}
