@@ -464,6 +464,30 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s24b)   # session 24: the backward's dv stored in the bank's dtype, the window sums
+      # straight into their slices, dA / the decay term formed in _pair_grads_kernel;
+      # against session 23's tree (.old24, carried: git archive f3a8ac7 sdm_inductor)
+      run t24b 240 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "walk_graph or oracle or kept or sources or launch_overlap"
+      run ab24b 300 python3 benchmarks/ab_trees.py --a .old24 --b . --configs A,B --chunks 128 --rounds 3 ;;
+    s24a)   # session 24: how soon the fp32 training loop's walks replay (replay_loop.py),
+      # per-kernel times and Nsight Compute of Dw / d ev at A C=128, the dB launch's shape
+      # re-tried beside its one-member path
+      run replay24 150 python3 benchmarks/replay_loop.py --steps 16
+      cat "$OUT/replay24.log" | head -80
+      cd benchmarks
+      run prof24_A 150 python3 profile_cuda.py 128 --tables-only PDL=0 WALK_GRAPHS=0
+      python3 ncu_step.py A 128 PDL=0 > "$OUT/ncu_warm.log" 2>&1
+      for k in _step_bwd_dw_kernel _step_bwd_dev_kernel; do
+        run ncu24_$k 90 "$NCU" --profile-from-start off --clock-control none -k regex:"^$k" \
+          --launch-skip 5 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+          python3 ncu_step.py A 128 PDL=0
+        grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issued Warp|No Eligible|Registers|Achieved Occ|Stall|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth" "$OUT/ncu24_$k.log"
+      done
+      run ab24a 200 python3 ab_cuda.py --config A --chunks 128 --rows ag --rounds 3 \
+        --b WARPS_GROUP=4 --c NG_GROUP=64 --d KW_GROUP=1
+      cd .. ;;
     s23d)   # session 23, final: the benchmark, then every CUDA-marked test (as `full`)
       cd benchmarks
       run bench23d 300 python3 bench_cuda.py --no-extras
