@@ -2,7 +2,7 @@
 triton ops called directly (config A): the pieces timed alone, then a profile of one
 autograd step (CUDA kernels by total time).
 
-Usage: python benchmarks/profile_autograd.py [C]
+Usage: python benchmarks/profile_autograd.py [C] [ROWS]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from bench_cuda import CONFIGS, autograd_step, bench, make_inputs
 from sdm_inductor import ops
 
 
-def main(C: int = 128):
+def main(C: int = 128, rows: int = 25):   # rows: of the profile's table
     ins = make_inputs(**CONFIGS["A"])
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = ins
     rest = (k_idx, k_val, v, beta, g, q_idx, q_val)
@@ -43,7 +43,7 @@ def main(C: int = 128):
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
 
 
 if __name__ == "__main__":
