@@ -139,12 +139,16 @@ def main(dtype="bf16"):
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32), dict(E=W + R, BLK=blk))
     for pack in (2, 1, 0):
+        if pack:
+            compile_one(phase1._group_counts_kernel,
+                        dict(perm_ptr=i32, gs_ptr=i32, na_ptr=i32, cnt_ptr=i32),
+                        dict(PACK=pack, BLOCK=phase1.GROUPS_BLOCK), 4)
         compile_one(phase1._entry_groups_kernel,
                     dict(perm_ptr=i32, gs_ptr=i32, slot_ptr=i32, na_ptr=i32, nw_ptr=i32,
-                         decay_ptr=f32, ev_ptr=f32, o_slot_ptr=i32, o_len_ptr=i32, o_nw_ptr=i32,
-                         o_decay_ptr=f32, o_pos_ptr=i32, o_tok_ptr=i32, o_ev_ptr=f32,
-                         o_tok0_ptr=i32, o_ev0_ptr=f32),
-                    dict(E=W + R, PACK=pack, BLOCK=phase1.GROUPS_BLOCK), 4)
+                         decay_ptr=f32, ev_ptr=f32, cnt_ptr=i32, o_slot_ptr=i32, o_len_ptr=i32,
+                         o_nw_ptr=i32, o_decay_ptr=f32, o_pos_ptr=i32, o_tok_ptr=i32,
+                         o_ev_ptr=f32, o_tok0_ptr=i32, o_ev0_ptr=f32),
+                    dict(E=W + R, PACK=pack, BLOCK=phase1.GROUPS_BLOCK, NBP=16), 4)
     compile_one(solve._inverse_kernel, dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32,
                                             QKX_ptr=f32),
                 dict(C=64, CP=64, PREC="tf32x3", LOG=6))

@@ -31,7 +31,7 @@ def _run(case: str):
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
                                   "column_walk", "step_walk", "step_walk_windows",
                                   "step_walk_kept", "chunk_start_sources", "entry_groups",
-                                  "phase1_scans", "solve_blocks"])
+                                  "phase1_scans", "solve_blocks", "window_sums"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -499,6 +499,35 @@ def case_entry_groups():
                 assert a.dtype == b.dtype and torch.equal(a, b), (pack, f.name)
 
 
+def case_window_sums():
+    """``step_backward.window_sums`` (the backward step walk's cross-column sums of a
+    window) gives the column-block sums of the window's rows, in their slice of the
+    whole-sequence sums and nowhere else: full and partial windows, P > 1, a number of
+    column blocks that is not a multiple of the load tile, a chunk that is no power of 2,
+    and the dQK / dL partials (zero above the diagonal) read only on and below it."""
+    import torch
+    from sdm_inductor.kernels import step_backward as sb
+    sb.SUM_BLOCK, sb.SUM_ROWS = 64, 4
+    gen = torch.Generator().manual_seed(5)
+    P, NC, NCW, C, W, E = 2, 7, 3, 6, 2, 5
+    widths = dict(ev=(5, E), coef=(3, W), m=(3, W), b=(9, 1), qk=(9, C), L=(9, C))
+    tri = torch.ones(C, C).tril()
+    for c_lo, n in ((6, 1), (3, 3), (0, 3)):
+        parts = {k: torch.randn(nb, P * NCW, C, w, generator=gen) for k, (nb, w) in widths.items()}
+        for k in ("qk", "L"):
+            parts[k] *= tri   # as the product launch stores them
+        sums = {k: torch.full((P, NC, C, w), float("nan")) for k, (_, w) in widths.items()}
+        before = {k: x.clone() for k, x in sums.items()}
+        sb.window_sums(parts, sums, c_lo, n, NCW, C)
+        for k, x in parts.items():
+            want = x.view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)
+            got = sums[k][:, c_lo:c_lo + n]
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=k)
+            rest = torch.ones(NC, dtype=torch.bool)
+            rest[c_lo:c_lo + n] = False
+            assert torch.equal(sums[k][:, rest].isnan(), before[k][:, rest].isnan()), k
+
+
 def case_phase1_scans():
     """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) and its
     split form over blocks of positions (``GROUPS_SPLIT``) give
@@ -557,8 +586,10 @@ def case_phase1_scans():
 
 
 def case_solve_blocks():
-    """``solve.inverse`` by 2 x 2 blocks of 64 (``_inverse_blocks_kernel``, 64 < C <= 128,
-    C = 128 and C = 96 with masked rows) gives torch's triangular solve's X and QK X."""
+    """``solve.inverse`` by 2 x 2 blocks of 64 (64 < C <= 128, C = 128 and C = 96 with
+    masked rows), in one launch (``_inverse_blocks_kernel``) and in two (``BLOCKED_SPLIT``:
+    the diagonal blocks, then the off-diagonal ones), gives torch's triangular solve's X
+    and QK X."""
     import torch
     from sdm_inductor.kernels import solve
     gen = torch.Generator().manual_seed(5)
@@ -568,16 +599,19 @@ def case_solve_blocks():
         QK = torch.tril(torch.randn(B, C, C, generator=gen))
         beta = torch.rand(B, C, generator=gen)
         beta[1, -5:] = 0.0   # padded tokens
-        X, QKX = solve.inverse(A, QK, beta)
         old = solve.BLOCKED_MAX_C
         solve.BLOCKED_MAX_C = 0
         try:
             X_ref, QKX_ref = solve.inverse(A, QK, beta)
         finally:
             solve.BLOCKED_MAX_C = old
-        _check(f"C={C} X", X, X_ref, 1e-5)
-        _check(f"C={C} QKX", QKX, QKX_ref, 1e-5)
-        assert torch.equal(torch.triu(X, 1), torch.zeros_like(X))
+        for split in (True, False):
+            solve.BLOCKED_SPLIT = split
+            X, QKX = solve.inverse(A, QK, beta)
+            _check(f"C={C} split={split} X", X, X_ref, 1e-5)
+            _check(f"C={C} split={split} QKX", QKX, QKX_ref, 1e-5)
+            assert torch.equal(torch.triu(X, 1), torch.zeros_like(X))
+            assert torch.equal(torch.triu(QKX, 1), torch.zeros_like(QKX))
 
 
 if __name__ == "__main__":

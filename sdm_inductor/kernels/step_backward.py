@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
 from . import graphs
-from .launch import EVICT, Relaunch, pdl, pow2
+from .launch import EVICT, Relaunch, launch, pdl, pow2
 from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
                    _grid_dependency, _launch_dependents, _token_program, _wait)
 
@@ -505,6 +505,55 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
             _wait(True)
 
 
+@triton.jit(do_not_specialize=["NB", "blk_s", "src_p", "dst_p", "dst_0", "n"])
+def _window_sum_kernel(src_ptr, dst_ptr, NB, blk_s, src_p, dst_p, dst_0, n, C: tl.constexpr,
+                       TRI: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Stream ``p``'s (program axis 1) cross-column sums of a window: ``dst[p * dst_p +
+    dst_0 + i] = sum_j src[j * blk_s + p * src_p + i]`` for ``i < n``, over the ``NB``
+    column blocks ``j`` in tiles of ``ROWS``, the tiles in order (a fixed order:
+    deterministic). ``TRI``: the elements are ``[C, C]`` matrices whose upper triangle is
+    zero (dQK, dL: the product launch stores zeros there), which is not read."""
+    p = tl.program_id(1)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    if TRI:
+        lm = m & (i % C <= (i // C) % C)
+    else:
+        lm = m
+    j = tl.arange(0, ROWS)
+    src = src_ptr + p.to(tl.int64) * src_p + i
+    acc = tl.zeros([BLOCK], tl.float32)
+    j0 = 0
+    while j0 < NB:   # (a runtime bound: a while loop, which the interpreter runs too)
+        jj = j0 + j
+        x = tl.load(src[None, :] + jj.to(tl.int64)[:, None] * blk_s,
+                    mask=(jj < NB)[:, None] & lm[None, :], other=0.0)
+        acc += tl.sum(x, axis=0)
+        j0 += ROWS
+    tl.store(dst_ptr + p.to(tl.int64) * dst_p + dst_0 + i, acc, mask=m)
+
+
+# ``_window_sum_kernel``: elements per program, column blocks per load tile
+SUM_BLOCK = 512
+SUM_ROWS = 8
+
+
+def window_sums(parts: dict, sums: dict, c_lo: int, n: int, NCW: int, C: int):
+    """``sums[k][:, c_lo:c_lo + n] = parts[k]``'s first ``n`` chunk rows per stream summed
+    over the column blocks (dim 0), one launch per key: a fixed order of the sum, and the
+    zero upper triangles of the dQK / dL partials (keys ``qk``, ``L``) not read."""
+    for k, x in parts.items():
+        nb, P = x.shape[0], sums[k].shape[0]
+        L1 = x[0, 0].numel()                 # one chunk's elements
+        NC = sums[k].shape[1]
+        # x: [nb, P * NCW, C, w]: stream p's window rows start at p * NCW * L1, its first n
+        # are summed; sums[k]: [P, NC, C, w], the window's rows from c_lo on
+        count = n * L1
+        launch(_window_sum_kernel, (-(-count // SUM_BLOCK), P), x, sums[k], nb, P * NCW * L1,
+               NCW * L1, NC * L1, c_lo * L1, count, C=C, TRI=k in ("qk", "L"), BLOCK=SUM_BLOCK,
+               ROWS=SUM_ROWS, num_warps=4)
+
+
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
                  config: dict, vmr_kept=None, sources=None) -> dict:
     """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
@@ -594,8 +643,5 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
                    config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order, straight into their slice
-        # (one reduction launch each, no copy after)
-        for k, x in parts.items():
-            torch.sum(x.view(x.shape[0], P, NCW, C, -1)[:, :, :n], 0,
-                      out=sums[k][:, c_lo:c_lo + n])
+        window_sums(parts, sums, c_lo, n, NCW, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}
