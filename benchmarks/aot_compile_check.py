@@ -153,9 +153,13 @@ def main(dtype="bf16"):
                                             QKX_ptr=f32),
                 dict(C=64, CP=64, PREC="tf32x3", LOG=6))
     for CC in (96, 128):
-        compile_one(solve._inverse_blocks_kernel,
-                    dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32, QKX_ptr=f32),
-                    dict(C=CC, H=64, PREC="tf32x3", LOG=6), solve.BLOCKED_WARPS)
+        mats = dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32, QKX_ptr=f32)
+        compile_one(solve._inverse_blocks_kernel, mats, dict(C=CC, H=64, PREC="tf32x3", LOG=6),
+                    solve.BLOCKED_WARPS)
+        compile_one(solve._inverse_diag_kernel, mats, dict(C=CC, H=64, PREC="tf32x3", LOG=6),
+                    solve.BLOCKED_WARPS)
+        compile_one(solve._inverse_low_kernel, mats, dict(C=CC, H=64, PREC="tf32x3"),
+                    solve.BLOCKED_WARPS)
     for CC, split in ((64, True), (128, True), (128, False), (256, True)):
         # the split form as eager calls launch it (sorted members, its entry blocks and
         # warps); the single form as traced calls do

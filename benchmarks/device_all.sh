@@ -469,18 +469,18 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       # CUDA tests; against session 24's tree (.old25, carried: git archive e4c3e09
       # sdm_inductor); where the autograd step spends GPU time now
       run t25a 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
-        -k "walk_graph or oracle or kept or sources or launch_overlap or entry_groups or group_layouts or one_member"
+        -k "walk_graph or oracle or kept or sources or launch_overlap or entry_groups or group_layouts or one_member or blocked_solve"
       run ab25a 300 python3 benchmarks/ab_trees.py --a .old25 --b . --configs A,B --chunks 128 --rounds 3
       cd benchmarks
       run prof25a 90 python3 profile_autograd.py 128 60
       cat "$OUT/prof25a.log" | tail -75
       cd .. ;;
-    s25b)   # session 25: knobs on the new tree (the solve in 8 warps, two backward windows,
+    s25b)   # session 25: knobs on the new tree (the solve in one launch, two backward windows,
       # smaller group blocks), then the benchmark
       cd benchmarks
       for cfg in A B; do
         run ab25b_$cfg 130 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --plan --rows fwd,ag \
-          --b solve.BLOCKED_WARPS=8 --c BWD_WINDOWS=2 --d phase1.GROUPS_BLOCK=512
+          --b solve.BLOCKED_SPLIT=0 --c BWD_WINDOWS=2 --d phase1.GROUPS_BLOCK=512
       done
       run bench25b 310 python3 bench_cuda.py --no-extras
       cd .. ;;

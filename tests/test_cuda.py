@@ -330,9 +330,35 @@ def test_one_member_path_is_bitwise_equal(dtype, sparse):
         assert torch.equal(a, b), n
 
 
+def test_blocked_solve_in_two_launches():
+    """``solve.inverse`` at 64 < C <= 128 in two launches (``BLOCKED_SPLIT``: the diagonal
+    blocks, then the off-diagonal ones) gives the one-launch form's X and QK X, and
+    torch's triangular solve's to fp32 accuracy, with padded tokens (beta = 0)."""
+    from sdm_inductor.kernels import solve
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for C in (128, 96):
+        A = torch.randn(64, C, C, device="cuda", generator=gen) * 0.3
+        QK = torch.tril(torch.randn(64, C, C, device="cuda", generator=gen))
+        beta = torch.rand(64, C, device="cuda", generator=gen)
+        beta[5, -7:] = 0.0
+        got = {}
+        for split in (True, False):
+            solve.BLOCKED_SPLIT = split
+            got[split] = solve.inverse(A, QK, beta)
+        solve.BLOCKED_SPLIT = True
+        L = torch.tril(beta[:, :, None].double() * A.double(), -1) + torch.eye(
+            C, device="cuda", dtype=torch.float64)
+        X = torch.linalg.solve_triangular(L, torch.eye(C, device="cuda", dtype=torch.float64)
+                                          .expand(64, C, C), upper=False, unitriangular=True)
+        for a, b, ref in zip(got[True], got[False], (X, QK.double() @ X)):
+            assert rel_err(a, b) < 1e-6, C
+            assert rel_err(a, ref) < 1e-5, C
+
+
 def test_entry_groups_kernel_is_the_torch_form():
-    """``phase1.entry_groups`` (one program per segment) gives exactly ``reference_groups``,
-    in its three layouts, on a plan with repeated slots and several blocks per segment."""
+    """``phase1.entry_groups`` (a program per block of a segment's positions, two launches)
+    gives exactly ``reference_groups``, in its three layouts, on a plan with repeated slots
+    and several blocks per segment."""
     from sdm_inductor.kernels import phase1
     ins, _, _ = _training_case(torch.bfloat16)
     pl = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (

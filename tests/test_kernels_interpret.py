@@ -476,11 +476,12 @@ def case_chunk_start_sources():
 
 
 def case_entry_groups():
-    """``phase1.entry_groups`` (one program per segment, its positions in blocks) gives
-    exactly ``reference_groups``' torch form in its three layouts (split, packed, by
-    position): random groups, then
+    """``phase1.entry_groups`` (a program per block of a segment's positions: the blocks'
+    counts, then their headers) gives exactly ``reference_groups``' torch form in its three
+    layouts (split, packed, by position): random groups, then
     a real plan with repeated and out-of-range slots; blocks smaller than a segment, so the
-    running count crosses blocks and the empty headers past the last group span several."""
+    counts of earlier blocks place each block's headers and the empty headers between the
+    front and back groups span several blocks."""
     import dataclasses
     import torch
     from sdm_inductor.kernels import phase1
@@ -504,7 +505,8 @@ def case_window_sums():
     window) gives the column-block sums of the window's rows, in their slice of the
     whole-sequence sums and nowhere else: full and partial windows, P > 1, a number of
     column blocks that is not a multiple of the load tile, a chunk that is no power of 2,
-    and the dQK / dL partials (zero above the diagonal) read only on and below it."""
+    and the dQK / dL partials (stored on and below the diagonal only: NaN above it here)
+    read only on and below it, their sums zero above it."""
     import torch
     from sdm_inductor.kernels import step_backward as sb
     sb.SUM_BLOCK, sb.SUM_ROWS = 64, 4
@@ -514,13 +516,13 @@ def case_window_sums():
     tri = torch.ones(C, C).tril()
     for c_lo, n in ((6, 1), (3, 3), (0, 3)):
         parts = {k: torch.randn(nb, P * NCW, C, w, generator=gen) for k, (nb, w) in widths.items()}
-        for k in ("qk", "L"):
-            parts[k] *= tri   # as the product launch stores them
+        for k in ("qk", "L"):   # the product launch stores on and below the diagonal only
+            parts[k] = torch.where(tri.bool(), parts[k], float("nan"))
         sums = {k: torch.full((P, NC, C, w), float("nan")) for k, (_, w) in widths.items()}
         before = {k: x.clone() for k, x in sums.items()}
         sb.window_sums(parts, sums, c_lo, n, NCW, C)
         for k, x in parts.items():
-            want = x.view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)
+            want = x.nan_to_num(0.0).view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)
             got = sums[k][:, c_lo:c_lo + n]
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=k)
             rest = torch.ones(NC, dtype=torch.bool)

@@ -179,18 +179,17 @@ def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr
     prt = ms * NB + p * NCW + c % NCW     # the chunk's row of this slice's partials
     prow = (prt.to(tl.int64) * C + toks)[:, None] * C
     k0 = 0
-    while k0 < C:
-        ks = k0 + tl.arange(0, TB)
+    while k0 < tl.minimum(C, t0 + TB):   # tiles on or below the diagonal: window_sums
+        ks = k0 + tl.arange(0, TB)       # reads nothing above it
         km = ks < C
         dlk = tl.load(d_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
                       mask=km[:, None] & cm[None, :], other=0.0)
-        sm = tm[:, None] & km[None, :]
+        sm = tm[:, None] & km[None, :] & (ks[None, :] <= toks[:, None])
         gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
         tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0),
                  mask=sm)
         gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
-        tl.store(pqk_ptr + prow + ks[None, :], tl.where(ks[None, :] <= toks[:, None], gq, 0.0),
-                 mask=sm)
+        tl.store(pqk_ptr + prow + ks[None, :], gq, mask=sm)
         k0 += TB
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     vmr = tl.load(vmr_ptr + c.to(tl.int64) * vmr_cs + buf, mask=tm[:, None] & cm[None, :],
@@ -263,11 +262,12 @@ def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
     prt = ms * NB + p * NCW + c % NCW     # the chunk's row of this slice's partials
     prow = (prt.to(tl.int64) * C + toks)[:, None] * C
     sm = tm[:, None] & kc[None, :]
+    # on and below the diagonal only: window_sums reads nothing above it
+    sm = sm & (ks[None, :] <= toks[:, None])
     gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
     tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0), mask=sm)
     gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
-    tl.store(pqk_ptr + prow + ks[None, :], tl.where(ks[None, :] <= toks[:, None], gq, 0.0),
-             mask=sm)
+    tl.store(pqk_ptr + prow + ks[None, :], gq, mask=sm)
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     vmr = tl.load(vmr_ptr + c.to(tl.int64) * vmr_cs + buf, mask=tm[:, None] & cm[None, :],
                   other=0.0)
