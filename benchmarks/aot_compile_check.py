@@ -258,8 +258,11 @@ def main(dtype="bf16"):
     for kt in (i32, "*i64"):   # the backward's chunk-start sources (sources.py)
         compile_one(sources._run_keys_kernel, dict(run_slot_ptr=i32, key_ptr=kt),
                     dict(CW=C * W, BLOCK=sources.BLOCK))
-        compile_one(sources._search_kernel, dict(slot_ptr=i32, skey_ptr=kt, order_ptr="*i64",
-                    src_ptr=i32), dict(CE=C * (W + R), CW=C * W, BLOCK=sources.BLOCK))
+        compile_one(sources._ranges_kernel, dict(skey_ptr=kt, lo_ptr=i32, hi_ptr=i32),
+                    dict(BLOCK=sources.BLOCK))
+        compile_one(sources._search_kernel, dict(slot_ptr=i32, lo_ptr=i32, hi_ptr=i32,
+                                                 order_ptr="*i64", src_ptr=i32, skey_ptr=kt),
+                    dict(CE=C * (W + R), CW=C * W, BLOCK=sources.BLOCK))
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, slot_ptr=i32, decay_ptr=f32, beta_ptr=f32,

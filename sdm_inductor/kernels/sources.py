@@ -11,7 +11,8 @@ the log and wrote it back into the copy (about 44 MB per chunk step at config A)
 walk's row loads depend on nothing the walk itself writes.
 
 One sort of the write runs' starts by (stream, slot, chunk) and one binary search per entry
-give the sources: a key launch, torch's sort, a search launch; shapes-only host code.
+among its slot's run starts give the sources: a key launch, torch's sort, a launch for each
+slot's range of sorted keys, a search launch; shapes-only host code.
 ``reference_sources`` is the same in torch ops (the tests' reference: what torch's own
 ``searchsorted`` finds).
 """
@@ -41,13 +42,34 @@ def _run_keys_kernel(run_slot_ptr, key_ptr, S, NC, N, CW: tl.constexpr, BLOCK: t
     tl.store(key_ptr + pos, key.to(key_ptr.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _ranges_kernel(skey_ptr, lo_ptr, hi_ptr, NK, NC, NONE, BLOCK: tl.constexpr):
+    """Each (stream, slot)'s range ``[lo, hi)`` of the sorted run-start keys (they are
+    contiguous: the key is ``(p * S + slot) * NC + c``); slots never written keep the
+    empty range the caller zeroed. One writer per range end: the positions where the
+    (stream, slot) changes."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < NK
+    k = tl.load(skey_ptr + i, mask=m, other=0).to(tl.int64) // NC
+    kp = tl.load(skey_ptr + i - 1, mask=m & (i > 0), other=-1).to(tl.int64)
+    kn = tl.load(skey_ptr + i + 1, mask=m & (i + 1 < NK), other=-1).to(tl.int64)
+    valid = m & (k < NONE)   # not the key of a position that starts no run
+    # kp / kn: -1 past either end, which no (stream, slot) divides to
+    first = valid & ((i == 0) | (kp // NC != k))
+    last = valid & ((i + 1 == NK) | (kn // NC != k))
+    tl.store(lo_ptr + k, i, mask=first)
+    tl.store(hi_ptr + k, i + 1, mask=last)
+
+
 @triton.jit(do_not_specialize=["STEPS"])
-def _search_kernel(slot_ptr, skey_ptr, order_ptr, src_ptr, S, NC, P, NE, NK, STEPS,
+def _search_kernel(slot_ptr, lo_ptr, hi_ptr, order_ptr, src_ptr, skey_ptr, S, NC, P, NE, STEPS,
                    CE: tl.constexpr, CW: tl.constexpr, BLOCK: tl.constexpr):
     """Each entry's source: the first run start in sorted order whose key is at least the
-    entry's own (``(p * S + slot) * NC + c``), if it is of the same stream and slot, as its
-    log row ``(c' * P + p) * CW + f``; else -1. A lower-bound binary search of ``STEPS``
-    halvings (a runtime count: one compilation for every length)."""
+    entry's own (``(p * S + slot) * NC + c``) among its (stream, slot)'s run starts
+    (``_ranges_kernel``), as its log row ``(c' * P + p) * CW + f``; else -1. A lower-bound
+    binary search of ``STEPS`` halvings over that range (at most ``NC`` keys: a runtime
+    count, one compilation for every length), not over all run starts: a few dependent
+    loads per entry instead of ~20 (the launch was bound by their L2 traffic)."""
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < NE
     b = e // CE
@@ -56,8 +78,9 @@ def _search_kernel(slot_ptr, skey_ptr, order_ptr, src_ptr, S, NC, P, NE, NK, STE
     live = m & (sl >= 0)
     ps = p.to(tl.int64) * S + sl
     q = ps * NC + c
-    lo = tl.zeros([BLOCK], tl.int64)
-    n = tl.zeros([BLOCK], tl.int64) + NK   # the search range [lo, lo + n)
+    lo = tl.load(lo_ptr + ps, mask=live, other=0).to(tl.int64)
+    hi = tl.load(hi_ptr + ps, mask=live, other=0).to(tl.int64)
+    n = hi - lo   # the search range [lo, lo + n)
     step = 0
     while step < STEPS:   # a while: the interpreter's range() refuses a runtime bound
         step += 1
@@ -67,9 +90,7 @@ def _search_kernel(slot_ptr, skey_ptr, order_ptr, src_ptr, S, NC, P, NE, NK, STE
         right = (n > 0) & (k < q)
         lo = tl.where(right, mid + 1, lo)
         n = tl.where(right, n - half - 1, half)
-    found = live & (lo < NK)
-    k = tl.load(skey_ptr + lo, mask=found, other=-1).to(tl.int64)
-    found = found & (k // NC == ps)
+    found = live & (lo < hi)   # a key of the entry's own (stream, slot), at least its own
     pos = tl.load(order_ptr + lo, mask=found, other=0)
     bw, f = pos // CW, pos % CW
     row = ((bw % NC) * P + bw // NC) * CW + f
@@ -97,9 +118,13 @@ def chunk_start_sources(pl, S: int) -> Tensor:
            CW=C * W, BLOCK=BLOCK)
     # the run starts are unique keys (one run per written slot and chunk): any sort will do
     skey, order = torch.sort(keys)
+    # each (stream, slot)'s range of sorted keys; zeros: empty ranges (slots never written)
+    ranges = torch.zeros(2, pl.P * S, dtype=torch.int32, device=pl.slot.device)
+    launch(_ranges_kernel, (triton.cdiv(N, BLOCK),), skey, ranges[0], ranges[1], N, pl.NC,
+           pl.P * S, BLOCK=BLOCK)
     src = torch.empty(B, C, E, dtype=torch.int32, device=pl.slot.device)
-    launch(_search_kernel, (triton.cdiv(NE, BLOCK),), pl.slot, skey, order, src, S, pl.NC,
-           pl.P, NE, N, N.bit_length(), CE=C * E, CW=C * W, BLOCK=BLOCK)
+    launch(_search_kernel, (triton.cdiv(NE, BLOCK),), pl.slot, ranges[0], ranges[1], order, src,
+           skey, S, pl.NC, pl.P, NE, int(pl.NC).bit_length(), CE=C * E, CW=C * W, BLOCK=BLOCK)
     return src
 
 

@@ -512,7 +512,8 @@ def _window_sum_kernel(src_ptr, dst_ptr, NB, blk_s, src_p, dst_p, dst_0, n, C: t
     dst_0 + i] = sum_j src[j * blk_s + p * src_p + i]`` for ``i < n``, over the ``NB``
     column blocks ``j`` in tiles of ``ROWS``, the tiles in order (a fixed order:
     deterministic). ``TRI``: the elements are ``[C, C]`` matrices whose upper triangle is
-    zero (dQK, dL: the product launch stores zeros there), which is not read."""
+    zero (dQK, dL), which the product launch does not store and this one does not read:
+    its sums there are zeros."""
     p = tl.program_id(1)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
