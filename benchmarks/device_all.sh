@@ -464,6 +464,14 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s25d)   # session 25: the sources' search over each slot's range of run starts, against
+      # the tree before it (.old25, carried: git archive 48a69e6 sdm_inductor); its CUDA
+      # tests; the profile of an autograd step
+      run t25d 150 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "sources or kept"
+      run ab25d 240 python3 benchmarks/ab_trees.py --a .old25 --b . --configs A,B --chunks 128 --rounds 3
+      cd benchmarks
+      run prof25d 90 python3 profile_autograd.py 128 40
+      cd .. ;;
     s25a)   # session 25: the dB groups in two launches over blocks of every segment, the
       # window sums by one kernel that skips the zero upper triangles of dQK / dL; their
       # CUDA tests; against session 24's tree (.old25, carried: git archive e4c3e09
