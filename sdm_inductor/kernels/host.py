@@ -44,6 +44,8 @@ NAME = "cuda-triton-chunked"
 # NG_BWD=512, KW_BWD=1, AHEAD_BWD=0). AHEAD_BWD: the backward's next tile of chunk-start
 # rows loads while this one is reduced. BWD_WINDOWS: the backward runs the chunks in this many
 # launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
+# 2 against 4 (NOTES.md run 25): autograd 0.994 at A and B C=128, peak at A C=128 2.57 ->
+# 2.68 GiB (the partial sums of a window double).
 CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,

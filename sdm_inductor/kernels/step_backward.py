@@ -21,8 +21,8 @@ piece is one launch with many programs (as the forward's ``step.py``):
    distinct touched slot, once, in its group's order (``backward._group_tile``).
 
 Partial sums over columns go to ``[blocks, P * NCW, C, n]`` buffers (a window of ``NCW``
-chunks per stream) that the host reduces in a fixed order after each window, as for the
-column walk. Every element has one writer: deterministic.
+chunks per stream) that ``window_sums`` reduces in a fixed order after each window (the
+column walk reduces its own by torch). Every element has one writer: deterministic.
 """
 from __future__ import annotations
 
