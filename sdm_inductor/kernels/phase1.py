@@ -733,14 +733,21 @@ def _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_to
 
 
 @triton.jit
-def _block_starts(perm_ptr, gs_ptr, na_ptr, base, pos, m, PACK: tl.constexpr):
-    """The entries at positions ``pos``, where a group starts, its members, and which
-    starts go to the front of the row (``PACK`` 2: groups of several members; 1: all)."""
+def _block_starts(perm_ptr, gs_ptr, na_ptr, CE, NB, PACK: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's segment ``b`` and block ``k`` of ``BLOCK`` positions ``pos`` (of
+    ``NB`` per segment, ``m``: inside it), the entries there, where a group starts, its
+    members, and which starts go to the front of the row (``PACK`` 2: groups of several
+    members; 1: all)."""
+    b = tl.program_id(0) // NB
+    k = tl.program_id(0) % NB
+    base = b.to(tl.int64) * CE
+    pos = k * BLOCK + tl.arange(0, BLOCK)
+    m = pos < CE
     e = tl.load(perm_ptr + base + pos, mask=m, other=0)   # the entry at this position
     st = m & (tl.load(gs_ptr + base + e, mask=m, other=-1) == pos)
     na = tl.load(na_ptr + base + e, mask=st, other=0)
     front = st & (na > 1) if PACK == 2 else st
-    return e, st, na, front
+    return b, k, base, pos, m, e, st, na, front
 
 
 @triton.jit
@@ -749,12 +756,8 @@ def _group_counts_kernel(perm_ptr, gs_ptr, na_ptr, cnt_ptr, CE, NB, PACK: tl.con
     """Per block of a segment's positions: its front groups and its other groups (the
     first pass of ``entry_groups``: the second places each block's headers after the
     counts of the blocks before it)."""
-    b = tl.program_id(0) // NB
-    k = tl.program_id(0) % NB
-    base = b.to(tl.int64) * CE
-    pos = k * BLOCK + tl.arange(0, BLOCK)
-    m = pos < CE
-    e, st, na, front = _block_starts(perm_ptr, gs_ptr, na_ptr, base, pos, m, PACK)
+    b, k, base, pos, m, e, st, na, front = _block_starts(perm_ptr, gs_ptr, na_ptr, CE, NB,
+                                                         PACK, BLOCK)
     back = st & ~front
     out = cnt_ptr + (b * NB + k).to(tl.int64) * 2
     tl.store(out, tl.sum(front.to(tl.int32), axis=0))
@@ -771,12 +774,8 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
     counts, ``_group_counts_kernel``, and the block's prefix sum); 2: the same for groups
     of several members, and from the row's end for groups of one; then the header
     columns of the block that lie between the two get the empty header."""
-    b = tl.program_id(0) // NB
-    k = tl.program_id(0) % NB
-    base = b.to(tl.int64) * CE
-    pos = k * BLOCK + tl.arange(0, BLOCK)
-    m = pos < CE
-    e, st, na, front = _block_starts(perm_ptr, gs_ptr, na_ptr, base, pos, m, PACK)
+    b, k, base, pos, m, e, st, na, front = _block_starts(perm_ptr, gs_ptr, na_ptr, CE, NB,
+                                                         PACK, BLOCK)
     tok = e // E
     ev = tl.load(ev_ptr + base + e, mask=m, other=0.0)
     tl.store(o_tok_ptr + base + pos, tok, mask=m)
