@@ -54,7 +54,8 @@ def _ranges_kernel(skey_ptr, lo_ptr, hi_ptr, NK, NC, NONE, BLOCK: tl.constexpr):
     kp = tl.load(skey_ptr + i - 1, mask=m & (i > 0), other=-1).to(tl.int64)
     kn = tl.load(skey_ptr + i + 1, mask=m & (i + 1 < NK), other=-1).to(tl.int64)
     valid = m & (k < NONE)   # not the key of a position that starts no run
-    # kp / kn: -1 past either end, which no (stream, slot) divides to
+    # the ends are tested by position: the masked loads' -1 divides (truncating) to 0,
+    # which is stream 0's slot 0
     first = valid & ((i == 0) | (kp // NC != k))
     last = valid & ((i + 1 == NK) | (kn // NC != k))
     tl.store(lo_ptr + k, i, mask=first)

@@ -261,9 +261,8 @@ def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
     dlk = tl.load(d_ptr + kbuf, mask=kc[:, None] & cm[None, :], other=0.0)
     prt = ms * NB + p * NCW + c % NCW     # the chunk's row of this slice's partials
     prow = (prt.to(tl.int64) * C + toks)[:, None] * C
-    sm = tm[:, None] & kc[None, :]
     # on and below the diagonal only: window_sums reads nothing above it
-    sm = sm & (ks[None, :] <= toks[:, None])
+    sm = tm[:, None] & kc[None, :] & (ks[None, :] <= toks[:, None])
     gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
     tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0), mask=sm)
     gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
