@@ -281,15 +281,20 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
     from sdm_inductor.kernels import host
     ins, dy, dM = _training_case(dtype)
     got = {}
+    # PRELUDE 2 / 1: the backward's groups and sources made beside / before the forward's
+    # walk; 0: by the backward, as a recomputing backward does
     try:
-        for keep in (1, 0):
-            host.CONFIG["KEEP"] = keep
-            got[keep] = _grads(ins, 64, dy, dM)[2]
-            assert ops.last_dispatch()["phase1_backward"] == ("kept" if keep else "recomputed")
+        for keep, prelude in ((1, 2), (1, 1), (1, 0), (0, 2)):
+            host.CONFIG.update(KEEP=keep, PRELUDE=prelude)
+            got[keep, prelude] = _grads(ins, 64, dy, dM)[2]
+            d = ops.last_dispatch()
+            assert d["phase1_backward"] == ("kept" if keep else "recomputed")
+            assert d["backward_prelude"] == ("forward" if keep and prelude else "backward")
     finally:
-        host.CONFIG["KEEP"] = 1
-    for n, a, b in zip(NAMES, got[1], got[0]):
-        assert torch.equal(a, b), n
+        host.CONFIG.update(KEEP=1, PRELUDE=2)
+    for other in ((1, 1), (1, 0), (0, 2)):
+        for n, a, b in zip(NAMES, got[1, 2], got[other]):
+            assert torch.equal(a, b), (other, n)
 
 
 @pytest.mark.parametrize("walk", ["step", "column"])

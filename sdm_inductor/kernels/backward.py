@@ -23,13 +23,15 @@ the transpose of ``phase1._pairs_kernel``; every output element has one writer.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from .launch import launch, pow2, step_walks
-from .phase1 import entry_groups, plan
+from .phase1 import Groups, entry_groups, plan
 from .pipeline import ahead, behind, token_windows
 from .sources import chunk_start_sources
 
@@ -540,7 +542,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     # log (sources.py; SOURCES=1: a log of the bank's rows, 2: also fp8 / int4 logs, whose
     # dequantization in the one-warp gather launch spills on sm_90); else the bank state,
     # rebuilt chunk by chunk in reverse from the final bank and the log
-    by_source = step and one_window and config["SOURCES"] >= (1 if qmode == 0 else 2)
+    by_source = step and one_window and uses_sources(snapshot_quant, config)
     work = final_bank.contiguous() if by_source else final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
@@ -560,9 +562,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         from .. import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
-        dv, sums = _reverse(pl, entry_groups(pl, config["GROUP_PACK"]), log, scales, v,
-                            dy, *ctx, dv_dtype=bank_dtype, vmr=None if kept is None else kept.vmr,
-                            sources=chunk_start_sources(pl, S) if by_source else None)
+        groups, sources = _prelude_parts(kept, pl, S, by_source, config)
+        dv, sums = _reverse(pl, groups, log, scales, v, dy, *ctx, dv_dtype=bank_dtype,
+                            vmr=None if kept is None else kept.vmr, sources=sources)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return dB.to(bank_dtype), dk.to(bank_dtype), dv, dbeta, dg, dq.to(bank_dtype)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -584,6 +586,49 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
             for o, x in zip((dk, dbeta, dg, dq), _phase1_grads(pl, sums, g.shape[2])):
                 o[:, t0:t1] = x
     return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
+
+
+@dataclasses.dataclass(frozen=True)
+class Prelude:
+    """What the backward's step walk needs of Phase 1 alone before its first launch (a
+    training forward makes it beside its walk: ``host.CONFIG["PRELUDE"]``): the groups
+    (``entry_groups`` in layout ``pack``) and, where the walk reads each entry's
+    chunk-start row by its source (``uses_sources``), the sources for a bank of ``S``
+    rows (else None)."""
+    groups: Groups
+    pack: int
+    S: int
+    sources: Tensor | None
+
+
+def uses_sources(snapshot_quant: str, config: dict) -> bool:
+    """Whether the step walk of one window reads chunk-start rows by their sources: logs
+    of raw rows at ``SOURCES >= 1``, fp8 / int4 logs only at 2 (``backward``)."""
+    return config["SOURCES"] >= (1 if _QMODE[snapshot_quant] == 0 else 2)
+
+
+def prelude(pl, S: int, snapshot_quant: str, config: dict) -> Prelude:
+    """The ``Prelude`` of plan ``pl`` on a bank of ``S`` rows: shapes-only host code, no
+    bank row read, so it may run before the forward's walk has advanced the bank."""
+    pack = int(config["GROUP_PACK"])
+    src = chunk_start_sources(pl, S) if uses_sources(snapshot_quant, config) else None
+    return Prelude(entry_groups(pl, pack), pack, S, src)
+
+
+def _prelude_parts(kept, pl, S: int, by_source: bool, config: dict):
+    """(groups, sources or None) for the step walk of one window: the forward's
+    ``Prelude`` where it fits this call (the same layout and bank), else made here."""
+    pre = getattr(kept, "prelude", None)
+    if pre is not None and pre.S != S:
+        pre = None
+    pack = int(config["GROUP_PACK"])
+    fits = pre is not None and pre.pack == pack and (pre.sources is not None or not by_source)
+    from .. import ops
+    ops.record_dispatch(backward_prelude="forward" if fits else "backward")
+    if not fits:
+        pre = Prelude(entry_groups(pl, pack), pack, S,
+                      chunk_start_sources(pl, S) if by_source else None)
+    return pre.groups, (pre.sources if by_source else None)
 
 
 def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):

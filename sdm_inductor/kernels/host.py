@@ -22,7 +22,7 @@ from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
 from . import graphs, plan_graph
-from .pipeline import ahead, token_windows
+from .pipeline import ahead, beside, token_windows
 from .quantize import pack_log
 from .phase2 import _forward_kernel
 from .step import ROWS_MAX_CP, _step_gather_kernel, _step_mix_kernel, _step_write_kernel
@@ -46,7 +46,7 @@ NAME = "cuda-triton-chunked"
 # launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
 # 2 against 4 (NOTES.md run 25): autograd 0.994 at A and B C=128, peak at A C=128 2.57 ->
 # 2.68 GiB (the partial sums of a window double).
-CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
+CONFIG = dict(PRELUDE=2, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=2,
@@ -149,6 +149,11 @@ CONFIG = dict(BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WA
 # both, forward + backward 0.926 / 0.896 / 0.894.
 # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
 # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather launch.
+# PRELUDE: a training forward that keeps its Phase 1 (KEEP) also makes what its backward's
+# step walk needs before its first launch, from Phase 1 alone (``backward.prelude``: the
+# groups, the chunk-start sources): 2 on the side stream beside the forward's walk, whose
+# latency-bound launches leave SMs idle (``pipeline.beside``), 1 inline before the walk,
+# 0 in the backward (as before run 26). Bitwise the same values either way.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
 # launch, whose [W, BD] tiles of dB and chunk-start rows fill the registers.
 
@@ -441,11 +446,18 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         # not while a CUDA graph records the call (a compiled graph's extern call: nothing
         # takes the offer there, and it would pin memory of the graph's pool)
+        join = None
         if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
+            pre, join = None, lambda: None
+            if CONFIG["PRELUDE"]:   # the backward's prelude, beside this walk
+                pre, join = beside(lambda: bwd.prelude(pl, S, snapshot_quant, CONFIG),
+                                   bank.device, CONFIG["PRELUDE"] == 2)
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
-                                        device=bank.device))
+                                        device=bank.device), pre)
         _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
                    None if keep is None else keep.vmr)
+        if join is not None:
+            join()
         if not whole:
             readings[:, t0:t1] = out
     if rows is None:
@@ -460,9 +472,12 @@ class Kept:
     """What a training forward's step walk hands to its backward (``ops.keep_for_backward``):
     its Phase 1 (``phase1.plan``) and ``v - r0`` of every chunk (``[NC, P, CP, hd]`` fp32),
     which the backward would otherwise recompute (a plan, and a gather of every write row
-    per chunk). About 0.2 GiB at config A, beside the undo log's 1.6 GiB."""
+    per chunk). About 0.2 GiB at config A, beside the undo log's 1.6 GiB. ``prelude``
+    (``backward.Prelude`` or None): the backward's groups and chunk-start sources, made
+    beside the forward's walk (``CONFIG["PRELUDE"]``)."""
     plan: object
     vmr: Tensor
+    prelude: object = None
 
 
 @direct_launches

@@ -122,3 +122,25 @@ def behind(device: torch.device, enabled: bool, *used: Tensor):
         t.record_stream(side)
     with torch.cuda.stream(side):
         yield
+
+
+def beside(make: Callable, device: torch.device, enabled: bool = True):
+    """``(make(), join)``: with ``enabled`` and ``overlaps(device)``, ``make``'s work is
+    queued on the side stream after everything queued so far on the current stream, so
+    it runs beside the current stream's work queued before ``join()``; ``join()`` makes
+    the current stream wait for it (call it before the results are read, at the latest
+    when the call ends: nothing of a call is left running on the side stream). The
+    results, allocated on the side stream, are marked as used by the current stream
+    (``record_stream``), as ``ahead``'s. ``make`` must read only tensors that stay alive
+    until ``join`` (the caller holds them). Otherwise ``make`` runs here and ``join`` does
+    nothing."""
+    if not (enabled and overlaps(device)):
+        return make(), lambda: None
+    main = torch.cuda.current_stream(device)
+    side = _side_stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        out = make()
+    for t in _tensors(out):
+        t.record_stream(main)
+    return out, lambda: main.wait_stream(side)
