@@ -464,6 +464,25 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd benchmarks
       run host17 120 python3 host_bound.py A:64 A:128 B:128
       cd .. ;;
+    s26a)   # session 26: the backward's prelude beside the forward's walk (PRELUDE), the
+      # entry grads of all but the last window beside the next window's walk (GRADS_BESIDE);
+      # their CUDA tests; in-process A/B of each against off, and three backward windows
+      run t26a 240 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "kept or oracle or walk_graph or sources or launch_overlap or group_layouts"
+      cd benchmarks
+      for cfg in A B; do
+        run ab26a_$cfg 150 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows fwd,ag \
+          --b PRELUDE=0 --c GRADS_BESIDE=0 --d BWD_WINDOWS=3
+      done
+      cd .. ;;
+    s26b)   # session 26, final: every CUDA-marked test (as `full`)
+      full_cuda 540 ;;
+    s26c)   # session 26: against session 25's tree (.old26, carried: git archive 241e766
+      # sdm_inductor), then the benchmark
+      run ab26c 240 python3 benchmarks/ab_trees.py --a .old26 --b . --configs A,B --chunks 128 --rounds 3
+      cd benchmarks
+      run bench26c 330 python3 bench_cuda.py
+      cd .. ;;
     s25d)   # session 25: the sources' search over each slot's range of run starts, against
       # the tree before it (.old25, carried: git archive 48a69e6 sdm_inductor); its CUDA
       # tests; the profile of an autograd step

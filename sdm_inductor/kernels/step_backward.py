@@ -555,7 +555,7 @@ def window_sums(parts: dict, sums: dict, c_lo: int, n: int, NCW: int, C: int):
 
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
-                 config: dict, vmr_kept=None, sources=None) -> dict:
+                 config: dict, vmr_kept=None, sources=None, after_window=None) -> dict:
     """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
     ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
     cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s).
@@ -566,7 +566,9 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
 
     The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
     the last chunks first), reduced over the column blocks after each window, so their
-    memory is a fraction of the whole sequence's (the row of chunk c is ``c % NCW``)."""
+    memory is a fraction of the whole sequence's (the row of chunk c is ``c % NCW``).
+    ``after_window(sums, c_lo, n)``, if given, is called once a window's sums (chunks
+    ``[c_lo, c_lo + n)`` of every stream) are queued, with all the sums as ``[B, C, k]``."""
     P, C, W, R, NC, B = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B
     E, T = W + R, pl.T
     hd = dB.shape[1]
@@ -585,6 +587,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
+    views = {k: x.view(B, C, -1) for k, x in sums.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
     BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
     CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
@@ -644,4 +647,6 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                    config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order, straight into their slice
         window_sums(parts, sums, c_lo, n, NCW, C)
-    return {k: x.view(B, C, -1) for k, x in sums.items()}
+        if after_window is not None:
+            after_window(views, c_lo, n)
+    return views
