@@ -475,6 +475,16 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b PRELUDE=0 --c GRADS_BESIDE=0 --d BWD_WINDOWS=3
       done
       cd .. ;;
+    s26d)   # session 26: the walks on a stream of higher priority than the side stream's
+      # work beside them (WALK_PRIORITY); against it off, and the side work off
+      run t26d 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "kept or walk_graph or launch_overlap or bitwise"
+      cd benchmarks
+      for cfg in A B; do
+        run ab26d_$cfg 150 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows fwd,ag \
+          --b WALK_PRIORITY=0 --c GRADS_BESIDE=0 --d PRELUDE=0 GRADS_BESIDE=0
+      done
+      cd .. ;;
     s26b)   # session 26, final: every CUDA-marked test (as `full`)
       full_cuda 540 ;;
     s26c)   # session 26: against session 25's tree (.old26, carried: git archive 241e766
