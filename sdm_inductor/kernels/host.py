@@ -22,7 +22,7 @@ from .decode import DECODE_MAX_T, _decode_kernel
 from .launch import EVICT, Relaunch, direct_launches, launch, pdl, pow2, step_walks
 from .phase1 import plan, prep
 from . import graphs, plan_graph
-from .pipeline import ahead, before_side, beside, token_windows
+from .pipeline import ahead, beside, token_windows
 from .quantize import pack_log
 from .phase2 import _forward_kernel
 from .step import ROWS_MAX_CP, _step_gather_kernel, _step_mix_kernel, _step_write_kernel
@@ -46,7 +46,7 @@ NAME = "cuda-triton-chunked"
 # launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
 # 2 against 4 (NOTES.md run 25): autograd 0.994 at A and B C=128, peak at A C=128 2.57 ->
 # 2.68 GiB (the partial sums of a window double).
-CONFIG = dict(PRELUDE=2, GRADS_BESIDE=1, WALK_PRIORITY=1, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
+CONFIG = dict(PRELUDE=2, GRADS_BESIDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=2,
@@ -157,8 +157,9 @@ CONFIG = dict(PRELUDE=2, GRADS_BESIDE=1, WALK_PRIORITY=1, BD=16, BD_DECODE=16, B
 # GRADS_BESIDE: the backward step walk's Phase 1 backwards per entry (``backward.entry_grads``)
 # of each window but the last, on the side stream once the window's sums are queued,
 # beside the next window's walk (0: every window's on the current stream). Bitwise the same.
-# WALK_PRIORITY: while PRELUDE / GRADS_BESIDE work runs on the side stream, the walk's
-# launches go to a stream of higher priority (``pipeline.before_side``; 0: the current one).
+# Measured slower (NOTES.md run 26, autograd C=128, 0 against 1: 0.994 / 0.992 at A, 0.998 /
+# 0.990 at B; a walk on a higher-priority stream beside it was slower still): off.
+# PRELUDE=0 against 2: 1.004 (A), 1.011 (B) in that run.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
 # launch, whose [W, BD] tiles of dB and chunk-start rows fill the registers.
 
@@ -241,10 +242,9 @@ def walk_kind(C: int, bank: Tensor, P: int, W: int, R: int) -> str:
 
 
 def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
-               keep: Tensor | None = None, beside_work: bool = False):
+               keep: Tensor | None = None):
     """The step walk (``step.py``): two or three launches per chunk, in chunk order.
-    ``keep`` (``[NC, P, CP, hd]`` fp32): receives ``v - r0`` for the backward.
-    ``beside_work``: the side stream has work queued to run beside the walk."""
+    ``keep`` (``[NC, P, CP, hd]`` fp32): receives ``v - r0`` for the backward."""
     P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     hd = bank.shape[1]
     CP = pow2(C)
@@ -291,11 +291,9 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                 mix(c)
             write(c)
 
-    # the same launches as an earlier call: replayed from its CUDA graph (graphs.py); with
-    # work beside the walk on the side stream, ahead of it (``pipeline.before_side``)
-    with before_side(bank.device, beside_work and CONFIG["WALK_PRIORITY"]):
-        graphs.run(("forward", NC, mix_in_gather, gather.key, mix.key, write.key), body,
-                   bank.device, CONFIG["WALK_GRAPHS"])
+    # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
+    graphs.run(("forward", NC, mix_in_gather, gather.key, mix.key, write.key), body,
+               bank.device, CONFIG["WALK_GRAPHS"])
 
 
 def _walk_block_cols(hd: int) -> int:
@@ -463,8 +461,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
                                         device=bank.device), pre)
         _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
-                   None if keep is None else keep.vmr,
-                   keep is not None and keep.prelude is not None and CONFIG["PRELUDE"] == 2)
+                   None if keep is None else keep.vmr)
         if join is not None:
             join()
         if not whole:

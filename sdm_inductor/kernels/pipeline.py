@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 _SIDE: dict = {}
-_FIRST: dict = {}
 # One item has nothing to overlap: ``ahead`` then runs it on the current stream. On the
 # side stream, its results' memory (``record_stream``) is reusable only once the current
 # stream's work has finished, so a host that runs calls ahead of the GPU makes the
@@ -156,30 +155,3 @@ def join(device: torch.device) -> None:
     work); nothing where ``overlaps(device)`` is false."""
     if overlaps(device) and _side_key(device) in _SIDE:
         torch.cuda.current_stream(device).wait_stream(_side_stream(device))
-
-
-def _first_stream(device: torch.device) -> torch.cuda.Stream:
-    key = _side_key(device)
-    if key not in _FIRST:
-        _FIRST[key] = torch.cuda.Stream(device, priority=-1)   # higher than the side's 0
-    return _FIRST[key]
-
-
-@contextlib.contextmanager
-def before_side(device: torch.device, enabled: bool):
-    """Launches queued in this block (no allocations: the memory would belong to another
-    stream) go to a stream of higher priority than the side stream, ordered after and
-    before the current stream's work around the block. Stream priority orders the
-    scheduling of waiting programs only (a running program is not preempted), so a walk's
-    latency-bound launches take SMs first as they free up, and the side stream's
-    ``beside`` / ``behind`` work fills the rest instead of delaying the walk. Without
-    ``enabled`` and ``overlaps(device)``, the block runs on the current stream."""
-    if not (enabled and overlaps(device)):
-        yield
-        return
-    main = torch.cuda.current_stream(device)
-    first = _first_stream(device)
-    first.wait_stream(main)
-    with torch.cuda.stream(first):
-        yield
-    main.wait_stream(first)

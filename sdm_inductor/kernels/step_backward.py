@@ -33,7 +33,6 @@ import triton.language as tl
 from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
 from . import graphs
 from .launch import EVICT, Relaunch, launch, pdl, pow2
-from .pipeline import before_side
 from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
                    _grid_dependency, _launch_dependents, _token_program, _wait)
 
@@ -636,22 +635,18 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  ONE=int(config["GROUP_ONE"]), num_warps=config["WARPS_GROUP"], num_stages=1,
                  **pd),
     ]
-    # with work beside the walk on the side stream (after_window's), the walk ahead of it
-    first = (after_window is not None and NC > NCW and config.get("GRADS_BESIDE", 0)
-             and config.get("WALK_PRIORITY", 0))
-    with before_side(dB.device, first):
-        for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
-            n = min(NCW, NC - c_lo)
-            def body(c_lo=c_lo, n=n):
-                for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order all
-                    for step in steps:
-                        step(c)
+    for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
+        n = min(NCW, NC - c_lo)
+        def body(c_lo=c_lo, n=n):
+            for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
+                for step in steps:
+                    step(c)
 
-            # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
-            graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
-                       config.get("WALK_GRAPHS", 0))
-            # cross-column sums of the window, in a fixed order, straight into their slice
-            window_sums(parts, sums, c_lo, n, NCW, C)
-            if after_window is not None:
-                after_window(views, c_lo, n)
+        # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
+        graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
+                   config.get("WALK_GRAPHS", 0))
+        # cross-column sums of the window, in a fixed order, straight into their slice
+        window_sums(parts, sums, c_lo, n, NCW, C)
+        if after_window is not None:
+            after_window(views, c_lo, n)
     return views
