@@ -485,6 +485,25 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b WALK_PRIORITY=0 --c GRADS_BESIDE=0 --d PRELUDE=0 GRADS_BESIDE=0
       done
       cd .. ;;
+    s26e)   # session 26: the backward's first product of a window's chunks in one launch
+      # before its walk (MIX1_AHEAD 1 / 2) against one per chunk step (0); its CUDA tests
+      run t26e 240 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "first_product or kept or launch_overlap or walk_graph or oracle"
+      cd benchmarks
+      for cfg in A B; do
+        run ab26e_$cfg 150 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows fwd,ag \
+          --b MIX1_AHEAD=0 --c MIX1_AHEAD=2
+      done
+      cd .. ;;
+    s26f)   # session 26: the lowerings / examples / export / AOTI CUDA tests (the traced
+      # backward's Phase 1 grads changed), beside the rest of test_cuda.py
+      export CXX=/usr/bin/g++
+      run t26f_compile 560 python3 -m pytest -q -rA -p no:cacheprovider -m cuda tests \
+        --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py &
+      run t26f_kernels 560 python3 -m pytest -q -rA -p no:cacheprovider -m cuda \
+        tests/test_cuda.py tests/test_gated.py tests/test_nn.py \
+        -k "not (first_product or kept or launch_overlap or walk_graph or oracle)" &
+      wait ;;
     s26b)   # session 26, final: every CUDA-marked test (as `full`)
       full_cuda 540 ;;
     s26c)   # session 26: against session 25's tree (.old26, carried: git archive 241e766

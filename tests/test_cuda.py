@@ -297,6 +297,26 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
             assert torch.equal(a, b), (other, n)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_product_ahead_is_bitwise_the_per_step_launch(dtype):
+    """The backward's first product for all chunks of a window in one launch before its
+    walk (``MIX1_AHEAD`` 1 and 2: the Dw launch's loads on either side of its wait) gives
+    bitwise the gradients of one product launch per chunk step (0). Five chunks in two
+    windows of three: the first window launch has programs past the sequence."""
+    from sdm_inductor.kernels import host
+    ins, dy, dM = _training_case(dtype)
+    got = {}
+    for ahead in (1, 2, 0):
+        host.CONFIG["MIX1_AHEAD"] = ahead   # (the autouse fixture restores CONFIG)
+        got[ahead] = _grads(ins, 64, dy, dM)[2]
+        d = ops.last_dispatch()
+        assert (d["phase1_backward"], d["first_product"]) == (
+            "kept", "ahead" if ahead else "per step"), d
+    for ahead in (2, 0):
+        for n, a, b in zip(NAMES, got[1], got[ahead]):
+            assert torch.equal(a, b), (ahead, n)
+
+
 @pytest.mark.parametrize("walk", ["step", "column"])
 def test_group_layouts_are_bitwise_equal(walk):
     """The dB launches over split, packed and by-position group headers (``GROUP_PACK``,

@@ -384,17 +384,20 @@ def _kept_for_backward():
                                                   ins.q_idx, x[5], 16, 10)
         torch.autograd.backward((y, M), (dy, dM))
         d = ops.last_dispatch()
-        return (d.get("phase1_backward"), d.get("backward_prelude")), [t.grad for t in x]
+        return ((d.get("phase1_backward"), d.get("backward_prelude"), d.get("first_product")),
+                [t.grad for t in x])
 
     (how_k, kept), (how_r, recomputed) = grads(1), grads(0)
     recomputed_plain = recomputed
-    # the kept forward also made the backward's groups and sources (host.CONFIG PRELUDE)
-    assert (how_k, how_r) == (("kept", "forward"), ("recomputed", "backward")), (how_k, how_r)
+    # the kept forward also made the backward's groups and sources (host.CONFIG PRELUDE),
+    # and its v - r0 lets the backward's first product run ahead of each window (MIX1_AHEAD)
+    assert (how_k, how_r) == (("kept", "forward", "ahead"),
+                              ("recomputed", "backward", "per step")), (how_k, how_r)
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
         _check("kept grad " + n, a, r, 1e-5)
     (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
-    assert how_k == ("kept", "forward"), how_k
+    assert how_k == ("kept", "forward", "ahead"), how_k
     for i, (a, b) in enumerate(zip(kept, recomputed)):
         _check(f"gated kept grad {i}", a, b, 1e-5)
     host.CONFIG["KEEP"] = 1
