@@ -282,18 +282,17 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
     ins, dy, dM = _training_case(dtype)
     got = {}
     # PRELUDE 2 / 1: the backward's groups and sources made beside / before the forward's
-    # walk; 0: by the backward, as a recomputing backward does
-    try:
-        for keep, prelude in ((1, 2), (1, 1), (1, 0), (0, 2)):
-            host.CONFIG.update(KEEP=keep, PRELUDE=prelude)
-            got[keep, prelude] = _grads(ins, 64, dy, dM)[2]
-            d = ops.last_dispatch()
-            assert d["phase1_backward"] == ("kept" if keep else "recomputed")
-            assert d["backward_prelude"] == ("forward" if keep and prelude else "backward")
-    finally:
-        host.CONFIG.update(KEEP=1, PRELUDE=2)
-    for other in ((1, 1), (1, 0), (0, 2)):
-        for n, a, b in zip(NAMES, got[1, 2], got[other]):
+    # walk; 0: by the backward, as a recomputing backward does. GRADS_BESIDE: the first
+    # window's Phase 1 grads on the side stream beside the second window's walk
+    sides = ((1, 2, 0), (1, 1, 0), (1, 0, 0), (0, 2, 0), (1, 2, 1))
+    for keep, prelude, beside in sides:   # (the autouse fixture restores CONFIG)
+        host.CONFIG.update(KEEP=keep, PRELUDE=prelude, GRADS_BESIDE=beside)
+        got[keep, prelude, beside] = _grads(ins, 64, dy, dM)[2]
+        d = ops.last_dispatch()
+        assert d["phase1_backward"] == ("kept" if keep else "recomputed")
+        assert d["backward_prelude"] == ("forward" if keep and prelude else "backward")
+    for other in sides[1:]:
+        for n, a, b in zip(NAMES, got[sides[0]], got[other]):
             assert torch.equal(a, b), (other, n)
 
 

@@ -572,18 +572,20 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         from .. import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
         groups, sources = _prelude_parts(kept, pl, S, by_source, config)
-        bufs = entry_grad_buffers(pl) if step else None
+        beside = step and bool(config["GRADS_BESIDE"])
+        bufs = entry_grad_buffers(pl) if beside else None
 
         def after_window(sums, c_lo, n):
             # a window's entry grads as soon as its sums are queued; all but the last
             # window's (chunk 0 on) on the side stream, beside the next window's walk
-            with behind(dev, config["GRADS_BESIDE"] and c_lo > 0, *sums.values()):
+            with behind(dev, c_lo > 0, *sums.values()):
                 entry_grads(pl, sums, bufs, c_lo, n)
 
         dv, sums = _reverse(pl, groups, log, scales, v, dy, *ctx, dv_dtype=bank_dtype,
                             vmr=None if kept is None else kept.vmr, sources=sources,
-                            after_window=after_window if step else None)
-        join(dev)   # the side stream's entry grads, before they are read
+                            after_window=after_window if beside else None)
+        if beside:
+            join(dev)   # the side stream's entry grads, before they are read
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2], bufs)
         return dB.to(bank_dtype), dk.to(bank_dtype), dv, dbeta, dg, dq.to(bank_dtype)
     f32 = dict(dtype=torch.float32, device=dev)
