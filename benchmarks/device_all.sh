@@ -504,6 +504,15 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
         tests/test_cuda.py tests/test_gated.py tests/test_nn.py \
         -k "not (first_product or kept or launch_overlap or walk_graph or oracle)" &
       wait ;;
+    s26g)   # session 26, final: the benchmark, then one backward window and the prelude
+      # inline against the defaults
+      cd benchmarks
+      run bench26g 300 python3 bench_cuda.py --no-extras
+      for cfg in A B; do
+        run ab26g_$cfg 120 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows fwd,ag \
+          --b BWD_WINDOWS=1 --c PRELUDE=1
+      done
+      cd .. ;;
     s26b)   # session 26, final: every CUDA-marked test (as `full`)
       full_cuda 540 ;;
     s26c)   # session 26: against session 25's tree (.old26, carried: git archive 241e766
