@@ -39,7 +39,7 @@ def _ptxas_report(ptx: str) -> str:
 # integer arguments that are multiples of 16 at the configs (Triton's launcher marks such
 # values, and 16-byte aligned pointers, ``tt.divisibility = 16``, which enables vector
 # loads: without the marks the kernels compile to other code than the GPU runs)
-DIV16_INTS = ("hd", "width", "d_cs")
+DIV16_INTS = ("hd", "width")
 
 
 def compile_one(kernel, types: dict, consts: dict, num_warps=4):
@@ -92,8 +92,7 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                dict(dB_ptr=bank, work_ptr=bank, **src_ptrs, slot_ptr=i32, coef_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
                dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]],
-                    EV_DB=EVICT[CFG["EV_DB"]], CG="", SRC=src, QMODE=0,
-                    AHEAD=CFG["MIX1_AHEAD"] if src else 0),
+                    EV_DB=EVICT[CFG["EV_DB"]], CG="", SRC=src, QMODE=0),
                CFG["WARPS_DW"] or wg),
         "dev": (step_backward._step_bwd_dev_kernel,
                 dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, dr_ptr=f32, dy_ptr=bank,
@@ -254,11 +253,6 @@ def main(dtype="bf16"):
                     pl_ptr=f32, pb_ptr=f32),
                     dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
                          PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
-        # MIX1_AHEAD: the first product of a window's chunks in one launch (no PDL)
-        compile_one(sb._bwd_mix1_ahead_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32,
-                    vmr_ptr=f32, dy_ptr=bank, d_ptr=f32, dd_ptr=f32),
-                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True),
-                    CFG["WARPS_MIX_B"])
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
     for kt in (i32, "*i64"):   # the backward's chunk-start sources (sources.py)

@@ -486,7 +486,9 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       done
       cd .. ;;
     s26e)   # session 26: the backward's first product of a window's chunks in one launch
-      # before its walk (MIX1_AHEAD 1 / 2) against one per chunk step (0); its CUDA tests
+      # before its walk (MIX1_AHEAD 1 / 2) against one per chunk step (0); its CUDA tests.
+      # (MIX1_AHEAD, GRADS_BESIDE and WALK_PRIORITY measured slower and were removed after
+      # run 26: commits 9a5b7ab, ae33f55, f1a378c hold them; s26a / s26d / s26e need those)
       run t26e 240 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
         -k "first_product or kept or launch_overlap or walk_graph or oracle"
       cd benchmarks
@@ -513,6 +515,11 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s26h)   # session 26, final tree (PRELUDE only): against session 25's tree (.old26,
+      # carried: git archive 241e766 sdm_inductor), then every CUDA-marked test (as `full`,
+      # under a shorter limit)
+      run ab26h 200 python3 benchmarks/ab_trees.py --a .old26 --b . --configs A,B --chunks 128 --rounds 3
+      full_cuda 370 ;;
     s26b)   # session 26, final: every CUDA-marked test (as `full`)
       full_cuda 540 ;;
     s26c)   # session 26: against session 25's tree (.old26, carried: git archive 241e766

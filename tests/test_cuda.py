@@ -282,38 +282,19 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
     ins, dy, dM = _training_case(dtype)
     got = {}
     # PRELUDE 2 / 1: the backward's groups and sources made beside / before the forward's
-    # walk; 0: by the backward, as a recomputing backward does. GRADS_BESIDE: the first
-    # window's Phase 1 grads on the side stream beside the second window's walk
-    sides = ((1, 2, 0), (1, 1, 0), (1, 0, 0), (0, 2, 0), (1, 2, 1))
-    for keep, prelude, beside in sides:   # (the autouse fixture restores CONFIG)
-        host.CONFIG.update(KEEP=keep, PRELUDE=prelude, GRADS_BESIDE=beside)
-        got[keep, prelude, beside] = _grads(ins, 64, dy, dM)[2]
-        d = ops.last_dispatch()
-        assert d["phase1_backward"] == ("kept" if keep else "recomputed")
-        assert d["backward_prelude"] == ("forward" if keep and prelude else "backward")
-    for other in sides[1:]:
-        for n, a, b in zip(NAMES, got[sides[0]], got[other]):
+    # walk; 0: by the backward, as a recomputing backward does
+    try:
+        for keep, prelude in ((1, 2), (1, 1), (1, 0), (0, 2)):
+            host.CONFIG.update(KEEP=keep, PRELUDE=prelude)
+            got[keep, prelude] = _grads(ins, 64, dy, dM)[2]
+            d = ops.last_dispatch()
+            assert d["phase1_backward"] == ("kept" if keep else "recomputed")
+            assert d["backward_prelude"] == ("forward" if keep and prelude else "backward")
+    finally:
+        host.CONFIG.update(KEEP=1, PRELUDE=2)
+    for other in ((1, 1), (1, 0), (0, 2)):
+        for n, a, b in zip(NAMES, got[1, 2], got[other]):
             assert torch.equal(a, b), (other, n)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_first_product_ahead_is_bitwise_the_per_step_launch(dtype):
-    """The backward's first product for all chunks of a window in one launch before its
-    walk (``MIX1_AHEAD`` 1 and 2: the Dw launch's loads on either side of its wait) gives
-    bitwise the gradients of one product launch per chunk step (0). Five chunks in two
-    windows of three: the first window launch has programs past the sequence."""
-    from sdm_inductor.kernels import host
-    ins, dy, dM = _training_case(dtype)
-    got = {}
-    for ahead in (1, 2, 0):
-        host.CONFIG["MIX1_AHEAD"] = ahead   # (the autouse fixture restores CONFIG)
-        got[ahead] = _grads(ins, 64, dy, dM)[2]
-        d = ops.last_dispatch()
-        assert (d["phase1_backward"], d["first_product"]) == (
-            "kept", "ahead" if ahead else "per step"), d
-    for ahead in (2, 0):
-        for n, a, b in zip(NAMES, got[1], got[ahead]):
-            assert torch.equal(a, b), (ahead, n)
 
 
 @pytest.mark.parametrize("walk", ["step", "column"])

@@ -384,30 +384,17 @@ def _kept_for_backward():
                                                   ins.q_idx, x[5], 16, 10)
         torch.autograd.backward((y, M), (dy, dM))
         d = ops.last_dispatch()
-        return ((d.get("phase1_backward"), d.get("backward_prelude"), d.get("first_product")),
-                [t.grad for t in x])
+        return (d.get("phase1_backward"), d.get("backward_prelude")), [t.grad for t in x]
 
-    # the kept forward also made the backward's groups and sources (host.CONFIG PRELUDE),
-    # and its v - r0 lets the backward's first product run ahead of each window (MIX1_AHEAD,
-    # not the default: the gated calls below take the per-step launches)
-    host.CONFIG["MIX1_AHEAD"] = 1
     (how_k, kept), (how_r, recomputed) = grads(1), grads(0)
-    host.CONFIG["MIX1_AHEAD"] = 0
     recomputed_plain = recomputed
-    assert (how_k, how_r) == (("kept", "forward", "ahead"),
-                              ("recomputed", "backward", "per step")), (how_k, how_r)
+    # the kept forward also made the backward's groups and sources (host.CONFIG PRELUDE)
+    assert (how_k, how_r) == (("kept", "forward"), ("recomputed", "backward")), (how_k, how_r)
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
         _check("kept grad " + n, a, r, 1e-5)
-    # each window's Phase 1 grads after its walk (GRADS_BESIDE; inline here, no side
-    # stream): three chunks in two backward windows
-    host.CONFIG["GRADS_BESIDE"] = 1
-    _, per_window = grads(1)
-    host.CONFIG["GRADS_BESIDE"] = 0
-    for n, a, b in zip(NAMES, per_window, recomputed):
-        assert torch.equal(a, b), "per-window grads " + n
     (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
-    assert how_k == ("kept", "forward", "per step"), how_k
+    assert how_k == ("kept", "forward"), how_k
     for i, (a, b) in enumerate(zip(kept, recomputed)):
         _check(f"gated kept grad {i}", a, b, 1e-5)
     host.CONFIG["KEEP"] = 1

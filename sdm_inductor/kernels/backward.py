@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .launch import launch, pow2, step_walks
 from .phase1 import Groups, entry_groups, plan
-from .pipeline import ahead, behind, join, token_windows
+from .pipeline import ahead, behind, token_windows
 from .sources import chunk_start_sources
 
 # snapshot_quant modes as the kernel decodes the undo log
@@ -412,28 +412,17 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
 
 
 @triton.jit
-def _window_token(C, NC, C_LO, NCK):
-    """(segment, token, segment * C + token) of this program of a launch over chunks
-    ``[C_LO, C_LO + NCK)`` of every stream (``NC`` chunks each): program
-    ``(p * NCK + k) * C + i`` is token ``i`` of segment ``p * NC + C_LO + k``. The whole
-    sequence (``C_LO = 0``, ``NCK = NC``) is program ``b * C + i``."""
-    pid = tl.program_id(0)
-    q = pid // C
-    i = pid % C
-    b = (q // NCK) * NC + C_LO + q % NCK
-    return b, i, b.to(tl.int64) * C + i
-
-
-@triton.jit
 def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_ptr, slot_ptr,
                        decay_ptr, beta_ptr, dev_ptr, dcoef_ptr, dm_ptr, dL_ptr, dQK_ptr,
-                       dval_ptr, dgam_ptr, dgend_ptr, C, NC, C_LO, NCK,
+                       dval_ptr, dgam_ptr, dgend_ptr, C,
                        W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr):
     """Per entry: d val (k or q), d gam (gamq for reads), d gend, by walking its group.
     ``dA = beta dL`` (row-wise) and the chunk decay's part of d gend (``decay * dm`` for
     the first member of each written slot's group) are formed here from their factors,
     the same products the torch ops before this kernel once made."""
-    b, i, pid = _window_token(C, NC, C_LO, NCK)
+    pid = tl.program_id(0)            # b * C + i
+    b = pid // C
+    i = pid % C
     E: tl.constexpr = W + R
     seg = b.to(tl.int64) * C * E
     mat = b.to(tl.int64) * C * C
@@ -447,14 +436,14 @@ def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_
         gam = tl.load(gam_ptr + off, mask=em, other=0.0)
         gend = tl.load(gend_ptr + off, mask=em, other=0.0)
         dev = tl.load(dev_ptr + off, mask=em, other=0.0)
-        dco = tl.load(dcoef_ptr + pid * W + e, mask=em & is_w, other=0.0)
+        dco = tl.load(dcoef_ptr + pid.to(tl.int64) * W + e, mask=em & is_w, other=0.0)
         gs = tl.load(gs_ptr + off, mask=em, other=0)
         nw = tl.load(nw_ptr + off, mask=em, other=0)
         na = tl.load(na_ptr + off, mask=em, other=0)
         # the group's first member in sorted order is this entry: its slot's chunk decay
         lead = is_w & (tl.load(perm_ptr + seg + gs, mask=em, other=-1) == i * E + e)
         lead = lead & (tl.load(slot_ptr + off, mask=em, other=-1) >= 0)
-        dm = tl.load(dm_ptr + pid * W + e, mask=em & lead, other=0.0)
+        dm = tl.load(dm_ptr + pid.to(tl.int64) * W + e, mask=em & lead, other=0.0)
         dgd = tl.where(lead, tl.load(decay_ptr + off, mask=em & lead, other=0.0) * dm, 0.0)
         eg = tl.exp(gam)
         ec = tl.where(is_w, tl.exp(gend - gam), 0.0)
@@ -495,10 +484,12 @@ def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_
 
 
 @triton.jit
-def _gate_grads_kernel(perm_ptr, gs_ptr, nw_ptr, na_ptr, dgam_ptr, dgend_ptr, dgate_ptr, C, NC,
-                       C_LO, NCK, W: tl.constexpr, R: tl.constexpr, WB: tl.constexpr):
+def _gate_grads_kernel(perm_ptr, gs_ptr, nw_ptr, na_ptr, dgam_ptr, dgend_ptr, dgate_ptr, C,
+                       W: tl.constexpr, R: tl.constexpr, WB: tl.constexpr):
     """d gate of a write entry: every cumulative decay of its group at or after its token."""
-    b, i, pid = _window_token(C, NC, C_LO, NCK)
+    pid = tl.program_id(0)
+    b = pid // C
+    i = pid % C
     E: tl.constexpr = W + R
     seg = b.to(tl.int64) * C * E
     for w0 in range(0, W, WB):
@@ -518,7 +509,7 @@ def _gate_grads_kernel(perm_ptr, gs_ptr, nw_ptr, na_ptr, dgam_ptr, dgend_ptr, dg
             dge = tl.load(dgend_ptr + seg + f, mask=mm & (m < nw), other=0.0)
             acc += dgm + dge
             m += 1
-        tl.store(dgate_ptr + pid * W + w, acc, mask=wm)
+        tl.store(dgate_ptr + pid.to(tl.int64) * W + w, acc, mask=wm)
 
 
 def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, saved_rows: Tensor,
@@ -572,21 +563,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         from .. import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
         groups, sources = _prelude_parts(kept, pl, S, by_source, config)
-        beside = step and bool(config["GRADS_BESIDE"])
-        bufs = entry_grad_buffers(pl) if beside else None
-
-        def after_window(sums, c_lo, n):
-            # a window's entry grads as soon as its sums are queued; all but the last
-            # window's (chunk 0 on) on the side stream, beside the next window's walk
-            with behind(dev, c_lo > 0, *sums.values()):
-                entry_grads(pl, sums, bufs, c_lo, n)
-
         dv, sums = _reverse(pl, groups, log, scales, v, dy, *ctx, dv_dtype=bank_dtype,
-                            vmr=None if kept is None else kept.vmr, sources=sources,
-                            after_window=after_window if beside else None)
-        if beside:
-            join(dev)   # the side stream's entry grads, before they are read
-        dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2], bufs)
+                            vmr=None if kept is None else kept.vmr, sources=sources)
+        dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
         return dB.to(bank_dtype), dk.to(bank_dtype), dv, dbeta, dg, dq.to(bank_dtype)
     f32 = dict(dtype=torch.float32, device=dev)
     dk, dv, dbeta, dg, dq = (
@@ -665,8 +644,7 @@ def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
 
 
 def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
-             config: dict, step: bool, dv_dtype: torch.dtype, vmr=None, sources=None,
-             after_window=None):
+             config: dict, step: bool, dv_dtype: torch.dtype, vmr=None, sources=None):
     """The reverse walk over one window's chunks (``pl``: its Phase 1; ``log`` / ``scales``
     its undo log; ``v`` / ``dy`` its tokens; ``vmr``: the forward's ``v - r0``, if kept),
     advancing ``dB`` and ``work`` in place to the window's start: the window's ``dv``
@@ -677,50 +655,33 @@ def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec:
         # eager: the step walk (step_backward.py), launches per chunk over the whole GPU
         from .step_backward import step_reverse
         sums = step_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec, config,
-                            vmr, sources, after_window)
+                            vmr, sources)
     else:
         sums = _column_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec,
                                config)
     return dv, sums
 
 
-def entry_grad_buffers(pl) -> tuple:
-    """``(dval, dgam, dgend, dgate)`` of plan ``pl``, for ``entry_grads`` to fill."""
-    B, C, E, W = pl.B, pl.C, pl.E, pl.W
-    f32 = dict(dtype=torch.float32, device=pl.val.device)
-    return (*(torch.empty(B, C, E, **f32) for _ in range(3)), torch.empty(B, C, W, **f32))
-
-
-def entry_grads(pl, sums: dict, bufs: tuple, c_lo: int = 0, n: int | None = None):
-    """Phase 1 backwards per entry (``bufs``: ``entry_grad_buffers``) for chunks
-    ``[c_lo, c_lo + n)`` of every stream (all by default), from the walk's sums of those
-    chunks (``[B, C, k]``): each segment's values need only its own, so a window's are
-    ready once the walk has summed that window."""
-    P, C, NC, W, R = pl.P, pl.C, pl.NC, pl.W, pl.R
-    n = NC if n is None else n
-    dval, dgam, dgend, dgate = bufs
-    launch(_pair_grads_kernel, (P * n * C,), pl.val, pl.gam, pl.gend, pl.perm, pl.gs, pl.nw,
-           pl.na, pl.slot, pl.decay, pl.beta, sums["ev"], sums["coef"], sums["m"], sums["L"],
-           sums["qk"], dval, dgam, dgend, C, NC, c_lo, n, W=W, R=R, EB=min(32, pow2(W + R)),
-           num_warps=4)
-    launch(_gate_grads_kernel, (P * n * C,), pl.perm, pl.gs, pl.nw, pl.na, dgam, dgend, dgate,
-           C, NC, c_lo, n, W=W, R=R, WB=min(32, pow2(W)), num_warps=4)
-
-
-def _phase1_grads(pl, sums: dict, g_width: int, bufs: tuple | None = None):
+def _phase1_grads(pl, sums: dict, g_width: int):
     """Phase 1 backwards for one window: from the walk's sums through the Gram matrices,
     the per-entry weights and the cumulative decays to ``(dk, dbeta, dg, dq)`` of the
-    window's tokens (dk / dq in fp32). Reads no bank row. ``bufs``: ``entry_grads``
-    already made for every chunk (else made here)."""
+    window's tokens (dk / dq in fp32). Reads no bank row."""
     P, T, C, NC, B, W, R = pl.P, pl.T, pl.C, pl.NC, pl.B, pl.W, pl.R
     E = W + R
     dev = pl.val.device
+    f32 = dict(dtype=torch.float32, device=dev)
     dL = sums["L"]
     dbeta = (pl.A * dL).sum(-1) + sums["b"].view(B, C)
-    if bufs is None:
-        bufs = entry_grad_buffers(pl)
-        entry_grads(pl, sums, bufs)
-    dval, _, _, dgate = bufs
+
+    dval = torch.empty(B, C, E, **f32)
+    dgam = torch.empty(B, C, E, **f32)
+    dgend = torch.empty(B, C, E, **f32)
+    launch(_pair_grads_kernel, (B * C,), pl.val, pl.gam, pl.gend, pl.perm, pl.gs, pl.nw, pl.na,
+           pl.slot, pl.decay, pl.beta, sums["ev"], sums["coef"], sums["m"], dL, sums["qk"], dval,
+           dgam, dgend, C, W=W, R=R, EB=min(32, pow2(E)), num_warps=4)
+    dgate = torch.empty(B, C, W, **f32)
+    launch(_gate_grads_kernel, (B * C,), pl.perm, pl.gs, pl.nw, pl.na, dgam, dgend, dgate, C,
+           W=W, R=R, WB=min(32, pow2(W)), num_warps=4)
 
     # back from the dense-key entries to the user's entries; drop padding. The tokens are
     # selected, not sliced: a [:, :T] view of a padded [P, Tp, ...] tensor is contiguous

@@ -46,7 +46,7 @@ NAME = "cuda-triton-chunked"
 # launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
 # 2 against 4 (NOTES.md run 25): autograd 0.994 at A and B C=128, peak at A C=128 2.57 ->
 # 2.68 GiB (the partial sums of a window double).
-CONFIG = dict(PRELUDE=2, GRADS_BESIDE=0, MIX1_AHEAD=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
+CONFIG = dict(PRELUDE=2, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=2,
@@ -153,22 +153,9 @@ CONFIG = dict(PRELUDE=2, GRADS_BESIDE=0, MIX1_AHEAD=0, BD=16, BD_DECODE=16, BD_B
 # step walk needs before its first launch, from Phase 1 alone (``backward.prelude``: the
 # groups, the chunk-start sources): 2 on the side stream beside the forward's walk, whose
 # latency-bound launches leave SMs idle (``pipeline.beside``), 1 inline before the walk,
-# 0 in the backward (as before run 26). Bitwise the same values either way.
-# GRADS_BESIDE: the backward step walk's Phase 1 backwards per entry (``backward.entry_grads``)
-# of each window but the last, on the side stream once the window's sums are queued,
-# beside the next window's walk (0: every window's on the current stream). Bitwise the same.
-# Measured slower (NOTES.md run 26, autograd C=128, 0 against 1: 0.994 / 0.992 at A, 0.998 /
-# 0.990 at B; a walk on a higher-priority stream beside it was slower still): off.
-# PRELUDE=0 against 2: 1.004 (A), 1.011 (B) in that run.
-# MIX1_AHEAD: with the forward's v - r0 kept (KEEP) and the sources (SOURCES), the backward
-# step walk's first product (``delta = X u``, ``QK^T dy``) needs nothing the walk writes: one
-# launch per window before its walk makes it for all the window's chunks
-# (``step_backward._bwd_mix1_ahead_kernel``, per-chunk blocks: 2 x 25 MB more at config A,
-# C=128), and each chunk step has one launch fewer; the Dw launch then loads all but its dB
-# rows before its wait. Bitwise the same. 0 (the default): one product launch per chunk step.
-# Measured slower (NOTES.md run 26, autograd C=128, 0 against 1: 0.989 at A, 0.998 at B; 2
-# against 1: 1.031 / 1.028): the Dw launch's dB rows no longer load during the product
-# launch, and the window's delta / d delta (50 MB at A) leave L2 before the walk reads them.
+# 0 in the backward (as before run 26). Bitwise the same values either way. Autograd at C=128
+# (NOTES.md run 26, in-process A/Bs): 0 against 2 1.004 (A) / 1.011 (B), 0.999 / 0.998 in a
+# second run; 1 against 2 1.004 / 1.005.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
 # launch, whose [W, BD] tiles of dB and chunk-start rows fill the registers.
 

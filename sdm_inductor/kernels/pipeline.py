@@ -39,12 +39,8 @@ def overlaps(device: torch.device) -> bool:
     return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
 
 
-def _side_key(device: torch.device) -> tuple:
-    return (device.type, device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    key = _side_key(device)
+    key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
     if key not in _SIDE:
         _SIDE[key] = torch.cuda.Stream(device)
     return _SIDE[key]
@@ -148,10 +144,3 @@ def beside(make: Callable, device: torch.device, enabled: bool = True):
     for t in _tensors(out):
         t.record_stream(main)
     return out, lambda: main.wait_stream(side)
-
-
-def join(device: torch.device) -> None:
-    """The current stream waits for everything queued so far on the side stream (``behind``'s
-    work); nothing where ``overlaps(device)`` is false."""
-    if overlaps(device) and _side_key(device) in _SIDE:
-        torch.cuda.current_stream(device).wait_stream(_side_stream(device))

@@ -291,45 +291,14 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
                      vmr_cs, C, MB, TB, CP, PREC, PDL)
 
 
-@triton.jit(do_not_specialize=["c_lo", "T", "NC", "NCW", "vmr_cs"])
-def _bwd_mix1_ahead_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c_lo, T, hd,
-                           NC, NCW, vmr_cs, d_cs, C: tl.constexpr, MB: tl.constexpr,
-                           TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr,
-                           ROWS: tl.constexpr = False):
-    """``_step_bwd_mix1_kernel`` for all chunks of a window at once (program axis 2: the
-    chunk ``c_lo + k``; those past the sequence return) into per-chunk blocks ``d_cs``
-    apart, before the window's walk: with the forward's ``v - r0`` kept it needs nothing
-    the walk writes. The same code per chunk: bitwise the per-step launch's results. It
-    never lets the next launch start before its end (no ``PDL``)."""
-    c = c_lo + tl.program_id(2)
-    if c < NC:
-        off = (c % NCW).to(tl.int64) * d_cs
-        if ROWS:
-            _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr + off, dd_ptr + off, c,
-                       T, hd, NC, vmr_cs, C, MB, TB, CP, PREC, False)
-        else:
-            _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr + off, dd_ptr + off, c,
-                         T, hd, NC, vmr_cs, C, MB, TB, CP, PREC, False)
-
-
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
-                        dd_ptr, pc_ptr, pm_ptr, c, hd, width, NC, NB, NCW, d_cs,
-                        C: tl.constexpr,
+                        dd_ptr, pc_ptr, pm_ptr, c, hd, width, NC, NB, NCW, C: tl.constexpr,
                         W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
                         CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
                         EV_DB: tl.constexpr = "", CG: tl.constexpr = "",
-                        QMODE: tl.constexpr = 0, SRC: tl.constexpr = False,
-                        AHEAD: tl.constexpr = 0):
-    """``AHEAD`` (with ``SRC``): delta and the first part of d delta of every chunk of the
-    window came from ``_bwd_mix1_ahead_kernel`` before the window's walk (``d_cs``
-    elements between two chunks' blocks; 0: the one-chunk scratch), so with ``PDL == 3``
-    they load before the wait, and the dB rows (the dB launch just before) after it,
-    with the chunk-start rows (1) or those before it too (2: more registers held across
-    the wait, 136 against 96 on sm_90)."""
+                        QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
-    d_ptr += (c % NCW).to(tl.int64) * d_cs
-    dd_ptr += (c % NCW).to(tl.int64) * d_cs
     # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
     # launch) and of the dB rows (read again by the dB launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
@@ -339,55 +308,32 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
     cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
     _grid_dependency(PDL == 2)
+    # PDL == 3: the dB rows (the dB launch two back, or three with a restore launch) and
+    # chunk-start rows (the restore launch two back; with SRC nothing the walk writes)
+    # load before the wait too, through L2 (CG = ".cg": never a line an
+    # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
+                 cache_modifier=CG).to(tl.float32)
+    # (SRC: the log and the final bank, which no launch of the walk writes)
+    M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width, W,
+                     WP, QMODE, SRC, CG, EV)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
+    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
+    _grid_dependency(PDL == 3)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
-    if AHEAD:
-        # PDL == 3: before the wait delta / d delta (the launch before the window's walk,
-        # which let none launch before its end) and with AHEAD == 2 the chunk-start rows
-        # (the log and the final bank, which no launch of the walk writes)
-        dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
-        dd0 = tl.load(dd_ptr + buf, mask=cm, other=0.0)
-        if AHEAD == 2:
-            M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd,
-                             width, W, WP, QMODE, SRC, CG, EV)
-            _grid_dependency(PDL == 3)
-        else:
-            _grid_dependency(PDL == 3)
-            M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd,
-                             width, W, WP, QMODE, SRC, CG, EV)
-        Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
-                     cache_modifier=CG).to(tl.float32)
-        tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
-    else:
-        # PDL == 3: the dB rows (the dB launch two back, or three with a restore launch) and
-        # chunk-start rows (the restore launch two back; with SRC nothing the walk writes)
-        # load before the wait too, through L2 (CG = ".cg": never a line an
-        # SM's L1 kept from before they were written); only delta needs the launch before
-        Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
-                     cache_modifier=CG).to(tl.float32)
-        # (SRC: the log and the final bank, which no launch of the walk writes)
-        M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
-                         W, WP, QMODE, SRC, CG, EV)
-        tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
-        _grid_dependency(PDL == 3)
-        dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
-        dd0 = tl.load(dd_ptr + buf, mask=cm, other=0.0)
+    dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
-    dd = dd0 + tl.sum(cf[:, None] * Dw, axis=0)
+    dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
     tl.store(dd_ptr + buf, dd, mask=cm)
 
 
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW", "vmr_cs"])
 def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
-                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, d_cs,
-                          C: tl.constexpr,
+                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr,
                           MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
                           PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False):
-    # d_cs: the Dw launch's (MIX1_AHEAD's per-chunk blocks of delta / d delta)
-    d_ptr += (c % NCW).to(tl.int64) * d_cs
-    dd_ptr += (c % NCW).to(tl.int64) * d_cs
     if ROWS:
         _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
                    pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL)
@@ -609,7 +555,7 @@ def window_sums(parts: dict, sums: dict, c_lo: int, n: int, NCW: int, C: int):
 
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
-                 config: dict, vmr_kept=None, sources=None, after_window=None) -> dict:
+                 config: dict, vmr_kept=None, sources=None) -> dict:
     """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
     ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
     cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s).
@@ -620,9 +566,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
 
     The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
     the last chunks first), reduced over the column blocks after each window, so their
-    memory is a fraction of the whole sequence's (the row of chunk c is ``c % NCW``).
-    ``after_window(sums, c_lo, n)``, if given, is called once a window's sums (chunks
-    ``[c_lo, c_lo + n)`` of every stream) are queued, with all the sums as ``[B, C, k]``."""
+    memory is a fraction of the whole sequence's (the row of chunk c is ``c % NCW``)."""
     P, C, W, R, NC, B = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B
     E, T = W + R, pl.T
     hd = dB.shape[1]
@@ -635,22 +579,12 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
     NBW = P * NCW
     f32 = dict(dtype=torch.float32, device=dB.device)
+    delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(3))
     vmr = torch.empty(P, CP, hd, **f32) if vmr_kept is None else vmr_kept
     vmr_cs = 0 if vmr_kept is None else P * CP * hd   # elements between two chunks' blocks
-    # MIX1_AHEAD: with v - r0 kept and the chunk-start rows by their sources, the first
-    # product of every chunk of a window in one launch before the window's walk, into
-    # per-chunk blocks of delta / d delta (d_cs apart); else one launch per chunk into
-    # one chunk's scratch
-    ahead = bool(config.get("MIX1_AHEAD", 0)) and vmr_kept is not None and sources is not None
-    d_cs = P * CP * hd if ahead else 0
-    from .. import ops
-    ops.record_dispatch(first_product="ahead" if ahead else "per step")
-    delta, ddelta = (torch.empty(NCW if ahead else 1, P, CP, hd, **f32) for _ in range(2))
-    dr = torch.empty(P, CP, hd, **f32)
     widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
-    views = {k: x.view(B, C, -1) for k, x in sums.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
     BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
     CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
@@ -676,20 +610,18 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
             _step_bwd_gather_kernel, g_rows, "c", *rows0, pl.slot, pl.ev, v, vmr, 0, T, hd,
             width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
             QMODE=qmode, SRC=src, num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
-        *([] if ahead else [Relaunch(
-            _step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta, 0,
-            T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec,
-            num_warps=config["WARPS_MIX_B"], num_stages=1, ROWS=rows, **pd)]),
+        Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
+                 0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
+                 num_stages=1, ROWS=rows, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, *rows0, pl.slot, pl.coef, delta,
-                 ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, d_cs, C=C, W=W,
-                 R=R, BD=BDD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
+                 ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, C=C, W=W, R=R,
+                 BD=BDD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
                  EV_DB=EVICT[config["EV_DB"]], CG=cg, QMODE=qmode, SRC=src,
-                 AHEAD=int(config["MIX1_AHEAD"]) if ahead else 0,
                  num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
-                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, d_cs,
-                 C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
-                 num_stages=1, ROWS=rows, **pd),
+                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
+                 TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
+                 ROWS=rows, **pd),
         Relaunch(_step_bwd_dev_kernel, g_rows, "c", *rows0, pl.slot, dr, dy, parts["ev"], 0, T,
                  hd, width, NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
                  CG=cg, QMODE=qmode, SRC=src, num_warps=wg, num_stages=1, **pd),
@@ -700,25 +632,16 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  ONE=int(config["GROUP_ONE"]), num_warps=config["WARPS_GROUP"], num_stages=1,
                  **pd),
     ]
-    # (no PDL: the window's first Dw launch starts only once this one has ended)
-    first = [Relaunch(_bwd_mix1_ahead_kernel, (*g_mix, NCW), "c_lo", pl.X, pl.QK, pl.beta, vmr,
-                      dy, delta, ddelta, 0, T, hd, NC, NCW, vmr_cs, d_cs, C=C, MB=MB, TB=TB,
-                      CP=CP, PREC=prec, ROWS=rows, num_warps=config["WARPS_MIX_B"],
-                      num_stages=1)] if ahead else []
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
         def body(c_lo=c_lo, n=n):
-            for launch_first in first:
-                launch_first(c_lo)
             for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
                 for step in steps:
                     step(c)
 
         # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
-        graphs.run(("reverse", c_lo, n, tuple(s.key for s in first + steps)), body, dB.device,
+        graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
                    config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order, straight into their slice
         window_sums(parts, sums, c_lo, n, NCW, C)
-        if after_window is not None:
-            after_window(views, c_lo, n)
-    return views
+    return {k: x.view(B, C, -1) for k, x in sums.items()}
