@@ -281,6 +281,7 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
     from sdm_inductor.kernels import host
     ins, dy, dM = _training_case(dtype)
     got = {}
+    prelude0 = host.CONFIG["PRELUDE"]
     # PRELUDE 2 / 1: the backward's groups and sources made beside / before the forward's
     # walk; 0: by the backward, as a recomputing backward does
     try:
@@ -291,7 +292,7 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
             assert d["phase1_backward"] == ("kept" if keep else "recomputed")
             assert d["backward_prelude"] == ("forward" if keep and prelude else "backward")
     finally:
-        host.CONFIG.update(KEEP=1, PRELUDE=2)
+        host.CONFIG.update(KEEP=1, PRELUDE=prelude0)
     for other in ((1, 1), (1, 0), (0, 2)):
         for n, a, b in zip(NAMES, got[1, 2], got[other]):
             assert torch.equal(a, b), (other, n)

@@ -386,15 +386,18 @@ def _kept_for_backward():
         d = ops.last_dispatch()
         return (d.get("phase1_backward"), d.get("backward_prelude")), [t.grad for t in x]
 
+    # the kept forward also makes the backward's groups and sources (host.CONFIG PRELUDE,
+    # not the default; inline here, no side stream)
+    host.CONFIG["PRELUDE"] = 2
     (how_k, kept), (how_r, recomputed) = grads(1), grads(0)
+    host.CONFIG["PRELUDE"] = 0
     recomputed_plain = recomputed
-    # the kept forward also made the backward's groups and sources (host.CONFIG PRELUDE)
     assert (how_k, how_r) == (("kept", "forward"), ("recomputed", "backward")), (how_k, how_r)
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
         _check("kept grad " + n, a, r, 1e-5)
     (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
-    assert how_k == ("kept", "forward"), how_k
+    assert how_k == ("kept", "backward"), how_k
     for i, (a, b) in enumerate(zip(kept, recomputed)):
         _check(f"gated kept grad {i}", a, b, 1e-5)
     host.CONFIG["KEEP"] = 1

@@ -46,7 +46,7 @@ NAME = "cuda-triton-chunked"
 # launches, so its per-column-block partial sums hold a window of chunks (1: session 2's).
 # 2 against 4 (NOTES.md run 25): autograd 0.994 at A and B C=128, peak at A C=128 2.57 ->
 # 2.68 GiB (the partial sums of a window double).
-CONFIG = dict(PRELUDE=2, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
+CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8,
               WARPS_BWD=8, WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"), BD_WALK=128, EW_WALK=128, NG_WALK=64,
               WARPS_WALK=8, STAGES_WALK=1, GATHER_STAGES=0, ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1,
               NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=2,
@@ -153,9 +153,12 @@ CONFIG = dict(PRELUDE=2, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
 # step walk needs before its first launch, from Phase 1 alone (``backward.prelude``: the
 # groups, the chunk-start sources): 2 on the side stream beside the forward's walk, whose
 # latency-bound launches leave SMs idle (``pipeline.beside``), 1 inline before the walk,
-# 0 in the backward (as before run 26). Bitwise the same values either way. Autograd at C=128
-# (NOTES.md run 26, in-process A/Bs): 0 against 2 1.004 (A) / 1.011 (B), 0.999 / 0.998 in a
-# second run; 1 against 2 1.004 / 1.005.
+# 0 (the default) in the backward. Bitwise the same values either way. Autograd at C=128
+# (NOTES.md run 26): in-process A/Bs gave 0 against 2 1.004 (A) / 1.011 (B), then 0.999 /
+# 0.998, and 1 against 2 1.004 / 1.005; but session 25's tree against the same with 2, a
+# process per side and round, 1.004 (A, slower in all three rounds) and 1.003 (B): the
+# side stream's kernels slow the forward's walk about as much as they take off the
+# backward. Kept as an option for work that changes the forward walk's occupancy.
 # BD_DW / WARPS_DW (0: BD_STEP_B / WARPS_STEP_B): columns and warps of the backward's Dw
 # launch, whose [W, BD] tiles of dB and chunk-start rows fill the registers.
 
