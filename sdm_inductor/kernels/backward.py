@@ -591,7 +591,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
 @dataclasses.dataclass(frozen=True)
 class Prelude:
     """What the backward's step walk needs of Phase 1 alone before its first launch (a
-    training forward makes it beside its walk: ``host.CONFIG["PRELUDE"]``): the groups
+    training forward can make it, beside its walk: ``host.CONFIG["PRELUDE"]``, off by
+    default): the groups
     (``entry_groups`` in layout ``pack``) and, where the walk reads each entry's
     chunk-start row by its source (``uses_sources``), the sources for a bank of ``S``
     rows (else None)."""
