@@ -608,27 +608,28 @@ def uses_sources(snapshot_quant: str, config: dict) -> bool:
     return config["SOURCES"] >= (1 if _QMODE[snapshot_quant] == 0 else 2)
 
 
+def _make_prelude(pl, S: int, pack: int, with_sources: bool) -> Prelude:
+    return Prelude(entry_groups(pl, pack), pack, S,
+                   chunk_start_sources(pl, S) if with_sources else None)
+
+
 def prelude(pl, S: int, snapshot_quant: str, config: dict) -> Prelude:
     """The ``Prelude`` of plan ``pl`` on a bank of ``S`` rows: shapes-only host code, no
     bank row read, so it may run before the forward's walk has advanced the bank."""
-    pack = int(config["GROUP_PACK"])
-    src = chunk_start_sources(pl, S) if uses_sources(snapshot_quant, config) else None
-    return Prelude(entry_groups(pl, pack), pack, S, src)
+    return _make_prelude(pl, S, int(config["GROUP_PACK"]), uses_sources(snapshot_quant, config))
 
 
 def _prelude_parts(kept, pl, S: int, by_source: bool, config: dict):
     """(groups, sources or None) for the step walk of one window: the forward's
     ``Prelude`` where it fits this call (the same layout and bank), else made here."""
-    pre = getattr(kept, "prelude", None)
-    if pre is not None and pre.S != S:
-        pre = None
     pack = int(config["GROUP_PACK"])
-    fits = pre is not None and pre.pack == pack and (pre.sources is not None or not by_source)
+    pre = getattr(kept, "prelude", None)
+    fits = (pre is not None and pre.S == S and pre.pack == pack
+            and (pre.sources is not None or not by_source))
     from .. import ops
     ops.record_dispatch(backward_prelude="forward" if fits else "backward")
     if not fits:
-        pre = Prelude(entry_groups(pl, pack), pack, S,
-                      chunk_start_sources(pl, S) if by_source else None)
+        pre = _make_prelude(pl, S, pack, by_source)
     return pre.groups, (pre.sources if by_source else None)
 
 

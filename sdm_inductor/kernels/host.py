@@ -451,9 +451,8 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         # not while a CUDA graph records the call (a compiled graph's extern call: nothing
         # takes the offer there, and it would pin memory of the graph's pool)
-        join = None
+        pre, join = None, lambda: None
         if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
-            pre, join = None, lambda: None
             if CONFIG["PRELUDE"]:   # the backward's prelude, beside this walk
                 pre, join = beside(lambda: bwd.prelude(pl, S, snapshot_quant, CONFIG),
                                    bank.device, CONFIG["PRELUDE"] == 2)
@@ -461,8 +460,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
                                         device=bank.device), pre)
         _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
                    None if keep is None else keep.vmr)
-        if join is not None:
-            join()
+        join()
         if not whole:
             readings[:, t0:t1] = out
     if rows is None:
@@ -479,7 +477,7 @@ class Kept:
     which the backward would otherwise recompute (a plan, and a gather of every write row
     per chunk). About 0.2 GiB at config A, beside the undo log's 1.6 GiB. ``prelude``
     (``backward.Prelude`` or None): the backward's groups and chunk-start sources, made
-    beside the forward's walk (``CONFIG["PRELUDE"]``)."""
+    by the forward when ``CONFIG["PRELUDE"]`` asks for it."""
     plan: object
     vmr: Tensor
     prelude: object = None
