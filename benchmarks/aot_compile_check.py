@@ -106,6 +106,17 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                        KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"], CG="",
                        ONE=int(CFG["GROUP_ONE"])),
                   CFG["WARPS_GROUP"]),
+        # the two as one grid (DEV_DB; at A / B, C = 128: periods of 3 and 8 programs)
+        "dev_group": (step_backward._step_bwd_dev_group_kernel,
+                      dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, pe_ptr=f32, dB_ptr=bank,
+                           g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
+                           g_pos_ptr=i32, g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32,
+                           g_ev0_ptr=f32, dr_ptr=f32, dy_ptr=bank),
+                      dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, NCB=6,
+                           BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
+                           CL=CFG["CL_GROUP"], NCBG=4, ND=3, NGP=8, PDLG=2, CG="", SRC=src,
+                           QMODE=0, ONE=int(CFG["GROUP_ONE"])),
+                      CFG["WARPS_DEV_DB"]),
     }
 
 
@@ -255,6 +266,8 @@ def main(dtype="bf16"):
                          PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
+    compile_one(*specs["dev_group"])
+    compile_one(*specs["dev_group"][:3], 4)
     for kt in (i32, "*i64"):   # the backward's chunk-start sources (sources.py)
         compile_one(sources._run_keys_kernel, dict(run_slot_ptr=i32, key_ptr=kt),
                     dict(CW=C * W, BLOCK=sources.BLOCK))

@@ -317,6 +317,27 @@ def test_group_layouts_are_bitwise_equal(walk):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("C", [64, 128])
+def test_dev_and_groups_as_one_launch_is_bitwise_equal(dtype, C):
+    """The backward's ``d ev`` and dB launches as one grid (``DEV_DB``, PDL's waits as the
+    GPU runs them: each program waits for the product launch) give bitwise the gradients
+    of the two launches, in a kept and a recomputing backward, sparse and dense slots."""
+    from sdm_inductor.kernels import host
+    for slots, keep in ((256, 1), (8192, 0)):
+        ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=slots,
+                      per_write_gate=True, repeats=slots == 256)
+        dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
+        dM = torch.randn_like(ins.bank)
+        host.CONFIG["KEEP"] = keep
+        got = {}
+        for merged in (1, 0):
+            host.CONFIG["DEV_DB"] = merged
+            got[merged] = _grads(ins, C, dy, dM)[2]
+        for n, a, b in zip(NAMES, got[1], got[0]):
+            assert torch.equal(a, b), (slots, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("sparse", [True, False])
 def test_one_member_path_is_bitwise_equal(dtype, sparse):
     """The dB launch's one-member path over split groups (``GROUP_ONE=2``) gives bitwise the

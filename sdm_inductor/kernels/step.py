@@ -96,10 +96,17 @@ def _gather_rows(bank_ptr, sl, wt, cols, cm, hd, EV: tl.constexpr):
 def _token_program(NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr):
     """A program of a (stream, token, column block) grid: ``p``, ``i``, the segment ``b``,
     the first entry of token ``i`` in the segment arrays, the columns and their mask."""
-    pid = tl.program_id(0)       # p * C + i
+    return _token_program_at(tl.program_id(0), tl.program_id(1), NC, c, hd, C, E, BD)
+
+
+@triton.jit
+def _token_program_at(pid, cb, NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr):
+    """``_token_program`` of grid position (``pid`` = p * C + i, column block ``cb``): also
+    for a launch that runs two kinds of programs in one grid
+    (``step_backward._step_bwd_dev_group_kernel``)."""
     p = pid // C
     i = pid % C
-    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    cols = cb * BD + tl.arange(0, BD)
     b = p * NC + c
     return p, i, b, (b.to(tl.int64) * C + i) * E, cols, cols < hd
 
@@ -261,10 +268,11 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
 
 
 @triton.jit
-def _column_block(scr_ptr, p, j, sc, hd, BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr):
-    """Column block ``j`` of this program's ``CL`` (grid axis 1): its columns, their mask,
-    and where they start in stream ``p``'s rows of a ``[P, CP, hd]`` scratch."""
-    cb = tl.program_id(1) * CL + j
+def _column_block(scr_ptr, p, pb, j, sc, hd, BD: tl.constexpr, CP: tl.constexpr,
+                  CL: tl.constexpr):
+    """Column block ``j`` of the ``CL`` of program column ``pb`` (grid axis 1): its columns,
+    their mask, and where they start in stream ``p``'s rows of a ``[P, CP, hd]`` scratch."""
+    cb = pb * CL + j
     cols = cb * BD + sc
     return cols, cols < hd, scr_ptr + p.to(tl.int64) * CP * hd + cb * BD
 
@@ -290,6 +298,6 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
                                       run_coef_ptr, rb, f0, C * W, NG, KW)
     _grid_dependency(PDL >= 2)   # the run headers are Phase 1's: early loads
     for j in tl.static_range(CL):
-        cols, cm, scr_d = _column_block(d_ptr, p, j, sc, hd, BD, CP, CL)
+        cols, cm, scr_d = _column_block(d_ptr, p, tl.program_id(1), j, sc, hd, BD, CP, CL)
         _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
                     cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)

@@ -26,6 +26,8 @@ column walk reduces its own by torch). Every element has one writer: determinist
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -34,7 +36,8 @@ from .backward import _group_cols, _group_headers, _group_members, _load_log, _q
 from . import graphs
 from .launch import EVICT, Relaunch, launch, pdl, pow2
 from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
-                   _grid_dependency, _launch_dependents, _token_program, _wait)
+                   _grid_dependency, _launch_dependents, _token_program, _token_program_at,
+                   _wait)
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
@@ -355,10 +358,20 @@ def _step_bwd_dev_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr
                          R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
                          CP: tl.constexpr, PDL: tl.constexpr, CG: tl.constexpr = "",
                          QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
+    _dev_program(tl.program_id(0), tl.program_id(1), work_ptr, log_ptr, scale_ptr, src_ptr,
+                 slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NCW, C, W, R, BD, WP,
+                 RP, CP, PDL, CG, QMODE, SRC)
+
+
+@triton.jit
+def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr,
+                 c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                 BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
+                 PDL: tl.constexpr, CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr):
+    """The ``d ev`` partial sums of token program ``pid`` (p * C + i), column block ``cb``."""
     _grid_dependency(PDL == 1)
     E: tl.constexpr = W + R
-    p, i, b, base, cols, cm = _token_program(NC, c, hd, C, E, BD)
-    cb = tl.program_id(1)
+    p, i, b, base, cols, cm = _token_program_at(pid, cb, NC, c, hd, C, E, BD)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * E
     # early loads: the slots (Phase 1's) and dy (the call's)
     w, r = tl.arange(0, WP), tl.arange(0, RP)
@@ -382,8 +395,8 @@ def _step_bwd_dev_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr
 
 
 @triton.jit
-def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec, p, c,
-                     T, hd, sc, C: tl.constexpr, BD: tl.constexpr, KW: tl.constexpr,
+def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec, p, pb,
+                     c, T, hd, sc, C: tl.constexpr, BD: tl.constexpr, KW: tl.constexpr,
                      CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr, PDL: tl.constexpr):
     """A dB tile's first ``KW`` members (Phase 1's: early loads), then ``_group_cols`` in
     this program's ``CL`` column blocks, one after the other (nothing for an empty tile)."""
@@ -391,7 +404,7 @@ def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, l
     _grid_dependency(PDL == 2)
     if tl.max(sl, axis=0) >= 0:
         for j in tl.static_range(CL):
-            cols, cm, scr_dr = _column_block(dr_ptr, p, j, sc, hd, BD, CP, CL)
+            cols, cm, scr_dr = _column_block(dr_ptr, p, pb, j, sc, hd, BD, CP, CL)
             _group_cols(dB_ptr, g_tok_ptr, g_ev_ptr, scr_dr, dy_ptr, gb, pos, sl, ln, nw, dec,
                         tf, wt, mk, isw, p, c, T, hd, cols, cm, sc, C, KW, hd, CG)
 
@@ -422,7 +435,7 @@ def _one_store(dB_ptr, ro, wm, old, vec, dec, wt):
 
 
 @triton.jit
-def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, c, T, hd, sc, C: tl.constexpr,
+def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, C: tl.constexpr,
               BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr,
               PDL: tl.constexpr):
     """A tile of groups of one member (``GROUP_ONE=2``, ``CL`` <= 3), whose token ``tf`` and
@@ -435,7 +448,7 @@ def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, c, T, hd, sc, C: t
     isw = nw > 0
     _grid_dependency(PDL == 2)
     if tl.max(sl, axis=0) >= 0:
-        cb = tl.program_id(1) * CL
+        cb = pb * CL
         ro0, wm0, old0, v0 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd, cb, sc,
                                        C, BD, CP, CG)
         if CL > 1:
@@ -472,9 +485,25 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     # reading what the walk wrote through L2 (CG = ".cg"); one program (the last) waits at
     # its end, so the launch still ends after the one before
     _launch_dependents(PDL == 3)
+    _group_program(tl.program_id(0), tl.program_id(1), dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr,
+                   g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr,
+                   dy_ptr, c, T, hd, NC, C, E, BD, NG, KW, CP, PDL, CL, CG, ONE)
+    if PDL == 3:
+        if ((tl.program_id(0) == tl.num_programs(0) - 1)
+                & (tl.program_id(1) == tl.num_programs(1) - 1)):
+            _wait(True)
+
+
+@triton.jit
+def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
+                   g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC,
+                   C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
+                   KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr, CL: tl.constexpr,
+                   CG: tl.constexpr, ONE: tl.constexpr):
+    """The dB tile of program ``pid`` (p * NGT + tile), column blocks ``pb * CL ...``; with
+    ``PDL == 2`` it waits after its headers and members, with 3 never."""
     _grid_dependency(PDL == 1)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
-    pid = tl.program_id(0)       # p * NGT + tile
     p = pid // NGT
     f0 = (pid % NGT) * NG
     sc = tl.arange(0, BD)
@@ -488,20 +517,55 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
     if ONE:
         if tl.max(ln, axis=0) <= 1:
             if (ONE == 2) & (CL <= 3):
-                _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf0, wt0, p, c, T, hd, sc, C, BD,
-                          CP, CL, CG, PDL)
+                _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf0, wt0, p, pb, c, T, hd, sc, C,
+                          BD, CP, CL, CG, PDL)
             else:
                 _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln,
-                                 nw, dec, p, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
+                                 nw, dec, p, pb, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
         else:
             _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
-                             dec, p, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
+                             dec, p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
     else:
         _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec,
-                         p, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
-    if PDL == 3:
-        if (pid == tl.num_programs(0) - 1) & (tl.program_id(1) == tl.num_programs(1) - 1):
-            _wait(True)
+                         p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
+
+
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
+def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, pe_ptr, dB_ptr,
+                               g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr,
+                               g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr,
+                               R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
+                               RP: tl.constexpr, CP: tl.constexpr, NCB: tl.constexpr,
+                               BDG: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr,
+                               CL: tl.constexpr, NCBG: tl.constexpr, ND: tl.constexpr,
+                               NGP: tl.constexpr, PDL: tl.constexpr, PDLG: tl.constexpr,
+                               CG: tl.constexpr = "",
+                               QMODE: tl.constexpr = 0, SRC: tl.constexpr = False,
+                               ONE: tl.constexpr = 0):
+    """The ``d ev`` and dB launches of a chunk step as one grid (``host.CONFIG["DEV_DB"]``):
+    both need only ``d r0`` of the product launch before them and neither reads what the
+    other writes, but as two launches the dB programs could start only once every ``d ev``
+    program had started, so they shared the SMs for the last wave of ``d ev`` alone. Here
+    the grid's programs alternate in periods of ``ND`` ``d ev`` programs (the ``(P * C,
+    NCB)`` grid of ``_step_bwd_dev_kernel``, in its order) and ``NGP`` dB programs (the
+    ``(P * NGT, NCBG)`` grid of ``_step_bwd_group_kernel``), so both kinds are resident
+    together from the start. Every program waits for the product launch (the dB programs
+    after their headers, as with ``PDL == 2``): each computes exactly what it computes in
+    its own launch, so the results are bitwise the two launches'. ``PDLG``: the dB programs'
+    ``PDL`` (2 where the launch's is 3: they wait, which ``d ev``'s wait did for them)."""
+    L = tl.program_id(0)
+    q = L // (ND + NGP)
+    r = L % (ND + NGP)
+    if r < ND:
+        k = q * ND + r
+        _dev_program(k // NCB, k % NCB, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr,
+                     dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NCW, C, W, R, BD, WP, RP, CP, PDL,
+                     CG, QMODE, SRC)
+    else:
+        k = q * NGP + r - ND
+        _group_program(k // NCBG, k % NCBG, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
+                       g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T,
+                       hd, NC, C, W + R, BDG, NG, KW, CP, PDLG, CL, CG, ONE)
 
 
 @triton.jit(do_not_specialize=["NB", "blk_s", "src_p", "dst_p", "dst_0", "n"])
@@ -562,7 +626,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     With ``vmr_kept`` (the forward's ``v - r0``, ``[NC, P, CP, hd]``) there is no gather
     launch: six launches per chunk. With ``sources`` (``sources.chunk_start_sources``)
     ``work`` is the final bank, which stays as it is: the chunk-start rows come from it and
-    the log, and there is no restore launch.
+    the log, and there is no restore launch. With ``DEV_DB`` the ``d ev`` and dB launches
+    are one (``_dev_and_groups``).
 
     The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
     the last chunks first), reduced over the column blocks after each window, so their
@@ -586,8 +651,6 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
     sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
-    BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
-    CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
     if pd["PDL"] == 3 and C > config["PDL3_MAX_C"]:
@@ -622,15 +685,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  ROWS=rows, **pd),
-        Relaunch(_step_bwd_dev_kernel, g_rows, "c", *rows0, pl.slot, dr, dy, parts["ev"], 0, T,
-                 hd, width, NC, NBW, NCW, C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
-                 CG=cg, QMODE=qmode, SRC=src, num_warps=wg, num_stages=1, **pd),
-        Relaunch(_step_bwd_group_kernel, (P * -(-C * E // NGG), -(-hd // (BDG * CLG))), "c", dB,
-                 gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0, dr,
-                 dy, 0, P, T, hd,
-                 NC, C=C, E=E, BD=BDG, NG=NGG, KW=config["KW_GROUP"], CP=CP, CL=CLG, CG=cg,
-                 ONE=int(config["GROUP_ONE"]), num_warps=config["WARPS_GROUP"], num_stages=1,
-                 **pd),
+        *_dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, src, cg,
+                         rows0, pl, gr, dB, dr, dy, parts["ev"]),
     ]
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
@@ -645,3 +701,36 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         # cross-column sums of the window, in a fixed order, straight into their slice
         window_sums(parts, sums, c_lo, n, NCW, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}
+
+
+def _dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, src, cg, rows0,
+                    pl, gr, dB, dr, dy, pe) -> list:
+    """A chunk step's ``d ev`` and dB launches (``_step_bwd_dev_kernel``,
+    ``_step_bwd_group_kernel``), or with ``DEV_DB`` the two as one grid
+    (``_step_bwd_dev_group_kernel``), its programs in periods of the two grids' sizes over
+    their greatest common divisor (at A and B, C = 128: 3 ``d ev`` and 8 dB programs)."""
+    E, BD = W + R, config["BD_STEP_B"]
+    BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
+    CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
+    NCB, NCBG, NGT = -(-hd // BD), -(-hd // (BDG * CLG)), -(-C * E // NGG)
+    dev = dict(C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg, QMODE=qmode, SRC=src)
+    grp = dict(NG=NGG, KW=config["KW_GROUP"], CL=CLG, ONE=int(config["GROUP_ONE"]))
+    groups = (gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0)
+    if config.get("DEV_DB", 0):
+        n_dev, n_grp = P * C * NCB, P * NGT * NCBG
+        period = math.gcd(n_dev, n_grp)
+        pdl_g = dict(PDL=pd["PDL"], PDLG=2 if pd["PDL"] and pd["PDL"] >= 2 else pd["PDL"])
+        return [Relaunch(
+            _step_bwd_dev_group_kernel, (n_dev + n_grp,), "c", *rows0, pl.slot, pe, dB, *groups,
+            dr, dy, 0, pl.T, hd, width, NC, NBW, NCW, NCB=NCB, BDG=BDG, NCBG=NCBG,
+            ND=n_dev // period, NGP=n_grp // period, num_warps=config["WARPS_DEV_DB"],
+            num_stages=1, **dev, **grp, **{**pd, **pdl_g},
+            **({"maxnreg": config["MAXNREG_DEV_DB"]} if config["MAXNREG_DEV_DB"] else {}))]
+    return [
+        Relaunch(_step_bwd_dev_kernel, (P * C, NCB), "c", *rows0, pl.slot, dr, dy, pe, 0, pl.T,
+                 hd, width, NC, NBW, NCW, num_warps=config["WARPS_STEP_B"], num_stages=1, **dev,
+                 **pd),
+        Relaunch(_step_bwd_group_kernel, (P * NGT, NCBG), "c", dB, *groups, dr, dy, 0, P, pl.T,
+                 hd, NC, C=C, E=E, BD=BDG, CP=CP, CG=cg, num_warps=config["WARPS_GROUP"],
+                 num_stages=1, **grp, **pd),
+    ]
