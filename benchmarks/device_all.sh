@@ -515,6 +515,20 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s27a)   # session 27: DEV_DB (the backward's d ev and dB launches as one grid): its CUDA
+      # test and the oracle cases on it, A/Bs at A and B C=128 (autograd), then the
+      # benchmark's C=128 rows with it
+      SDM_INDUCTOR_DEV_DB=1 run t27a 110 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "dev_and_groups or oracle or kept"
+      cd benchmarks
+      for cfg in A B; do
+        run ab27a_$cfg 130 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows ag \
+          --b DEV_DB=1 --c DEV_DB=1 MAXNREG_DEV_DB=0
+      done
+      run bench27a 200 python3 bench_cuda.py --no-extras --chunks 128 --set DEV_DB=1
+      cd .. ;;
+    s27b)   # session 27, final: every CUDA-marked test (as `full`)
+      full_cuda 560 ;;
     s26h)   # session 26, final tree (PRELUDE only): against session 25's tree (.old26,
       # carried: git archive 241e766 sdm_inductor), then every CUDA-marked test (as `full`,
       # under a shorter limit)

@@ -56,7 +56,7 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
               WARPS_STEP_B=4, MAXNREG_STEP=0, TB_MIX=32, WARPS_MIX=4, TB_MIX_B=32,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
-              CL_GROUP=3, CL_WRITE=1, DEV_DB=0, WARPS_DEV_DB=8,
+              CL_GROUP=3, CL_WRITE=1, DEV_DB=int(os.environ.get("SDM_INDUCTOR_DEV_DB", "0")), WARPS_DEV_DB=8,
               MAXNREG_DEV_DB=64, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
               WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
