@@ -527,6 +527,17 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       done
       run bench27a 200 python3 bench_cuda.py --no-extras --chunks 128 --set DEV_DB=1
       cd .. ;;
+    s27c)   # session 27: DEV_DB on (the default now): the arrangements' CUDA test, then A/Bs
+      # of the backward's prelude split (sources beside groups), the forward's prelude
+      # (PRELUDE=2) and DEV_DB off again, then the autograd step's kernel table
+      run t27c 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "arrangements"
+      cd benchmarks
+      for cfg in A B; do
+        run ab27c_$cfg 140 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows ag \
+          --b PRELUDE_SPLIT=1 --c PRELUDE=2 --d DEV_DB=0
+      done
+      run prof27c 120 python3 profile_autograd.py 128 40
+      cd .. ;;
     s27b)   # session 27, final: every CUDA-marked test (as `full`)
       full_cuda 560 ;;
     s26h)   # session 26, final tree (PRELUDE only): against session 25's tree (.old26,

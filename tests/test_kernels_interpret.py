@@ -392,12 +392,13 @@ def _kept_for_backward():
     (how_k, kept), (how_r, recomputed) = grads(1), grads(0)
     host.CONFIG["PRELUDE"] = 0
     recomputed_plain = recomputed
-    # the d ev and dB launches as one grid (host.CONFIG DEV_DB; here 4 periods of 16 d ev
-    # and 7 dB programs): bitwise the two launches
-    host.CONFIG["DEV_DB"] = 1
-    _, merged = grads(1)
+    # the d ev and dB launches as one grid (host.CONFIG DEV_DB, the default; here 4
+    # periods of 16 d ev and 7 dB programs) and as two: bitwise the same
+    assert host.CONFIG["DEV_DB"]
     host.CONFIG["DEV_DB"] = 0
-    for n, a, b in zip(NAMES, merged, kept):
+    _, two_launches = grads(1)
+    host.CONFIG["DEV_DB"] = 1
+    for n, a, b in zip(NAMES, two_launches, kept):
         assert torch.equal(a, b), "DEV_DB grad " + n
     assert (how_k, how_r) == (("kept", "forward"), ("recomputed", "backward")), (how_k, how_r)
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
