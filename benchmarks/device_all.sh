@@ -538,6 +538,15 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       done
       run prof27c 120 python3 profile_autograd.py 128 40
       cd .. ;;
+    s27d)   # session 27: a PDL launch after a cross-stream join (pdl_event_check.py), DEV_DB's
+      # CUDA test, the PDL race check at A and B C=128 (DEV_DB on), then the benchmark
+      # (C = 64 and 128)
+      run pdlev27d 40 python3 benchmarks/pdl_event_check.py
+      run t27d 110 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "dev_and_groups"
+      cd benchmarks
+      run pdl27d 100 python3 pdl_check.py --reps 2 --chunks 128
+      run bench27d 260 python3 bench_cuda.py --no-extras --chunks 64,128
+      cd .. ;;
     s27b)   # session 27, final: every CUDA-marked test (as `full`)
       full_cuda 560 ;;
     s26h)   # session 26, final tree (PRELUDE only): against session 25's tree (.old26,

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .launch import launch, pow2, step_walks
 from .phase1 import Groups, entry_groups, plan
-from .pipeline import ahead, behind, beside, token_windows
+from .pipeline import ahead, behind, token_windows
 from .sources import chunk_start_sources
 
 # snapshot_quant modes as the kernel decodes the undo log
@@ -528,29 +528,21 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     bank_dtype = grad_final.dtype
     dev = grad_final.device
     acc_dtype = torch.float32 if (grad_bank_fp32 or bank_dtype == torch.float32) else bank_dtype
+    dB = grad_final.to(acc_dtype, copy=True).contiguous()
     if T == 0:
-        return (grad_final.to(acc_dtype, copy=True).to(bank_dtype),
-                torch.zeros_like(k_val, dtype=bank_dtype),
+        return (dB.to(bank_dtype), torch.zeros_like(k_val, dtype=bank_dtype),
                 torch.zeros_like(v, dtype=bank_dtype), torch.zeros_like(beta, dtype=torch.float32),
                 torch.zeros_like(g, dtype=torch.float32), torch.zeros_like(q_val, dtype=bank_dtype))
     qmode = _QMODE[snapshot_quant]
     log = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
     tokens = config["TRAIN_WINDOW_TOKENS"]
-    step = step_walks(config, grad_final, (P, W, R, C))
+    step = step_walks(config, dB, (P, W, R, C))
     one_window = not step or tokens <= 0 or T <= tokens
     # the step walk of one window reads the chunk-start rows from the final bank and the
     # log (sources.py; SOURCES=1: a log of the bank's rows, 2: also fp8 / int4 logs, whose
     # dequantization in the one-warp gather launch spills on sm_90); else the bank state,
     # rebuilt chunk by chunk in reverse from the final bank and the log
     by_source = step and one_window and uses_sources(snapshot_quant, config)
-    # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
-    kept = _kept(step and one_window, P, T, C, W, R)
-    if one_window:
-        pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
-        # queued before the bank gradient's copy, which it does not need: with PRELUDE_SPLIT
-        # its sources run on the side stream beside the groups and the copy
-        groups, sources, join = _prelude_parts(kept, pl, S, by_source, config)
-    dB = grad_final.to(acc_dtype, copy=True).contiguous()
     work = final_bank.contiguous() if by_source else final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
@@ -564,10 +556,13 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
         return pl, entry_groups(pl, config["GROUP_PACK"])
 
+    # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
+    kept = _kept(step and one_window, P, T, C, W, R)
     if one_window:
+        pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         from .. import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
-        join()
+        groups, sources = _prelude_parts(kept, pl, S, by_source, config)
         dv, sums = _reverse(pl, groups, log, scales, v, dy, *ctx, dv_dtype=bank_dtype,
                             vmr=None if kept is None else kept.vmr, sources=sources)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
@@ -613,43 +608,29 @@ def uses_sources(snapshot_quant: str, config: dict) -> bool:
     return config["SOURCES"] >= (1 if _QMODE[snapshot_quant] == 0 else 2)
 
 
-def _make_prelude(pl, S: int, pack: int, with_sources: bool, split: bool = False):
-    """``(Prelude, join)``. ``split``: the sources on the side stream (``pipeline.beside``),
-    beside the groups and what the caller queues before ``join()``: two chains of short
-    latency-bound launches that need nothing of each other."""
-    if not with_sources:
-        return Prelude(entry_groups(pl, pack), pack, S, None), lambda: None
-    sources, join = beside(lambda: chunk_start_sources(pl, S), pl.slot.device, split)
-    return Prelude(entry_groups(pl, pack), pack, S, sources), join
-
-
-def _joined(prelude_and_join) -> Prelude:
-    prelude, join = prelude_and_join
-    join()
-    return prelude
+def _make_prelude(pl, S: int, pack: int, with_sources: bool) -> Prelude:
+    return Prelude(entry_groups(pl, pack), pack, S,
+                   chunk_start_sources(pl, S) if with_sources else None)
 
 
 def prelude(pl, S: int, snapshot_quant: str, config: dict) -> Prelude:
     """The ``Prelude`` of plan ``pl`` on a bank of ``S`` rows: shapes-only host code, no
     bank row read, so it may run before the forward's walk has advanced the bank."""
-    return _joined(_make_prelude(pl, S, int(config["GROUP_PACK"]),
-                                 uses_sources(snapshot_quant, config)))
+    return _make_prelude(pl, S, int(config["GROUP_PACK"]), uses_sources(snapshot_quant, config))
 
 
 def _prelude_parts(kept, pl, S: int, by_source: bool, config: dict):
-    """(groups, sources or None, join) for the step walk of one window: the forward's
-    ``Prelude`` where it fits this call (the same layout and bank), else made here (with
-    ``PRELUDE_SPLIT``, its sources on the side stream until ``join()``)."""
+    """(groups, sources or None) for the step walk of one window: the forward's
+    ``Prelude`` where it fits this call (the same layout and bank), else made here."""
     pack = int(config["GROUP_PACK"])
     pre = getattr(kept, "prelude", None)
     fits = (pre is not None and pre.S == S and pre.pack == pack
             and (pre.sources is not None or not by_source))
     from .. import ops
     ops.record_dispatch(backward_prelude="forward" if fits else "backward")
-    join = lambda: None
     if not fits:
-        pre, join = _make_prelude(pl, S, pack, by_source, bool(config.get("PRELUDE_SPLIT", 0)))
-    return pre.groups, (pre.sources if by_source else None), join
+        pre = _make_prelude(pl, S, pack, by_source)
+    return pre.groups, (pre.sources if by_source else None)
 
 
 def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):

@@ -57,7 +57,7 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
               CL_GROUP=3, CL_WRITE=1, DEV_DB=int(os.environ.get("SDM_INDUCTOR_DEV_DB", "1")), WARPS_DEV_DB=8,
-              MAXNREG_DEV_DB=64, PRELUDE_SPLIT=0, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
+              MAXNREG_DEV_DB=64, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
               WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
@@ -73,8 +73,6 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
 # *_GROUP (columns, positions and members per tile, warps; CL_GROUP: column blocks per
 # program, whose group headers load once: 3 measured 2.5 % faster at A, NOTES.md run 13).
 # CL_WRITE: the same for the forward's write launch (3 measured 5 % slower; 1).
-# PRELUDE_SPLIT: the backward's own prelude (no PRELUDE) makes the chunk-start sources on
-# the side stream beside its groups and the bank gradient's copy (backward._make_prelude).
 # DEV_DB: the backward's d ev and dB launches as one grid of both kinds of programs
 # (step_backward._dev_and_groups; 1 against 0, autograd C=128: 0.988 at A, 0.980 at B,
 # NOTES.md run 27), in WARPS_DEV_DB warps each, registers capped at
