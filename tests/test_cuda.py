@@ -318,11 +318,15 @@ def test_group_layouts_are_bitwise_equal(walk):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("C", [64, 128])
-def test_dev_and_groups_as_one_launch_is_bitwise_equal(dtype, C):
+def test_dev_and_groups_as_one_launch(dtype, C):
     """The backward's ``d ev`` and dB launches as one grid (``DEV_DB``, the default, with
-    PDL's waits as the GPU runs them: each program waits for the product launch) give
-    bitwise the gradients of the two launches, in a kept and a recomputing backward, over
-    dense slots with repeats and sparse slots."""
+    PDL's waits as the GPU runs them: each program waits for the product launch), in a
+    kept and a recomputing backward, over dense slots with repeats and sparse slots:
+    bitwise reproducible, and the gradients of the two launches. The dB programs run in
+    the same warps either way, so the bank gradient is bitwise theirs; the ``d ev``
+    programs run in 8 warps instead of 4, so their sums over a row's columns go in another
+    (fixed) order. Measured (NOTES.md run 27): fp32 all bitwise; bf16 the bank, k_val, v
+    and beta gradients bitwise, the decay gradient's largest difference 4e-6."""
     from sdm_inductor.kernels import host
     for slots, keep in ((256, 1), (8192, 0)):
         ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=slots,
@@ -331,11 +335,15 @@ def test_dev_and_groups_as_one_launch_is_bitwise_equal(dtype, C):
         dM = torch.randn_like(ins.bank)
         host.CONFIG["KEEP"] = keep
         got = {}
-        for merged in (0, 1):
+        for merged, run in ((1, 0), (1, 1), (0, 0)):
             host.CONFIG["DEV_DB"] = merged
-            got[merged] = _grads(ins, C, dy, dM)[2]
-        for n, a, b in zip(NAMES, got[1], got[0]):
-            assert torch.equal(a, b), (slots, n, (a.float() - b.float()).abs().max().item())
+            got[merged, run] = _grads(ins, C, dy, dM)[2]
+        for n, a, b, c in zip(NAMES, got[1, 0], got[1, 1], got[0, 0]):
+            assert torch.equal(a, b), ("not reproducible", slots, n)
+            if n == "bank":
+                assert torch.equal(a, c), (slots, n)
+            else:
+                _check(n, a, c, 1e-6 if dtype == torch.float32 else 2e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
