@@ -5,6 +5,7 @@ Usage: python benchmarks/aot_compile_check.py [bf16|fp32] [KEY=INT ...]
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -42,9 +43,12 @@ def _ptxas_report(ptx: str) -> str:
 DIV16_INTS = ("hd", "width")
 
 
-def compile_one(kernel, types: dict, consts: dict, num_warps=4):
+def compile_one(kernel, types: dict, consts: dict, num_warps=4, maxnreg=None):
     if "PDL" in kernel.arg_names:   # the step kernels as launched on sm_90: with PDL
         consts = dict(consts, PDL=max(1, int(CFG["PDL"])))
+    # constexpr parameters left out take their defaults, as a launch does (not i32 args)
+    consts = {**{q.name: q.default for q in kernel.params
+                 if q.is_constexpr and q.default is not inspect.Parameter.empty}, **consts}
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in consts:
@@ -54,8 +58,10 @@ def compile_one(kernel, types: dict, consts: dict, num_warps=4):
             if sig[name].startswith("*") or name in DIV16_INTS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(kernel, sig, constexprs={k: v for k, v in consts.items()}, attrs=attrs)
-    ck = triton.compile(src, target=TARGET, options=dict(num_warps=num_warps,
-                                                         launch_pdl=consts.get("PDL", False)))
+    opts = dict(num_warps=num_warps, launch_pdl=consts.get("PDL", False))
+    if maxnreg:   # (a launch's register cap, as host.CONFIG's MAXNREG_* pass it)
+        opts["maxnreg"] = maxnreg
+    ck = triton.compile(src, target=TARGET, options=opts)
     shown = {k: v for k, v in consts.items() if k in ("C", "BD", "QMODE", "SAVE")}
     print(f"{kernel.fn.__name__:20s} warps={num_warps} smem={ck.metadata.shared} {shown} "
           f"{_ptxas_report(ck.asm['ptx'])}")
@@ -111,7 +117,8 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                       dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, pe_ptr=f32, dB_ptr=bank,
                            g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
                            g_pos_ptr=i32, g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32,
-                           g_ev0_ptr=f32, dr_ptr=f32, dy_ptr=bank),
+                           g_ev0_ptr=f32, dr_ptr=f32, dy_ptr=bank, X_ptr=f32, QK_ptr=f32,
+                           beta_ptr=f32, vmr_ptr=f32, d_ptr=f32, dd_ptr=f32),
                       dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, NCB=6,
                            BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                            CL=CFG["CL_GROUP"], NCBG=4, ND=3, NGP=8, PDLG=2, CG="", SRC=src,
@@ -266,8 +273,15 @@ def main(dtype="bf16"):
                          PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
+    cap = CFG["MAXNREG_DEV_DB"]
     compile_one(*specs["dev_group"])
-    compile_one(*specs["dev_group"][:3], 4)
+    compile_one(*specs["dev_group"], maxnreg=cap)
+    # MIX1_BESIDE: the next chunk's first product ahead in the grid (at A: 192 programs)
+    kernel, types, consts, warps = specs["dev_group"]
+    compile_one(kernel, types, dict(consts, NM1=192, NMB1=24, MB1=CFG["MB_MIX_B"],
+                                    TB1=min(CFG["TB_MIX_B"], C), PREC="tf32"), warps, cap)
+    kernel, types, consts, warps = specs["dw"]
+    compile_one(kernel, types, dict(consts, DB_LATE=True), warps)
     for kt in (i32, "*i64"):   # the backward's chunk-start sources (sources.py)
         compile_one(sources._run_keys_kernel, dict(run_slot_ptr=i32, key_ptr=kt),
                     dict(CW=C * W, BLOCK=sources.BLOCK))

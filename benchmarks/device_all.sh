@@ -547,6 +547,18 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run pdl27d 100 python3 pdl_check.py --reps 2 --chunks 128
       run bench27d 260 python3 bench_cuda.py --no-extras --chunks 64,128
       cd .. ;;
+    s27e)   # session 27: MIX1_BESIDE (the first backward product inside the d ev / dB launch):
+      # A/Bs at A and B C=128, its CUDA test, the PDL race check and the kernel tests with
+      # it on
+      cd benchmarks
+      for cfg in A B; do
+        run ab27e_$cfg 70 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows ag \
+          --b MIX1_BESIDE=1 --c MIX1_BESIDE=1 MAXNREG_DEV_DB=0 --d NG_GROUP=64
+      done
+      SDM_INDUCTOR_MIX1_BESIDE=1 run pdl27e 60 python3 pdl_check.py --reps 1 --chunks 128
+      cd ..
+      SDM_INDUCTOR_MIX1_BESIDE=1 run t27e 200 python3 -m pytest -q -rA -p no:cacheprovider \
+        tests/test_cuda.py -k "beside or oracle or kept or walk_graph or overlap or deterministic" ;;
     s27b)   # session 27, final: every CUDA-marked test (as `full`)
       full_cuda 560 ;;
     s26h)   # session 26, final tree (PRELUDE only): against session 25's tree (.old26,
