@@ -117,8 +117,7 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                       dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, pe_ptr=f32, dB_ptr=bank,
                            g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
                            g_pos_ptr=i32, g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32,
-                           g_ev0_ptr=f32, dr_ptr=f32, dy_ptr=bank, X_ptr=f32, QK_ptr=f32,
-                           beta_ptr=f32, vmr_ptr=f32, d_ptr=f32, dd_ptr=f32),
+                           g_ev0_ptr=f32, dr_ptr=f32, dy_ptr=bank),
                       dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, NCB=6,
                            BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                            CL=CFG["CL_GROUP"], NCBG=4, ND=3, NGP=8, PDLG=2, CG="", SRC=src,
@@ -276,12 +275,6 @@ def main(dtype="bf16"):
     cap = CFG["MAXNREG_DEV_DB"]
     compile_one(*specs["dev_group"])
     compile_one(*specs["dev_group"], maxnreg=cap)
-    # MIX1_BESIDE: the next chunk's first product ahead in the grid (at A: 192 programs)
-    kernel, types, consts, warps = specs["dev_group"]
-    compile_one(kernel, types, dict(consts, NM1=192, NMB1=24, MB1=CFG["MB_MIX_B"],
-                                    TB1=min(CFG["TB_MIX_B"], C), PREC="tf32"), warps, cap)
-    kernel, types, consts, warps = specs["dw"]
-    compile_one(kernel, types, dict(consts, DB_LATE=True), warps)
     for kt in (i32, "*i64"):   # the backward's chunk-start sources (sources.py)
         compile_one(sources._run_keys_kernel, dict(run_slot_ptr=i32, key_ptr=kt),
                     dict(CW=C * W, BLOCK=sources.BLOCK))

@@ -547,9 +547,9 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run pdl27d 100 python3 pdl_check.py --reps 2 --chunks 128
       run bench27d 260 python3 bench_cuda.py --no-extras --chunks 64,128
       cd .. ;;
-    s27e)   # session 27: MIX1_BESIDE (the first backward product inside the d ev / dB launch):
-      # A/Bs at A and B C=128, its CUDA test, the PDL race check and the kernel tests with
-      # it on
+    s27e)   # session 27: MIX1_BESIDE (the first backward product inside the d ev / dB launch;
+      # measured slower and removed, commit 978ec4f holds it): A/Bs at A and B C=128, its
+      # CUDA test, the PDL race check and the kernel tests with it on
       cd benchmarks
       for cfg in A B; do
         run ab27e_$cfg 70 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows ag \

@@ -347,27 +347,6 @@ def test_dev_and_groups_as_one_launch(dtype, C):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("C", [64, 128])
-def test_first_product_beside_dev_and_groups(dtype, C):
-    """Chunk c - 1's first backward product as programs of chunk c's ``d ev`` / dB launch
-    (``MIX1_BESIDE``: computed before the launch's wait, stored after it; the Dw launch's
-    dB rows after its own wait), with the forward's ``v - r0`` kept: bitwise reproducible,
-    and the gradients of the product's own launch in the same blocks (``MIX_ROWS_B=0``),
-    to 1e-6 (fp32) / 2e-3 (bf16): its products run in the launch's 8 warps, not 4."""
-    from sdm_inductor.kernels import host
-    ins, dy, dM = _training_case(dtype)
-    host.CONFIG.update(KEEP=1, MIX_ROWS_B=0, DEV_DB=1)
-    got = {}
-    for beside, run in ((1, 0), (1, 1), (0, 0)):
-        host.CONFIG["MIX1_BESIDE"] = beside
-        got[beside, run] = _grads(ins, C, dy, dM)[2]
-        assert ops.last_dispatch().get("phase1_backward") == "kept"
-    for n, a, b, c in zip(NAMES, got[1, 0], got[1, 1], got[0, 0]):
-        assert torch.equal(a, b), ("not reproducible", n)
-        _check(n, a, c, 1e-6 if dtype == torch.float32 else 2e-3)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("sparse", [True, False])
 def test_one_member_path_is_bitwise_equal(dtype, sparse):
     """The dB launch's one-member path over split groups (``GROUP_ONE=2``) gives bitwise the

@@ -400,17 +400,6 @@ def _kept_for_backward():
     host.CONFIG["DEV_DB"] = 1
     for n, a, b in zip(NAMES, two_launches, kept):
         assert torch.equal(a, b), "DEV_DB grad " + n
-    # chunk c - 1's first product inside chunk c's d ev / dB launch (MIX1_BESIDE; here 3
-    # chunks in two windows, so one product crosses from one window's launches to the
-    # next): bitwise the product's own launch in the same blocks (MIX_ROWS_B=0)
-    host.CONFIG["MIX_ROWS_B"] = 0
-    _, own = grads(1)
-    host.CONFIG["MIX1_BESIDE"] = 1
-    _, beside = grads(1)
-    host.CONFIG.update(MIX1_BESIDE=0, MIX_ROWS_B=1)
-    for n, a, b, r in zip(NAMES, beside, own, g_ref):
-        assert torch.equal(a, b), "MIX1_BESIDE grad " + n
-        _check("MIX1_BESIDE grad " + n, a, r, 1e-5)
     assert (how_k, how_r) == (("kept", "forward"), ("recomputed", "backward")), (how_k, how_r)
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n

@@ -115,16 +115,10 @@ def _token_program_at(pid, cb, NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: 
 def _block_program(NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr):
     """A program of a (stream, token block, column slice) grid: ``p``, the segment ``b``,
     the block's first token ``t0``, the slice's columns and their mask."""
-    return _block_program_at(tl.program_id(0), tl.program_id(1), NC, c, hd, MB, TB, CP)
-
-
-@triton.jit
-def _block_program_at(pid, ms, NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr):
-    """``_block_program`` of grid position (``pid`` = p * NTB + token block, column slice
-    ``ms``)."""
     NTB: tl.constexpr = CP // TB
+    pid = tl.program_id(0)       # p * NTB + token block
     p = pid // NTB
-    cols = ms * MB + tl.arange(0, MB)
+    cols = tl.program_id(1) * MB + tl.arange(0, MB)
     return p, p * NC + c, (pid % NTB) * TB, cols, cols < hd
 
 

@@ -35,7 +35,7 @@ import triton.language as tl
 from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
 from . import graphs
 from .launch import EVICT, Relaunch, launch, pdl, pow2
-from .step import (ROWS_MAX_CP, _block_program, _block_program_at, _column_block, _gather_index, _gather_rows,
+from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
                    _grid_dependency, _launch_dependents, _token_program, _token_program_at,
                    _wait)
 
@@ -125,18 +125,6 @@ def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, 
     """The first product launch in blocks of ``TB`` key tokens, all after the wait."""
     _grid_dependency(PDL)
     p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
-    d, qd, buf, m = _mix1_products(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, p, b, t0, cols, cm,
-                                   c, T, hd, vmr_cs, C, MB, TB, CP, PREC)
-    tl.store(d_ptr + buf, d, mask=m)
-    tl.store(dd_ptr + buf, qd, mask=m)
-
-
-@triton.jit
-def _mix1_products(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, p, b, t0, cols, cm, c, T, hd, vmr_cs,
-                   C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                   PREC: tl.constexpr):
-    """``_mix1_blocks``' products for tokens ``[t0, t0 + TB)``: ``(delta, QK^T dy, offsets,
-    mask)`` of the ``[P, CP, hd]`` buffers."""
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
@@ -154,6 +142,7 @@ def _mix1_products(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, p, b, t0, cols, cm,
                      mask=tm[:, None] & km[None, :], other=0.0)
         d += tl.dot(xk, uk, input_precision=PREC)
         k0 += TB
+    tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
     # QK^T dy, the part of d delta that needs no dB
     qd = tl.zeros([TB, MB], tl.float32)
     k0 = 0
@@ -161,7 +150,7 @@ def _mix1_products(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, p, b, t0, cols, cm,
         ks = k0 + tl.arange(0, TB)
         qd += _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, ks < C, cols, cm, C, PREC)
         k0 += TB
-    return d, qd, buf, tm[:, None] & cm[None, :]
+    tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
 
 
 @triton.jit
@@ -311,11 +300,7 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
                         W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
                         CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
                         EV_DB: tl.constexpr = "", CG: tl.constexpr = "",
-                        QMODE: tl.constexpr = 0, SRC: tl.constexpr = False,
-                        DB_LATE: tl.constexpr = False):
-    """``DB_LATE`` (``MIX1_BESIDE``): the launch just before this one wrote the dB rows,
-    so with ``PDL == 3`` they load after the wait (the chunk-start rows still before it:
-    ``SRC``, nothing the walk writes)."""
+                        QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
     # launch) and of the dB rows (read again by the dB launch)
@@ -332,21 +317,14 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
     # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
+                 cache_modifier=CG).to(tl.float32)
+    # (SRC: the log and the final bank, which no launch of the walk writes)
+    M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width, W,
+                     WP, QMODE, SRC, CG, EV)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
-    if DB_LATE:
-        M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
-                         W, WP, QMODE, SRC, CG, EV)
-        _grid_dependency(PDL == 3)
-        Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB).to(tl.float32)
-        tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
-    else:
-        Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
-                     cache_modifier=CG).to(tl.float32)
-        # (SRC: the log and the final bank, which no launch of the walk writes)
-        M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
-                         W, WP, QMODE, SRC, CG, EV)
-        tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
-        _grid_dependency(PDL == 3)
+    tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
+    _grid_dependency(PDL == 3)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
@@ -552,21 +530,18 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
                          p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW", "vmr_cs"])
+@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
 def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, pe_ptr, dB_ptr,
                                g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr,
-                               g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, X_ptr, QK_ptr,
-                               beta_ptr, vmr_ptr, d_ptr, dd_ptr, c, T, hd, width, NC, NB, NCW,
-                               vmr_cs, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                               BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
-                               CP: tl.constexpr, NCB: tl.constexpr, BDG: tl.constexpr,
-                               NG: tl.constexpr, KW: tl.constexpr, CL: tl.constexpr,
-                               NCBG: tl.constexpr, ND: tl.constexpr, NGP: tl.constexpr,
-                               PDL: tl.constexpr, PDLG: tl.constexpr, CG: tl.constexpr = "",
+                               g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr,
+                               R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
+                               RP: tl.constexpr, CP: tl.constexpr, NCB: tl.constexpr,
+                               BDG: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr,
+                               CL: tl.constexpr, NCBG: tl.constexpr, ND: tl.constexpr,
+                               NGP: tl.constexpr, PDL: tl.constexpr, PDLG: tl.constexpr,
+                               CG: tl.constexpr = "",
                                QMODE: tl.constexpr = 0, SRC: tl.constexpr = False,
-                               ONE: tl.constexpr = 0, NM1: tl.constexpr = 0,
-                               NMB1: tl.constexpr = 1, MB1: tl.constexpr = 32,
-                               TB1: tl.constexpr = 32, PREC: tl.constexpr = "tf32"):
+                               ONE: tl.constexpr = 0):
     """The ``d ev`` and dB launches of a chunk step as one grid (``host.CONFIG["DEV_DB"]``):
     both need only ``d r0`` of the product launch before them and neither reads what the
     other writes, but as two launches the dB programs could start only once every ``d ev``
@@ -575,51 +550,22 @@ def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, 
     NCB)`` grid of ``_step_bwd_dev_kernel``, in its order) and ``NGP`` dB programs (the
     ``(P * NGT, NCBG)`` grid of ``_step_bwd_group_kernel``), so both kinds are resident
     together from the start. Every program waits for the product launch (the dB programs
-    after their headers, as with ``PDL == 2``), and each computes what it computes in its
-    own launch (the ``d ev`` sums in this launch's warps). ``PDLG``: the dB programs'
-    ``PDL`` (2 where the launch's is 3: they wait, which ``d ev``'s wait did for them).
-
-    ``NM1`` > 0 (``MIX1_BESIDE``, with the forward's ``v - r0`` kept): the grid's first
-    ``NM1`` programs are the next chunk's (``c - 1``) first product (``_mix1_blocks``'
-    ``(P * CP / TB1, NMB1)`` grid): it needs nothing of the walk, only its buffers, which
-    the product launch before this one reads; so it computes before the wait and stores
-    after it (nothing at ``c == 0``), and the step has one launch fewer."""
+    after their headers, as with ``PDL == 2``): each computes exactly what it computes in
+    its own launch, so the results are bitwise the two launches'. ``PDLG``: the dB programs'
+    ``PDL`` (2 where the launch's is 3: they wait, which ``d ev``'s wait did for them)."""
     L = tl.program_id(0)
-    if L < NM1:
-        _mix1_program(L // NMB1, L % NMB1, X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr,
-                      dd_ptr, c, T, hd, NC, vmr_cs, C, MB1, TB1, CP, PREC, PDL)
+    q = L // (ND + NGP)
+    r = L % (ND + NGP)
+    if r < ND:
+        k = q * ND + r
+        _dev_program(k // NCB, k % NCB, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr,
+                     dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NCW, C, W, R, BD, WP, RP, CP, PDL,
+                     CG, QMODE, SRC)
     else:
-        L -= NM1
-        q = L // (ND + NGP)
-        r = L % (ND + NGP)
-        if r < ND:
-            k = q * ND + r
-            _dev_program(k // NCB, k % NCB, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
-                         dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NCW, C, W, R, BD, WP,
-                         RP, CP, PDL, CG, QMODE, SRC)
-        else:
-            k = q * NGP + r - ND
-            _group_program(k // NCBG, k % NCBG, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr,
-                           g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr,
-                           dr_ptr, dy_ptr, c, T, hd, NC, C, W + R, BDG, NG, KW, CP, PDLG, CL,
-                           CG, ONE)
-
-
-@triton.jit
-def _mix1_program(pid, ms, X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC,
-                  vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                  PREC: tl.constexpr, PDL: tl.constexpr):
-    """Chunk ``c - 1``'s first product (``_mix1_blocks``, grid position ``pid``, ``ms``)
-    inside chunk ``c``'s launch: computed before the wait, stored after it; at ``c == 0``
-    chunk 0's products are computed (in-bounds loads) and not stored."""
-    _grid_dependency(PDL == 1)
-    cn = tl.maximum(c - 1, 0)
-    p, b, t0, cols, cm = _block_program_at(pid, ms, NC, cn, hd, MB, TB, CP)
-    d, qd, buf, m = _mix1_products(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, p, b, t0, cols, cm,
-                                   cn, T, hd, vmr_cs, C, MB, TB, CP, PREC)
-    _grid_dependency(PDL >= 2)   # the product launch before this one read these buffers
-    tl.store(d_ptr + buf, d, mask=m & (c > 0))
-    tl.store(dd_ptr + buf, qd, mask=m & (c > 0))
+        k = q * NGP + r - ND
+        _group_program(k // NCBG, k % NCBG, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
+                       g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T,
+                       hd, NC, C, W + R, BDG, NG, KW, CP, PDLG, CL, CG, ONE)
 
 
 @triton.jit(do_not_specialize=["NB", "blk_s", "src_p", "dst_p", "dst_0", "n"])
@@ -715,15 +661,6 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     src = sources is not None
     # the chunk-start rows: from the restored working bank, or (src) the final bank and log
     rows0 = (work, log, scales, sources if src else pl.slot)
-    # MIX1_BESIDE: chunk c - 1's first product in chunk c's d ev / dB launch (in blocks)
-    beside = bool(config.get("MIX1_BESIDE", 0) and config.get("DEV_DB", 0) and src
-                  and vmr_kept is not None)
-    mix1 = Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta,
-                    ddelta, 0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec,
-                    num_warps=config["WARPS_MIX_B"], num_stages=1, ROWS=rows and not beside,
-                    **pd)
-    m1 = dict(ptrs=(pl.X, pl.QK, pl.beta, vmr, delta, ddelta), vmr_cs=vmr_cs,
-              meta=dict(NM1=g_mix[0] * g_mix[1], NMB1=NMB, MB1=MB, TB1=TB, PREC=prec))
     steps = [
         *([] if src else [Relaunch(
             _step_restore_kernel, (P * -(-C * W // NG), NCBW), "c", work, log, scales,
@@ -736,29 +673,30 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
             _step_bwd_gather_kernel, g_rows, "c", *rows0, pl.slot, pl.ev, v, vmr, 0, T, hd,
             width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
             QMODE=qmode, SRC=src, num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
-        *([] if beside else [mix1]),
+        Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
+                 0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
+                 num_stages=1, ROWS=rows, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, *rows0, pl.slot, pl.coef, delta,
                  ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, C=C, W=W, R=R,
                  BD=BDD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
-                 EV_DB=EVICT[config["EV_DB"]], CG=cg, QMODE=qmode, SRC=src, DB_LATE=beside,
+                 EV_DB=EVICT[config["EV_DB"]], CG=cg, QMODE=qmode, SRC=src,
                  num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
                  ROWS=rows, **pd),
         *_dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, src, cg,
-                         rows0, pl, gr, dB, dr, dy, parts["ev"], m1 if beside else None),
+                         rows0, pl, gr, dB, dr, dy, parts["ev"]),
     ]
-    first = [mix1] if beside else []   # before the walk's first Dw: chunk NC - 1's product
     for c_lo in range(NCW * ((NC - 1) // NCW), -1, -NCW):   # windows, the last first
         n = min(NCW, NC - c_lo)
         def body(c_lo=c_lo, n=n):
             for c in range(c_lo + n - 1, c_lo - 1, -1):   # kernel boundaries order everything
-                for step in (first + steps if c == NC - 1 else steps):
+                for step in steps:
                     step(c)
 
         # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
-        graphs.run(("reverse", c_lo, n, tuple(s.key for s in first + steps)), body, dB.device,
+        graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
                    config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order, straight into their slice
         window_sums(parts, sums, c_lo, n, NCW, C)
@@ -766,13 +704,11 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
 
 
 def _dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, src, cg, rows0,
-                    pl, gr, dB, dr, dy, pe, m1=None) -> list:
+                    pl, gr, dB, dr, dy, pe) -> list:
     """A chunk step's ``d ev`` and dB launches (``_step_bwd_dev_kernel``,
     ``_step_bwd_group_kernel``), or with ``DEV_DB`` the two as one grid
     (``_step_bwd_dev_group_kernel``), its programs in periods of the two grids' sizes over
-    their greatest common divisor (at A and B, C = 128: 3 ``d ev`` and 8 dB programs);
-    ``m1`` (``MIX1_BESIDE``): with the next chunk's first product (pointers, its chunk
-    stride in the kept ``v - r0``, launch constants) ahead of them."""
+    their greatest common divisor (at A and B, C = 128: 3 ``d ev`` and 8 dB programs)."""
     E, BD = W + R, config["BD_STEP_B"]
     BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
     CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
@@ -784,14 +720,11 @@ def _dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, 
         n_dev, n_grp = P * C * NCB, P * NGT * NCBG
         period = math.gcd(n_dev, n_grp)
         pdl_g = dict(PDL=pd["PDL"], PDLG=2 if pd["PDL"] and pd["PDL"] >= 2 else pd["PDL"])
-        m1_ptrs = m1["ptrs"] if m1 else (dr,) * 6   # (placeholders: no such programs)
-        m1_meta = m1["meta"] if m1 else {}
         return [Relaunch(
-            _step_bwd_dev_group_kernel, (m1_meta.get("NM1", 0) + n_dev + n_grp,), "c", *rows0,
-            pl.slot, pe, dB, *groups, dr, dy, *m1_ptrs, 0, pl.T, hd, width, NC, NBW, NCW,
-            m1["vmr_cs"] if m1 else 0, NCB=NCB, BDG=BDG, NCBG=NCBG, ND=n_dev // period,
-            NGP=n_grp // period, num_warps=config["WARPS_DEV_DB"],
-            num_stages=1, **dev, **grp, **{**pd, **pdl_g}, **m1_meta,
+            _step_bwd_dev_group_kernel, (n_dev + n_grp,), "c", *rows0, pl.slot, pe, dB, *groups,
+            dr, dy, 0, pl.T, hd, width, NC, NBW, NCW, NCB=NCB, BDG=BDG, NCBG=NCBG,
+            ND=n_dev // period, NGP=n_grp // period, num_warps=config["WARPS_DEV_DB"],
+            num_stages=1, **dev, **grp, **{**pd, **pdl_g},
             **({"maxnreg": config["MAXNREG_DEV_DB"]} if config["MAXNREG_DEV_DB"] else {}))]
     return [
         Relaunch(_step_bwd_dev_kernel, (P * C, NCB), "c", *rows0, pl.slot, dr, dy, pe, 0, pl.T,
