@@ -20,6 +20,8 @@ piece is one launch with many programs (as the forward's ``step.py``):
 7. ``_step_bwd_group_kernel`` (entry positions x column blocks): the new ``dB`` of every
    distinct touched slot, once, in its group's order (``backward._group_tile``).
 
+With ``DEV_DB`` (the default) 6 and 7 are one launch, ``_step_bwd_dev_group_kernel``.
+
 Partial sums over columns go to ``[blocks, P * NCW, C, n]`` buffers (a window of ``NCW``
 chunks per stream) that ``window_sums`` reduces in a fixed order after each window (the
 column walk reduces its own by torch). Every element has one writer: deterministic.
@@ -550,9 +552,11 @@ def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, 
     NCB)`` grid of ``_step_bwd_dev_kernel``, in its order) and ``NGP`` dB programs (the
     ``(P * NGT, NCBG)`` grid of ``_step_bwd_group_kernel``), so both kinds are resident
     together from the start. Every program waits for the product launch (the dB programs
-    after their headers, as with ``PDL == 2``): each computes exactly what it computes in
-    its own launch, so the results are bitwise the two launches'. ``PDLG``: the dB programs'
-    ``PDL`` (2 where the launch's is 3: they wait, which ``d ev``'s wait did for them)."""
+    after their headers, as with ``PDL == 2``), and each computes what it computes in its
+    own launch; the ``d ev`` programs' sums over a row's columns run in this launch's warps
+    (8, not 4), another fixed order (the interpreter: bitwise the two launches; the H200:
+    within a few fp32 ulps). ``PDLG``: the dB programs' ``PDL`` (2 where the launch's is 3:
+    they wait, which ``d ev``'s wait did for them)."""
     L = tl.program_id(0)
     q = L // (ND + NGP)
     r = L % (ND + NGP)
