@@ -723,12 +723,11 @@ def _dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, 
     if config.get("DEV_DB", 0):
         n_dev, n_grp = P * C * NCB, P * NGT * NCBG
         period = math.gcd(n_dev, n_grp)
-        pdl_g = dict(PDL=pd["PDL"], PDLG=2 if pd["PDL"] and pd["PDL"] >= 2 else pd["PDL"])
         return [Relaunch(
             _step_bwd_dev_group_kernel, (n_dev + n_grp,), "c", *rows0, pl.slot, pe, dB, *groups,
             dr, dy, 0, pl.T, hd, width, NC, NBW, NCW, NCB=NCB, BDG=BDG, NCBG=NCBG,
             ND=n_dev // period, NGP=n_grp // period, num_warps=config["WARPS_DEV_DB"],
-            num_stages=1, **dev, **grp, **{**pd, **pdl_g},
+            num_stages=1, **dev, **grp, **pd, PDLG=min(pd["PDL"], 2),
             **({"maxnreg": config["MAXNREG_DEV_DB"]} if config["MAXNREG_DEV_DB"] else {}))]
     return [
         Relaunch(_step_bwd_dev_kernel, (P * C, NCB), "c", *rows0, pl.slot, dr, dy, pe, 0, pl.T,
