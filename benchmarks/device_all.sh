@@ -528,7 +528,8 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run bench27a 200 python3 bench_cuda.py --no-extras --chunks 128 --set DEV_DB=1
       cd .. ;;
     s27c)   # session 27: DEV_DB on (the default now): the arrangements' CUDA test, then A/Bs
-      # of the backward's prelude split (sources beside groups), the forward's prelude
+      # of the backward's prelude split (sources beside groups; PRELUDE_SPLIT, measured
+      # slower and removed, and the arrangements test with it), the forward's prelude
       # (PRELUDE=2) and DEV_DB off again, then the autograd step's kernel table
       run t27c 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "arrangements"
       cd benchmarks
