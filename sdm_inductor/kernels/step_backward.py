@@ -535,7 +535,8 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
 def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, pe_ptr, dB_ptr,
                                g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr,
-                               g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr,
+                               g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd,
+                               width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr,
                                R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
                                RP: tl.constexpr, CP: tl.constexpr, NCB: tl.constexpr,
                                BDG: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr,
