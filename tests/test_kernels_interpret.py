@@ -543,6 +543,23 @@ def case_window_sums():
             assert torch.equal(sums[k][:, rest].isnan(), before[k][:, rest].isnan()), k
 
 
+def _gram_terms(pl):
+    """Per (segment, token, A / QK): the Gram terms its pairs program adds, i.e. the
+    (entry, earlier write of the same slot) pairs: writes with writes of earlier tokens,
+    reads with writes of tokens up to their own (the plan's slots: -1 touches nothing)."""
+    import torch
+    B, C, W = pl.B, pl.C, pl.W
+    slot = pl.slot.view(B, C, -1)
+    ws = slot[:, :, :W]
+    tok = torch.arange(C)
+    out = []
+    for ents, strict in ((ws, True), (slot[:, :, W:], False)):
+        same = (ents[:, :, :, None, None] == ws[:, None, None, :, :]) & (ents >= 0)[..., None, None]
+        before = tok[None, :] < tok[:, None] if strict else tok[None, :] <= tok[:, None]
+        out.append((same & before[None, :, None, :, None]).sum((2, 3, 4)))
+    return torch.stack(out, -1)
+
+
 def case_phase1_scans():
     """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) and its
     split form over blocks of positions (``GROUPS_SPLIT``) give
@@ -560,6 +577,7 @@ def case_phase1_scans():
              dict(P=1, T=300, W=16, R=4, slots_per_stream=600, C=64, repeats=True),
              # 64 < C <= 128: the split pairs kernel's own entry blocks and warps
              dict(P=1, T=150, W=6, R=4, slots_per_stream=80, C=96, repeats=True)]
+    overflowed = False
     for kw, key_dtype in zip(cases, (torch.int64, torch.int32, torch.int32)):
         C = kw.pop("C")
         ins = make_inputs(hd=4, per_write_gate=True, seed=3, **kw)
@@ -586,7 +604,23 @@ def case_phase1_scans():
         phase1.FLAT_SORT, phase1.PAIR_ACC, phase1.PAIR_SPLIT = True, True, True
         P, T, W = ins.k_idx.shape
         assert phase1._flat_span(args[0], P * -(-T // C), C, W + ins.q_idx.shape[2]) > 0
+        phase1.PAIR_LIST = 0
+        one_hot = phase1.plan(*args)
+        phase1.PAIR_LIST = 2
         flat = phase1.plan(*args)
+        # the term lists against the one-hot sums over every lane: the same weights, the
+        # Gram rows up to rounding; the rows' term counts show the lists overflowed (and
+        # were folded in early) in some programs
+        for f in ("gam", "gend", "ev", "coef", "decay"):
+            assert torch.equal(getattr(flat, f), getattr(one_hot, f)), "list " + f
+        for f in ("A", "QK"):
+            torch.testing.assert_close(getattr(flat, f), getattr(one_hot, f), rtol=1e-6,
+                                       atol=1e-7, msg=f)
+        EB = min(phase1._pair_block(C), phase1.pow2(max(W, ins.q_idx.shape[2])))
+        terms = _gram_terms(flat)
+        print(f"C={C}: up to {terms.max()} Gram terms in a program, lists of "
+              f"{phase1.PAIR_LIST * EB}")
+        overflowed = overflowed or bool(terms.max() > phase1.PAIR_LIST * EB)
         for got in (scans, split, flat):
             for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
                 assert torch.equal(getattr(got, f), getattr(want, f)), f
@@ -598,6 +632,7 @@ def case_phase1_scans():
             assert torch.allclose(x, y, rtol=1e-6, atol=1e-7), f
             assert x.abs().sum() > 0, f
         print(f"{key_dtype}: scans == searches, flat sort == segmented sort")
+    assert overflowed
 
 
 def case_solve_blocks():

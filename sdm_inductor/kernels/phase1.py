@@ -345,6 +345,41 @@ def _gram_add(acc, x, tf, ok, cols, ACC: tl.constexpr):
 
 
 @triton.jit
+def _list_flush(lx_ptr, lt_ptr, n, row, cols, LB: tl.constexpr):
+    """Row ``+=`` the ``n`` terms of a program's term list, ``LB`` at a time in list
+    order (one-hot sums: a fixed order, no two writers). The barriers order the list's
+    stores by other threads before these loads, and these loads before later stores."""
+    tl.debug_barrier()
+    s = 0
+    while s < n:   # data-dependent trip count: usually once
+        j = s + tl.arange(0, LB)
+        jm = j < n
+        x = tl.load(lx_ptr + j, mask=jm, other=0.0)
+        t = tl.load(lt_ptr + j, mask=jm, other=-1)
+        row += tl.sum(tl.where(t[:, None] == cols[None, :], x[:, None], 0.0), axis=0)
+        s += LB
+    tl.debug_barrier()
+    return row
+
+
+@triton.jit
+def _list_add(lx_ptr, lt_ptr, n, row, x, tf, ok, cols, LB: tl.constexpr, LMAX: tl.constexpr):
+    """Append the lanes in ``ok`` (``x`` at column ``tf``) to the term list in lane order,
+    first folding the list into ``row`` if they would not fit (``LMAX`` >= the lanes).
+    Most lanes add no Gram term (an entry's own write, a slot no earlier token wrote):
+    the list keeps the one-hot sums to the few that do."""
+    k = ok.to(tl.int32)
+    cnt = tl.sum(k, axis=0)
+    if n + cnt > LMAX:
+        row = _list_flush(lx_ptr, lt_ptr, n, row, cols, LB)
+        n = 0
+    pos = n + tl.cumsum(k, axis=0) - 1
+    tl.store(lx_ptr + pos, x, mask=ok)
+    tl.store(lt_ptr + pos, tf, mask=ok)
+    return n + cnt, row
+
+
+@triton.jit
 def _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, pos, mask, E: tl.constexpr,
             SORTED: tl.constexpr):
     """The gate, weight and token of the entries at sorted positions ``pos``: read at those
@@ -365,15 +400,26 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
                   ev_ptr, coef_ptr, decay_ptr, seg, i, cols, E0: tl.constexpr,
                   E1: tl.constexpr, W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr,
                   CP: tl.constexpr, KM: tl.constexpr, ACC: tl.constexpr,
-                  BUILD_A: tl.constexpr, BUILD_QK: tl.constexpr, SORTED: tl.constexpr):
+                  BUILD_A: tl.constexpr, BUILD_QK: tl.constexpr, SORTED: tl.constexpr,
+                  lst=None, LMAX: tl.constexpr = 0):
     """Entries ``[E0, E1)`` of token ``i``: their cumulative decays and per-entry weights
     (stored), and their terms of the Gram rows ``A[i, :]`` (write entries, if ``BUILD_A``)
     and ``QK[i, :]`` (read entries, if ``BUILD_QK``), returned. Each entry walks its group;
     the first ``KM`` members of every group load as one tile (one round trip for the whole
     block of entries with ``SORTED``, else two dependent ones through ``perm``); only
-    groups with more writes in the chunk take the loops, one member per round trip."""
+    groups with more writes in the chunk take the loops, one member per round trip.
+
+    ``LMAX`` > 0 (one Gram row built: the split kernel): the row's terms go to the
+    program's term list ``lst`` (``_list_add``) and one-hot sums run over that list
+    only, instead of over every (entry, member) lane; ``ACC`` is then unused."""
     km = tl.arange(0, KM)[None, :]
-    if ACC:
+    COMPACT: tl.constexpr = LMAX > 0
+    LB: tl.constexpr = EB
+    n = tl.sum(tl.zeros([1], tl.int32), axis=0)   # terms in the list (COMPACT)
+    if COMPACT:
+        a_row = tl.zeros([CP], tl.float32)
+        qk_row = tl.zeros([CP], tl.float32)
+    elif ACC:
         a_row = tl.zeros([EB, CP], tl.float32)
         qk_row = tl.zeros([EB, CP], tl.float32)
     else:
@@ -413,9 +459,18 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
                 tf = tl.sum(tl.where(sel, tt, 0), axis=1)
                 mm = k < nw
                 if BUILD_A and e0 < W:
-                    a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
+                    if COMPACT:
+                        n, a_row = _list_add(lst[0], lst[1], n, a_row, x, tf,
+                                             mm & is_w & (tf < i), cols, LB, LMAX)
+                    else:
+                        a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
                 if BUILD_QK and e0 + EB > W:
-                    qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
+                    if COMPACT:
+                        n, qk_row = _list_add(lst[0], lst[1], n, qk_row, x, tf,
+                                              mm & (~is_w) & (tf <= i), cols, LB, LMAX)
+                    else:
+                        qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols,
+                                           ACC)
         run = tl.sum(gt, axis=1)
         m = KM
         while m < n_max:  # data-dependent trip count
@@ -425,16 +480,29 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
             run += gf
             x = val * kf * tl.exp(gam - run)
             if BUILD_A and e0 < W:
-                a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
+                if COMPACT:
+                    n, a_row = _list_add(lst[0], lst[1], n, a_row, x, tf, mm & is_w & (tf < i),
+                                         cols, LB, LMAX)
+                else:
+                    a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
             if BUILD_QK and e0 + EB > W:
-                qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
+                if COMPACT:
+                    n, qk_row = _list_add(lst[0], lst[1], n, qk_row, x, tf,
+                                          mm & (~is_w) & (tf <= i), cols, LB, LMAX)
+                else:
+                    qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
             m += 1
         tl.store(gam_ptr + off, gam, mask=em)
         tl.store(gend_ptr + off, gend, mask=em)
         tl.store(ev_ptr + off, val * tl.exp(gam), mask=em)
         tl.store(coef_ptr + off, tl.where(is_w, val * tl.exp(gend - gam), 0.0), mask=em)
         tl.store(decay_ptr + off, tl.exp(gend), mask=em)
-    if ACC:
+    if COMPACT:
+        if BUILD_A:
+            a_row = _list_flush(lst[0], lst[1], n, a_row, cols, LB)
+        if BUILD_QK:
+            qk_row = _list_flush(lst[0], lst[1], n, qk_row, cols, LB)
+    elif ACC:
         a_row = tl.sum(a_row, axis=0)
         qk_row = tl.sum(qk_row, axis=0)
     return a_row, qk_row
@@ -442,15 +510,17 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
 
 @triton.jit
 def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs_ptr, nw_ptr,
-                  gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr,
+                  gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr, lx_ptr, lt_ptr,
                   C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
                   KM: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
-                  SORTED: tl.constexpr = False):
+                  SORTED: tl.constexpr = False, LMAX: tl.constexpr = 0):
     """One program per (segment, token i), or with ``SPLIT`` two (grid ``(B * C, 2)``):
     one for the write entries and ``A[i, :]``, one for the read entries and ``QK[i, :]``.
     Split, each program keeps one Gram row's accumulator instead of two: fewer registers,
     more programs per SM for a kernel bound by its loads' latency. ``SORTED``: the members'
-    gates, weights and tokens come from sorted-order copies (``_member``)."""
+    gates, weights and tokens come from sorted-order copies (``_member``). ``LMAX`` > 0
+    (``SPLIT`` only): each program's Gram terms through its term list of ``LMAX`` places
+    at ``lx_ptr`` / ``lt_ptr`` (``_list_add``)."""
     srt = (sgate_ptr, sval_ptr, stok_ptr)
     pid = tl.program_id(0)            # b * C + i
     b = pid // C
@@ -461,15 +531,17 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs
     cm = cols < C
     row = pid.to(tl.int64) * C + cols
     if SPLIT:
+        lo = (pid.to(tl.int64) * 2 + tl.program_id(1)) * LMAX
+        lst = (lx_ptr + lo, lt_ptr + lo)
         if tl.program_id(1) == 0:
             a_row, _ = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, W,
-                                     W, E, EB, CP, KM, ACC, True, False, SORTED)
+                                     W, E, EB, CP, KM, ACC, True, False, SORTED, lst, LMAX)
             tl.store(A_ptr + row, a_row, mask=cm)
         else:
             _, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                       gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, W, E,
-                                      W, E, EB, CP, KM, ACC, False, True, SORTED)
+                                      W, E, EB, CP, KM, ACC, False, True, SORTED, lst, LMAX)
             tl.store(QK_ptr + row, qk_row, mask=cm)
     else:
         a_row, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
@@ -556,6 +628,10 @@ class Groups:
     ev0: Tensor     # fp32 ev of the group's first member (ev[pos]), else 0
 
 
+# The split ``_pairs_kernel``'s Gram terms through a per-program term list of PAIR_LIST
+# entry blocks (``_list_add``; 0: one-hot sums over every (entry, member) lane, ``PAIR_ACC``).
+# Eager calls only, like PAIR_SPLIT.
+PAIR_LIST = 2
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
 # groups loop over the rest. PAIR_ENTRIES / _128 / _WIDE: entries per block of the split
 # kernel at C <= 64, <= 128, > 128 (the single form keeps 32 up to 128); the Gram
@@ -955,12 +1031,15 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     gend = torch.empty_like(val)
     split = PAIR_SPLIT and W > 0 and R > 0 and not is_fake(val)
+    EB = min(_pair_block(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
+             pow2(max(W, R) if split else E))
+    lmax = PAIR_LIST * EB if split and PAIR_LIST else 0
+    lx = torch.empty(B * C * 2 * lmax if lmax else 1, dtype=torch.float32, device=dev)
+    lt = torch.empty(lx.shape, dtype=torch.int32, device=dev)
     launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, *(srt or (perm,) * 3),
-           gs, nw, gam, gend, ev, coef, decay, A, QK, C, W=W, R=R, SORTED=srt is not None,
-           EB=min(_pair_block(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
-                  pow2(max(W, R) if split else E)),
-           CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC, SPLIT=split,
-           num_warps=_pair_warps(C) if split else 4)
+           gs, nw, gam, gend, ev, coef, decay, A, QK, lx, lt, C, W=W, R=R,
+           SORTED=srt is not None, EB=EB, CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC,
+           SPLIT=split, LMAX=lmax, num_warps=_pair_warps(C) if split else 4)
 
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
