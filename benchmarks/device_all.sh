@@ -515,6 +515,20 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s28a)   # session 28: GRAM_AFTER (dQK / dL by one launch per window) and the pairs
+      # kernel's term lists (phase1.PAIR_LIST): their CUDA tests and the oracle cases, A/Bs
+      # at A and B C=128 (no-grad and autograd) against each off and against one backward
+      # window, the PDL race check, then a profile of the autograd step
+      run t28a 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "gram_grads or pairs_term or dev_and_groups or oracle or kept"
+      cd benchmarks
+      for cfg in A B; do
+        run ab28a_$cfg 170 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 \
+          --rows fwd,ag --b GRAM_AFTER=0 --c BWD_WINDOWS=1 --d phase1.PAIR_LIST=0
+      done
+      run pdl28a 100 python3 pdl_check.py --reps 2 --chunks 128
+      run prof28a 100 python3 profile_autograd.py 128 45
+      cd .. ;;
     s27a)   # session 27: DEV_DB (the backward's d ev and dB launches as one grid): its CUDA
       # test and the oracle cases on it, A/Bs at A and B C=128 (autograd), then the
       # benchmark's C=128 rows with it

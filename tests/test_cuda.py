@@ -347,6 +347,63 @@ def test_dev_and_groups_as_one_launch(dtype, C):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("C", [64, 128])
+def test_gram_grads_after_each_window(dtype, C):
+    """dQK / dL by one launch per backward window from the walk's kept delta and du
+    (``GRAM_AFTER``, the default) against the second product launch's partial sums per
+    column slice: bitwise reproducible; the bank and v gradients (which do not take dQK /
+    dL) bitwise, the others to rounding (the same products, summed in another order).
+    Two windows, T not a multiple of C, the products in whole rows and in blocks."""
+    from sdm_inductor.kernels import host
+    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
+                  per_write_gate=True, repeats=True)
+    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
+    dM = torch.randn_like(ins.bank)
+    for rows in (1, 0):
+        host.CONFIG.update(MIX_ROWS_B=rows, BWD_WINDOWS=2)
+        got = {}
+        for gram, run in ((1, 0), (1, 1), (0, 0)):
+            host.CONFIG["GRAM_AFTER"] = gram
+            got[gram, run] = _grads(ins, C, dy, dM)[2]
+        for n, a, b, c in zip(NAMES, got[1, 0], got[1, 1], got[0, 0]):
+            assert torch.equal(a, b), ("not reproducible", rows, n)
+            if n in ("bank", "v"):
+                assert torch.equal(a, c), (rows, n)
+            else:
+                _check(n, a, c, 1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("C", [64, 128, 256])
+def test_pairs_term_lists(C):
+    """The split pairs kernel's Gram terms through per-program term lists
+    (``phase1.PAIR_LIST``, the default) against its one-hot sums over every lane: the
+    same per-entry weights bitwise, A and QK to rounding, bitwise reproducible; dense
+    slots (lists that overflow and fold early) and sparse ones."""
+    from sdm_inductor.kernels import phase1
+    old = phase1.PAIR_LIST
+    try:
+        for slots in (64, 8192):
+            ins = _inputs(torch.float32, P=2, T=300, W=16, R=8, hd=32, slots_per_stream=slots,
+                          per_write_gate=True, repeats=True)
+            args = (ins.bank.shape[0], ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx,
+                    ins.q_val, C)
+            got = {}
+            for lst, run in ((2, 0), (2, 1), (0, 0)):
+                phase1.PAIR_LIST = lst
+                got[lst, run] = phase1.plan(*args)
+            for f in ("gam", "gend", "ev", "coef", "decay", "A", "QK"):
+                a, b, c = (getattr(got[k], f) for k in ((2, 0), (2, 1), (0, 0)))
+                assert torch.equal(a, b), ("not reproducible", slots, f)
+                if f in ("A", "QK"):
+                    torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6, msg=f)
+                    assert a.abs().sum() > 0, f
+                else:
+                    assert torch.equal(a, c), (slots, f)
+    finally:
+        phase1.PAIR_LIST = old
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("sparse", [True, False])
 def test_one_member_path_is_bitwise_equal(dtype, sparse):
     """The dB launch's one-member path over split groups (``GROUP_ONE=2``) gives bitwise the

@@ -665,7 +665,7 @@ def _gram_grads_kernel(dy_ptr, d_ptr, du_ptr, qk_ptr, L_ptr, c_lo, T, hd, NC, d_
 # ``_gram_grads_kernel``: tokens per program, columns per tile, warps
 GRAM_TB = 32
 GRAM_KB = 32
-GRAM_WARPS = 4
+GRAM_WARPS = 8
 
 
 def gram_grads(dy, delta, du, sums: dict, c_lo: int, n: int, C: int, prec: str):
