@@ -275,8 +275,8 @@ def main(dtype="bf16"):
                          PDL=CFG["PDL"], GRAM=bool(CFG["GRAM_AFTER"])), CFG["WARPS_MIX_B"])
         # GRAM_AFTER: the window's dQK / dL launch
         compile_one(sb._gram_grads_kernel, dict(dy_ptr=bank, d_ptr=f32, du_ptr=f32, qk_ptr=f32,
-                    L_ptr=f32), dict(C=CC, CP=CC, TB=sb.GRAM_TB, KB=sb.GRAM_KB, PREC="tf32"),
-                    sb.GRAM_WARPS)
+                    L_ptr=f32), dict(HD=768, C=CC, CP=CC, TB=sb.GRAM_TB, KB=sb.GRAM_KB,
+                                     PREC="tf32"), sb.GRAM_WARPS)
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
     cap = CFG["MAXNREG_DEV_DB"]

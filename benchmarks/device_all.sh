@@ -515,6 +515,22 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s28b)   # session 28: the dQK / dL launch pipelined over constexpr columns; its CUDA test,
+      # A/Bs against GRAM_AFTER=0, 16-token blocks, one backward window; profiles of the
+      # autograd step with GRAM_AFTER off and on
+      run t28b 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "gram_grads"
+      cd benchmarks
+      for cfg in A B; do
+        run ab28b_$cfg 170 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 \
+          --rows ag --b GRAM_AFTER=0 --c step_backward.GRAM_TB=16 --d BWD_WINDOWS=1
+      done
+      for g in 0 1; do
+        run prof28b_g$g 100 python3 -c "from sdm_inductor.kernels import host
+host.CONFIG['GRAM_AFTER'] = $g
+import profile_autograd
+profile_autograd.main(128, 30)"
+      done
+      cd .. ;;
     s28a)   # session 28: GRAM_AFTER (dQK / dL by one launch per window) and the pairs
       # kernel's term lists (phase1.PAIR_LIST): their CUDA tests and the oracle cases, A/Bs
       # at A and B C=128 (no-grad and autograd) against each off and against one backward

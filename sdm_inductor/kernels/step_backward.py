@@ -622,14 +622,17 @@ def _window_sum_kernel(src_ptr, dst_ptr, NB, blk_s, src_p, dst_p, dst_0, n, C: t
 
 
 @triton.jit(do_not_specialize=["c_lo", "T", "NC"])
-def _gram_grads_kernel(dy_ptr, d_ptr, du_ptr, qk_ptr, L_ptr, c_lo, T, hd, NC, d_cs,
-                       C: tl.constexpr, CP: tl.constexpr, TB: tl.constexpr, KB: tl.constexpr,
-                       PREC: tl.constexpr):
+def _gram_grads_kernel(dy_ptr, d_ptr, du_ptr, qk_ptr, L_ptr, c_lo, T, NC, d_cs,
+                       HD: tl.constexpr, C: tl.constexpr, CP: tl.constexpr, TB: tl.constexpr,
+                       KB: tl.constexpr, PREC: tl.constexpr):
     """``dQK = dy delta^T`` (on and below the diagonal) and ``dL = -du delta^T`` (below
     it) of a window's chunks, zeros above, straight into the sums (``GRAM_AFTER``): a
     program per (stream, chunk of the window, block of ``TB`` tokens), the columns in
     tiles of ``KB``, in order (deterministic). ``d_ptr`` / ``du_ptr``: the window's
-    ``[NCW, P, CP, hd]`` delta and du, ``d_cs`` elements per chunk."""
+    ``[NCW, P, CP, hd]`` delta and du, ``d_cs`` elements per chunk. The column count
+    ``HD`` is a constexpr: a loop of fixed trip count, which Triton pipelines (the tiles
+    of the next columns load during these products)."""
+    hd = HD
     NTB: tl.constexpr = CP // TB
     pid = tl.program_id(0)             # (p * n + j) * NTB + token block
     p = tl.program_id(1)
@@ -643,8 +646,7 @@ def _gram_grads_kernel(dy_ptr, d_ptr, du_ptr, qk_ptr, L_ptr, c_lo, T, hd, NC, d_
     blk = j.to(tl.int64) * d_cs + p.to(tl.int64) * CP * hd
     aq = tl.zeros([TB, CP], tl.float32)
     al = tl.zeros([TB, CP], tl.float32)
-    k0 = 0
-    while k0 < hd:   # (a runtime bound: a while loop, which the interpreter runs too)
+    for k0 in range(0, HD, KB):
         cols = k0 + tl.arange(0, KB)
         cm = cols < hd
         dl = tl.load(d_ptr + blk + ks[:, None] * hd + cols[None, :], mask=kc[:, None] & cm[None, :],
@@ -655,7 +657,6 @@ def _gram_grads_kernel(dy_ptr, d_ptr, du_ptr, qk_ptr, L_ptr, c_lo, T, hd, NC, d_
                       mask=tm[:, None] & cm[None, :], other=0.0)
         aq += tl.dot(dyt, tl.trans(dl), input_precision=PREC)
         al += tl.dot(dut, tl.trans(dl), input_precision=PREC)
-        k0 += KB
     out = ((p * NC + c).to(tl.int64) * C + toks)[:, None] * C + ks[None, :]
     om = tm[:, None] & kc[None, :]
     tl.store(qk_ptr + out, tl.where(ks[None, :] <= toks[:, None], aq, 0.0), mask=om)
@@ -666,6 +667,7 @@ def _gram_grads_kernel(dy_ptr, d_ptr, du_ptr, qk_ptr, L_ptr, c_lo, T, hd, NC, d_
 GRAM_TB = 32
 GRAM_KB = 32
 GRAM_WARPS = 8
+GRAM_STAGES = 3
 
 
 def gram_grads(dy, delta, du, sums: dict, c_lo: int, n: int, C: int, prec: str):
@@ -675,8 +677,8 @@ def gram_grads(dy, delta, du, sums: dict, c_lo: int, n: int, C: int, prec: str):
     NC, T = sums["qk"].shape[1], dy.shape[1]
     TB = min(GRAM_TB, CP)
     launch(_gram_grads_kernel, (n * (CP // TB), P), dy, delta, du, sums["qk"], sums["L"], c_lo,
-           T, hd, NC, P * CP * hd, C=C, CP=CP, TB=TB, KB=GRAM_KB, PREC=prec,
-           num_warps=GRAM_WARPS)
+           T, NC, P * CP * hd, HD=hd, C=C, CP=CP, TB=TB, KB=GRAM_KB, PREC=prec,
+           num_warps=GRAM_WARPS, num_stages=GRAM_STAGES)
 
 
 # ``_window_sum_kernel``: elements per program, column blocks per load tile
