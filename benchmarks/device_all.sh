@@ -515,6 +515,12 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s28c)   # session 28: the benchmark (all C, no extras) and the decode step's latency
+      cd benchmarks
+      run bench28c 330 python3 bench_cuda.py --no-extras
+      run decode28c 60 python3 -c "import bench_cuda
+print(f'decode step P=16 T=1 hd=768 W=R=64 (CUDA graph): {bench_cuda.decode_latency():.1f} us')"
+      cd .. ;;
     s28b)   # session 28: the dQK / dL launch pipelined over constexpr columns; its CUDA test,
       # A/Bs against GRAM_AFTER=0, 16-token blocks, one backward window; profiles of the
       # autograd step with GRAM_AFTER off and on
