@@ -40,7 +40,7 @@ def _ptxas_report(ptx: str) -> str:
 # integer arguments that are multiples of 16 at the configs (Triton's launcher marks such
 # values, and 16-byte aligned pointers, ``tt.divisibility = 16``, which enables vector
 # loads: without the marks the kernels compile to other code than the GPU runs)
-DIV16_INTS = ("hd", "width", "d_cs")
+DIV16_INTS = ("hd", "width")
 
 
 def compile_one(kernel, types: dict, consts: dict, num_warps=4, maxnreg=None):
@@ -261,8 +261,7 @@ def main(dtype="bf16"):
     compile_one(*specs["dw"])
     compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
                 dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32, pl_ptr=f32,
-                pb_ptr=f32, du_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32",
-                                              GRAM=bool(CFG["GRAM_AFTER"])))
+                pb_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
     for CC in (64, 128, 256):   # MIX_ROWS_B: the products' whole rows before the wait
         compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32,
                     vmr_ptr=f32, dy_ptr=bank, d_ptr=f32, dd_ptr=f32),
@@ -270,13 +269,9 @@ def main(dtype="bf16"):
                          PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
         compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32,
-                    pl_ptr=f32, pb_ptr=f32, du_ptr=f32),
+                    pl_ptr=f32, pb_ptr=f32),
                     dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
-                         PDL=CFG["PDL"], GRAM=bool(CFG["GRAM_AFTER"])), CFG["WARPS_MIX_B"])
-        # GRAM_AFTER: the window's dQK / dL launch
-        compile_one(sb._gram_grads_kernel, dict(dy_ptr=bank, d_ptr=f32, du_ptr=f32, qk_ptr=f32,
-                    L_ptr=f32), dict(HD=768, C=CC, CP=CC, TB=sb.GRAM_TB, KB=sb.GRAM_KB,
-                                     PREC="tf32"), sb.GRAM_WARPS)
+                         PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
     cap = CFG["MAXNREG_DEV_DB"]

@@ -515,13 +515,17 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
-    s28c)   # session 28: the benchmark (all C, no extras) and the decode step's latency
+    s28c)   # session 28, final tree: the CUDA tests of the pairs kernel's term lists, the
+      # oracle and kept cases, then the benchmark (all C, no extras) and the decode step
+      run t28c 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \
+        -k "pairs_term or oracle or kept or dev_and_groups"
       cd benchmarks
       run bench28c 330 python3 bench_cuda.py --no-extras
       run decode28c 60 python3 -c "import bench_cuda
 print(f'decode step P=16 T=1 hd=768 W=R=64 (CUDA graph): {bench_cuda.decode_latency():.1f} us')"
       cd .. ;;
-    s28b)   # session 28: the dQK / dL launch pipelined over constexpr columns; its CUDA test,
+    s28b)   # session 28 (GRAM_AFTER measured slower and removed; commit 2aec06a holds it,
+      # with this segment's test): the dQK / dL launch pipelined over constexpr columns; its CUDA test,
       # A/Bs against GRAM_AFTER=0, 16-token blocks, one backward window; profiles of the
       # autograd step with GRAM_AFTER off and on
       run t28b 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "gram_grads"
@@ -537,7 +541,8 @@ import profile_autograd
 profile_autograd.main(128, 30)"
       done
       cd .. ;;
-    s28a)   # session 28: GRAM_AFTER (dQK / dL by one launch per window) and the pairs
+    s28a)   # session 28 (GRAM_AFTER measured slower and removed; commit 2aec06a holds it,
+      # with its test): GRAM_AFTER (dQK / dL by one launch per window) and the pairs
       # kernel's term lists (phase1.PAIR_LIST): their CUDA tests and the oracle cases, A/Bs
       # at A and B C=128 (no-grad and autograd) against each off and against one backward
       # window, the PDL race check, then a profile of the autograd step

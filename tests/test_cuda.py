@@ -346,33 +346,6 @@ def test_dev_and_groups_as_one_launch(dtype, C):
                 _check(n, a, c, 1e-6 if dtype == torch.float32 else 2e-3)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("C", [64, 128])
-def test_gram_grads_after_each_window(dtype, C):
-    """dQK / dL by one launch per backward window from the walk's kept delta and du
-    (``GRAM_AFTER``, the default) against the second product launch's partial sums per
-    column slice: bitwise reproducible; the bank and v gradients (which do not take dQK /
-    dL) bitwise, the others to rounding (the same products, summed in another order).
-    Two windows, T not a multiple of C, the products in whole rows and in blocks."""
-    from sdm_inductor.kernels import host
-    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
-                  per_write_gate=True, repeats=True)
-    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
-    dM = torch.randn_like(ins.bank)
-    for rows in (1, 0):
-        host.CONFIG.update(MIX_ROWS_B=rows, BWD_WINDOWS=2)
-        got = {}
-        for gram, run in ((1, 0), (1, 1), (0, 0)):
-            host.CONFIG["GRAM_AFTER"] = gram
-            got[gram, run] = _grads(ins, C, dy, dM)[2]
-        for n, a, b, c in zip(NAMES, got[1, 0], got[1, 1], got[0, 0]):
-            assert torch.equal(a, b), ("not reproducible", rows, n)
-            if n in ("bank", "v"):
-                assert torch.equal(a, c), (rows, n)
-            else:
-                _check(n, a, c, 1e-5 if dtype == torch.float32 else 2e-3)
-
-
 @pytest.mark.parametrize("C", [64, 128, 256])
 def test_pairs_term_lists(C):
     """The split pairs kernel's Gram terms through per-program term lists

@@ -57,7 +57,7 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
               WARPS_MIX_B=4, BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
               CL_GROUP=3, CL_WRITE=1, DEV_DB=int(os.environ.get("SDM_INDUCTOR_DEV_DB", "1")), WARPS_DEV_DB=8,
-              MAXNREG_DEV_DB=64, GRAM_AFTER=1, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
+              MAXNREG_DEV_DB=64, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
               WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
@@ -79,10 +79,6 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
 # MAXNREG_DEV_DB (0: none; 64, the dB launch's own, compiles without spills on sm_90, where
 # the uncapped merged kernel takes 80: three programs of 8 warps per SM instead of four;
 # uncapped measured 1.033 / 1.018 against 64).
-# GRAM_AFTER: the backward's dQK / dL by one launch per window (step_backward.gram_grads,
-# full matrix products over the columns) from the window's delta and du, which the walk
-# keeps per chunk, instead of the second product launch's partial sums per column slice
-# (at A C=128, 24 slices: 400 MB written and summed per call, against 100 MB kept).
 # WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this many
 # tokens, so its working memory (Phase 1 of a window) does not grow with T.
 # TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training calls

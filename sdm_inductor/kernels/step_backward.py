@@ -157,9 +157,8 @@ def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, 
 
 @triton.jit
 def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
-                 pb_ptr, du_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
-                 TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-                 GRAM: tl.constexpr):
+                 pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
+                 TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     """The second product launch in blocks of ``TB`` tokens, all after the wait."""
     _grid_dependency(PDL)
     p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
@@ -184,23 +183,20 @@ def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr
                   mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
     prt = ms * NB + p * NCW + c % NCW     # the chunk's row of this slice's partials
     prow = (prt.to(tl.int64) * C + toks)[:, None] * C
-    if not GRAM:
-        k0 = 0
-        while k0 < tl.minimum(C, t0 + TB):   # tiles on or below the diagonal: window_sums
-            ks = k0 + tl.arange(0, TB)       # reads nothing above it
-            km = ks < C
-            dlk = tl.load(d_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
-                          mask=km[:, None] & cm[None, :], other=0.0)
-            sm = tm[:, None] & km[None, :] & (ks[None, :] <= toks[:, None])
-            gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
-            tl.store(pl_ptr + prow + ks[None, :],
-                     tl.where(ks[None, :] < toks[:, None], gl, 0.0), mask=sm)
-            gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
-            tl.store(pqk_ptr + prow + ks[None, :], gq, mask=sm)
-            k0 += TB
+    k0 = 0
+    while k0 < tl.minimum(C, t0 + TB):   # tiles on or below the diagonal: window_sums
+        ks = k0 + tl.arange(0, TB)       # reads nothing above it
+        km = ks < C
+        dlk = tl.load(d_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
+                      mask=km[:, None] & cm[None, :], other=0.0)
+        sm = tm[:, None] & km[None, :] & (ks[None, :] <= toks[:, None])
+        gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
+        tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0),
+                 mask=sm)
+        gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
+        tl.store(pqk_ptr + prow + ks[None, :], gq, mask=sm)
+        k0 += TB
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
-    if GRAM:   # du for the window's dQK / dL launch (``_gram_grads_kernel``)
-        tl.store(du_ptr + buf, du, mask=tm[:, None] & cm[None, :])
     vmr = tl.load(vmr_ptr + c.to(tl.int64) * vmr_cs + buf, mask=tm[:, None] & cm[None, :],
                   other=0.0)
     tl.store(pb_ptr + prt.to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
@@ -242,9 +238,8 @@ def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd
 
 @triton.jit
 def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
-               pb_ptr, du_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
-               TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
-               GRAM: tl.constexpr):
+               pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
+               TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     """The second product launch with the token block's whole columns of X, its output
     gradient and gates loaded before the wait (``ROWS``); after it one load each of
     ``d delta`` and ``delta`` for all the chunk's tokens, and one product per result."""
@@ -268,20 +263,16 @@ def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
     kbuf = (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :]
     ddk = tl.load(dd_ptr + kbuf, mask=km[:, None] & cm[None, :], other=0.0)
     du = tl.dot(xt, ddk, input_precision=PREC)
+    dlk = tl.load(d_ptr + kbuf, mask=kc[:, None] & cm[None, :], other=0.0)
     prt = ms * NB + p * NCW + c % NCW     # the chunk's row of this slice's partials
+    prow = (prt.to(tl.int64) * C + toks)[:, None] * C
+    # on and below the diagonal only: window_sums reads nothing above it
+    sm = tm[:, None] & kc[None, :] & (ks[None, :] <= toks[:, None])
+    gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
+    tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0), mask=sm)
+    gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
+    tl.store(pqk_ptr + prow + ks[None, :], gq, mask=sm)
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
-    if GRAM:   # du for the window's dQK / dL launch (``_gram_grads_kernel``)
-        tl.store(du_ptr + buf, du, mask=tm[:, None] & cm[None, :])
-    else:
-        dlk = tl.load(d_ptr + kbuf, mask=kc[:, None] & cm[None, :], other=0.0)
-        prow = (prt.to(tl.int64) * C + toks)[:, None] * C
-        # on and below the diagonal only: window_sums reads nothing above it
-        sm = tm[:, None] & kc[None, :] & (ks[None, :] <= toks[:, None])
-        gl = -tl.dot(du, tl.trans(dlk), input_precision=PREC)
-        tl.store(pl_ptr + prow + ks[None, :], tl.where(ks[None, :] < toks[:, None], gl, 0.0),
-                 mask=sm)
-        gq = tl.dot(dyt, tl.trans(dlk), input_precision=PREC)
-        tl.store(pqk_ptr + prow + ks[None, :], gq, mask=sm)
     vmr = tl.load(vmr_ptr + c.to(tl.int64) * vmr_cs + buf, mask=tm[:, None] & cm[None, :],
                   other=0.0)
     tl.store(pb_ptr + prt.to(tl.int64) * C + toks, tl.sum(vmr * du, axis=1), mask=tm)
@@ -290,15 +281,11 @@ def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
     tl.store(dr_ptr + buf, -bt[:, None] * du, mask=tm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC", "vmr_cs", "NCW"])
+@triton.jit(do_not_specialize=["c", "T", "NC", "vmr_cs"])
 def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd,
-                          NC, vmr_cs, NCW, d_cs, C: tl.constexpr, MB: tl.constexpr,
-                          TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr,
-                          PDL: tl.constexpr, ROWS: tl.constexpr = False):
-    # d_cs: elements between two chunks' delta blocks (0: one scratch block; GRAM_AFTER:
-    # the window's, read again by its dQK / dL launch). Not a do_not_specialize argument:
-    # its divisibility by 16 keeps the loads and stores through d_ptr vectorized
-    d_ptr += (c % NCW).to(tl.int64) * d_cs
+                          NC, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+                          CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+                          ROWS: tl.constexpr = False):
     # (With PDL == 3 and the forward's v - r0 kept, this launch could run whole before its
     # wait; measured 2 % slower in autograd calls, NOTES.md run 19, so it waits as with 2.)
     if ROWS:
@@ -311,7 +298,7 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
-                        dd_ptr, pc_ptr, pm_ptr, c, hd, width, NC, NB, NCW, d_cs, C: tl.constexpr,
+                        dd_ptr, pc_ptr, pm_ptr, c, hd, width, NC, NB, NCW, C: tl.constexpr,
                         W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
                         CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
                         EV_DB: tl.constexpr = "", CG: tl.constexpr = "",
@@ -341,7 +328,7 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
     tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
     _grid_dependency(PDL == 3)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
-    dl = tl.load(d_ptr + (c % NCW).to(tl.int64) * d_cs + buf, mask=cm, other=0.0)
+    dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
     dd = tl.load(dd_ptr + buf, mask=cm, other=0.0) + tl.sum(cf[:, None] * Dw, axis=0)
     tl.store(dd_ptr + buf, dd, mask=cm)
@@ -349,21 +336,15 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
 
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW", "vmr_cs"])
 def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr,
-                          pqk_ptr, pl_ptr, pb_ptr, du_ptr, c, T, hd, NC, NB, NCW, vmr_cs, d_cs,
-                          C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                          PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False,
-                          GRAM: tl.constexpr = False):
-    # GRAM (GRAM_AFTER): no dQK / dL partials; du to the window's block of ``du_ptr``
-    # (d_cs apart, as delta's), for ``_gram_grads_kernel``
-    d_ptr += (c % NCW).to(tl.int64) * d_cs
-    du_ptr += (c % NCW).to(tl.int64) * d_cs
+                          pqk_ptr, pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr,
+                          MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+                          PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False):
     if ROWS:
         _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
-                   pb_ptr, du_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL, GRAM)
+                   pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL)
     else:
         _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
-                     pl_ptr, pb_ptr, du_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC,
-                     PDL, GRAM)
+                     pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL)
 
 
 @triton.jit
@@ -621,66 +602,6 @@ def _window_sum_kernel(src_ptr, dst_ptr, NB, blk_s, src_p, dst_p, dst_0, n, C: t
     tl.store(dst_ptr + p.to(tl.int64) * dst_p + dst_0 + i, acc, mask=m)
 
 
-@triton.jit(do_not_specialize=["c_lo", "T", "NC"])
-def _gram_grads_kernel(dy_ptr, d_ptr, du_ptr, qk_ptr, L_ptr, c_lo, T, NC, d_cs,
-                       HD: tl.constexpr, C: tl.constexpr, CP: tl.constexpr, TB: tl.constexpr,
-                       KB: tl.constexpr, PREC: tl.constexpr):
-    """``dQK = dy delta^T`` (on and below the diagonal) and ``dL = -du delta^T`` (below
-    it) of a window's chunks, zeros above, straight into the sums (``GRAM_AFTER``): a
-    program per (stream, chunk of the window, block of ``TB`` tokens), the columns in
-    tiles of ``KB``, in order (deterministic). ``d_ptr`` / ``du_ptr``: the window's
-    ``[NCW, P, CP, hd]`` delta and du, ``d_cs`` elements per chunk. The column count
-    ``HD`` is a constexpr: a loop of fixed trip count, which Triton pipelines (the tiles
-    of the next columns load during these products)."""
-    hd = HD
-    NTB: tl.constexpr = CP // TB
-    pid = tl.program_id(0)             # (p * n + j) * NTB + token block
-    p = tl.program_id(1)
-    j = pid // NTB
-    c = c_lo + j
-    toks = (pid % NTB) * TB + tl.arange(0, TB)
-    tm = toks < C
-    tv = tm & (c * C + toks < T)
-    ks = tl.arange(0, CP)
-    kc = ks < C
-    blk = j.to(tl.int64) * d_cs + p.to(tl.int64) * CP * hd
-    aq = tl.zeros([TB, CP], tl.float32)
-    al = tl.zeros([TB, CP], tl.float32)
-    for k0 in range(0, HD, KB):
-        cols = k0 + tl.arange(0, KB)
-        cm = cols < hd
-        dl = tl.load(d_ptr + blk + ks[:, None] * hd + cols[None, :], mask=kc[:, None] & cm[None, :],
-                     other=0.0)
-        dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + c * C + toks)[:, None] * hd + cols[None, :],
-                      mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
-        dut = tl.load(du_ptr + blk + toks[:, None] * hd + cols[None, :],
-                      mask=tm[:, None] & cm[None, :], other=0.0)
-        aq += tl.dot(dyt, tl.trans(dl), input_precision=PREC)
-        al += tl.dot(dut, tl.trans(dl), input_precision=PREC)
-    out = ((p * NC + c).to(tl.int64) * C + toks)[:, None] * C + ks[None, :]
-    om = tm[:, None] & kc[None, :]
-    tl.store(qk_ptr + out, tl.where(ks[None, :] <= toks[:, None], aq, 0.0), mask=om)
-    tl.store(L_ptr + out, tl.where(ks[None, :] < toks[:, None], -al, 0.0), mask=om)
-
-
-# ``_gram_grads_kernel``: tokens per program, columns per tile, warps
-GRAM_TB = 32
-GRAM_KB = 32
-GRAM_WARPS = 8
-GRAM_STAGES = 3
-
-
-def gram_grads(dy, delta, du, sums: dict, c_lo: int, n: int, C: int, prec: str):
-    """``sums["qk"]`` / ``sums["L"]`` of the window's ``n`` chunks from ``c_lo``: one
-    launch (``_gram_grads_kernel``)."""
-    _, P, CP, hd = delta.shape
-    NC, T = sums["qk"].shape[1], dy.shape[1]
-    TB = min(GRAM_TB, CP)
-    launch(_gram_grads_kernel, (n * (CP // TB), P), dy, delta, du, sums["qk"], sums["L"], c_lo,
-           T, NC, P * CP * hd, HD=hd, C=C, CP=CP, TB=TB, KB=GRAM_KB, PREC=prec,
-           num_warps=GRAM_WARPS, num_stages=GRAM_STAGES)
-
-
 # ``_window_sum_kernel``: elements per program, column blocks per load tile
 SUM_BLOCK = 512
 SUM_ROWS = 8
@@ -728,21 +649,12 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
     NBW = P * NCW
     f32 = dict(dtype=torch.float32, device=dB.device)
-    # GRAM_AFTER: dQK / dL by one launch per window from its delta and du (gram_grads)
-    # instead of the second product's per-column-slice partials
-    gram = bool(config.get("GRAM_AFTER", 0))
-    d_cs = P * CP * hd if gram else 0
-    delta = torch.empty(NCW if gram else 1, P, CP, hd, **f32)
-    du = torch.empty(NCW, P, CP, hd, **f32) if gram else delta
-    ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(2))
+    delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(3))
     vmr = torch.empty(P, CP, hd, **f32) if vmr_kept is None else vmr_kept
     vmr_cs = 0 if vmr_kept is None else P * CP * hd   # elements between two chunks' blocks
     widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
-    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
-    if gram:
-        del widths["qk"], widths["L"]
     parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
-    pqk, pL = (parts["qk"], parts["L"]) if not gram else (delta, delta)   # (unused)
+    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
@@ -767,18 +679,17 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
             width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
             QMODE=qmode, SRC=src, num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
-                 0, T, hd, NC, vmr_cs, NCW, d_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
+                 0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
                  num_stages=1, ROWS=rows, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, *rows0, pl.slot, pl.coef, delta,
-                 ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, d_cs, C=C, W=W,
-                 R=R,
+                 ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, C=C, W=W, R=R,
                  BD=BDD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
                  EV_DB=EVICT[config["EV_DB"]], CG=cg, QMODE=qmode, SRC=src,
                  num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
-                 dv, pqk, pL, parts["b"], du, 0, T, hd, NC, NBW, NCW, vmr_cs, d_cs, C=C, MB=MB,
+                 dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
-                 ROWS=rows, GRAM=gram, **pd),
+                 ROWS=rows, **pd),
         *_dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, src, cg,
                          rows0, pl, gr, dB, dr, dy, parts["ev"]),
     ]
@@ -793,8 +704,6 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
                    config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order, straight into their slice
-        if gram:
-            gram_grads(dy, delta, du, sums, c_lo, n, C, prec)
         window_sums(parts, sums, c_lo, n, NCW, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}
 
