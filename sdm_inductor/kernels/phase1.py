@@ -18,7 +18,8 @@ Kernels:
 - ``_pairs_kernel`` (one program per token; in eager calls two, one for the write
   entries and A, one for the read entries and QK: ``PAIR_SPLIT``): per-slot cumulative
   log-decays by walking each entry's group (a fixed order: deterministic, and no long
-  cumsum), the rows of the Gram matrices A and QK, and the per-entry weights Phase 2 uses.
+  cumsum), the rows of the Gram matrices A and QK (split: each row's few terms through a
+  per-program term list, ``PAIR_LIST``), and the per-entry weights Phase 2 uses.
 - ``solve.inverse``: the unit-lower-triangular inverse ``X = (I + tril(beta A, -1))^-1``
   and ``QKX = QK @ X`` of every chunk (fp32).
 """
