@@ -185,10 +185,10 @@ def main(dtype="bf16"):
                          stok_ptr=i32, gs_ptr=i32, nw_ptr=i32, gam_ptr=f32, gend_ptr=f32,
                          ev_ptr=f32, coef_ptr=f32, decay_ptr=f32, A_ptr=f32, QK_ptr=f32,
                          lx_ptr=f32, lt_ptr=i32),
-                    dict(W=W, R=R, EB=phase1._pair_block(CC) if split else 32, CP=CC,
-                         KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC, SPLIT=split,
-                         SORTED=split and phase1.PAIR_SORTED,
-                         LMAX=phase1.PAIR_LIST * phase1._pair_block(CC) if split else 0),
+                    dict(W=W, R=R, CP=CC, KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC,
+                         SPLIT=split, SORTED=split and phase1.PAIR_SORTED,
+                         **dict(zip(("EB", "LMAX"),
+                                    phase1._pair_launch_blocks(CC, W, R, split)))),
                     phase1._pair_warps(CC) if split else 4)
     for CC in (64, 128, 256):
         compile_one(phase2._forward_kernel,

@@ -554,7 +554,8 @@ def _gram_terms(pl):
     tok = torch.arange(C)
     out = []
     for ents, strict in ((ws, True), (slot[:, :, W:], False)):
-        same = (ents[:, :, :, None, None] == ws[:, None, None, :, :]) & (ents >= 0)[..., None, None]
+        same = ((ents[:, :, :, None, None] == ws[:, None, None, :, :])
+                & (ents >= 0)[..., None, None])
         before = tok[None, :] < tok[:, None] if strict else tok[None, :] <= tok[:, None]
         out.append((same & before[None, :, None, :, None]).sum((2, 3, 4)))
     return torch.stack(out, -1)
@@ -616,11 +617,10 @@ def case_phase1_scans():
         for f in ("A", "QK"):
             torch.testing.assert_close(getattr(flat, f), getattr(one_hot, f), rtol=1e-6,
                                        atol=1e-7, msg=f)
-        EB = min(phase1._pair_block(C), phase1.pow2(max(W, ins.q_idx.shape[2])))
+        lmax = phase1._pair_launch_blocks(C, W, ins.q_idx.shape[2], True)[1]
         terms = _gram_terms(flat)
-        print(f"C={C}: up to {terms.max()} Gram terms in a program, lists of "
-              f"{phase1.PAIR_LIST * EB}")
-        overflowed = overflowed or bool(terms.max() > phase1.PAIR_LIST * EB)
+        print(f"C={C}: up to {terms.max()} Gram terms in a program, lists of {lmax}")
+        overflowed = overflowed or bool(terms.max() > lmax)
         for got in (scans, split, flat):
             for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
                 assert torch.equal(getattr(got, f), getattr(want, f)), f

@@ -381,6 +381,19 @@ def _list_add(lx_ptr, lt_ptr, n, row, x, tf, ok, cols, LB: tl.constexpr, LMAX: t
 
 
 @triton.jit
+def _add_terms(row, n, x, tf, ok, cols, lst, ACC: tl.constexpr, LB: tl.constexpr,
+               LMAX: tl.constexpr):
+    """The lanes in ``ok`` (``x`` at column ``tf``) into a Gram row: through the term list
+    ``lst`` if ``LMAX`` > 0 (``_list_add``; ``n`` terms in it), else by one-hot sums over
+    the lanes (``_gram_add``). Returns the new ``(n, row)``."""
+    if LMAX > 0:
+        n, row = _list_add(lst[0], lst[1], n, row, x, tf, ok, cols, LB, LMAX)
+    else:
+        row = _gram_add(row, x, tf, ok, cols, ACC)
+    return n, row
+
+
+@triton.jit
 def _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, pos, mask, E: tl.constexpr,
             SORTED: tl.constexpr):
     """The gate, weight and token of the entries at sorted positions ``pos``: read at those
@@ -416,7 +429,8 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
     km = tl.arange(0, KM)[None, :]
     COMPACT: tl.constexpr = LMAX > 0
     LB: tl.constexpr = EB
-    n = tl.sum(tl.zeros([1], tl.int32), axis=0)   # terms in the list (COMPACT)
+    # terms in the list (COMPACT); a reduction's scalar, the type _list_add returns
+    n = tl.sum(tl.zeros([1], tl.int32), axis=0)
     if COMPACT:
         a_row = tl.zeros([CP], tl.float32)
         qk_row = tl.zeros([CP], tl.float32)
@@ -460,18 +474,11 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
                 tf = tl.sum(tl.where(sel, tt, 0), axis=1)
                 mm = k < nw
                 if BUILD_A and e0 < W:
-                    if COMPACT:
-                        n, a_row = _list_add(lst[0], lst[1], n, a_row, x, tf,
-                                             mm & is_w & (tf < i), cols, LB, LMAX)
-                    else:
-                        a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
+                    n, a_row = _add_terms(a_row, n, x, tf, mm & is_w & (tf < i), cols, lst,
+                                          ACC, LB, LMAX)
                 if BUILD_QK and e0 + EB > W:
-                    if COMPACT:
-                        n, qk_row = _list_add(lst[0], lst[1], n, qk_row, x, tf,
-                                              mm & (~is_w) & (tf <= i), cols, LB, LMAX)
-                    else:
-                        qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols,
-                                           ACC)
+                    n, qk_row = _add_terms(qk_row, n, x, tf, mm & (~is_w) & (tf <= i), cols,
+                                           lst, ACC, LB, LMAX)
         run = tl.sum(gt, axis=1)
         m = KM
         while m < n_max:  # data-dependent trip count
@@ -481,17 +488,11 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
             run += gf
             x = val * kf * tl.exp(gam - run)
             if BUILD_A and e0 < W:
-                if COMPACT:
-                    n, a_row = _list_add(lst[0], lst[1], n, a_row, x, tf, mm & is_w & (tf < i),
-                                         cols, LB, LMAX)
-                else:
-                    a_row = _gram_add(a_row, x, tf, mm & is_w & (tf < i), cols, ACC)
+                n, a_row = _add_terms(a_row, n, x, tf, mm & is_w & (tf < i), cols, lst, ACC,
+                                      LB, LMAX)
             if BUILD_QK and e0 + EB > W:
-                if COMPACT:
-                    n, qk_row = _list_add(lst[0], lst[1], n, qk_row, x, tf,
-                                          mm & (~is_w) & (tf <= i), cols, LB, LMAX)
-                else:
-                    qk_row = _gram_add(qk_row, x, tf, mm & (~is_w) & (tf <= i), cols, ACC)
+                n, qk_row = _add_terms(qk_row, n, x, tf, mm & (~is_w) & (tf <= i), cols, lst,
+                                       ACC, LB, LMAX)
             m += 1
         tl.store(gam_ptr + off, gam, mask=em)
         tl.store(gend_ptr + off, gend, mask=em)
@@ -695,6 +696,14 @@ def _pair_warps(C: int) -> int:
 
 def _pair_block(C: int) -> int:
     return PAIR_ENTRIES if C <= 64 else PAIR_ENTRIES_128 if C <= 128 else PAIR_ENTRIES_WIDE
+
+
+def _pair_launch_blocks(C: int, W: int, R: int, split: bool) -> tuple[int, int]:
+    """``_pairs_kernel``'s entries per block (``EB``) and term-list places (``LMAX``, 0:
+    no lists) for chunk ``C``, in the split form or the single one."""
+    eb = min(_pair_block(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
+             pow2(max(W, R) if split else W + R))
+    return eb, PAIR_LIST * eb if split else 0
 
 
 def _search_groups(key: Tensor, skey: Tensor):
@@ -1032,9 +1041,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     gend = torch.empty_like(val)
     split = PAIR_SPLIT and W > 0 and R > 0 and not is_fake(val)
-    EB = min(_pair_block(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
-             pow2(max(W, R) if split else E))
-    lmax = PAIR_LIST * EB if split and PAIR_LIST else 0
+    EB, lmax = _pair_launch_blocks(C, W, R, split)
     lx = torch.empty(B * C * 2 * lmax if lmax else 1, dtype=torch.float32, device=dev)
     lt = torch.empty(lx.shape, dtype=torch.int32, device=dev)
     launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, *(srt or (perm,) * 3),
