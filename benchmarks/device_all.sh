@@ -515,6 +515,21 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s29a)   # session 29: the dense chunk-start sources (sources.DENSE): their CUDA tests,
+      # their cost against the sorted form (asserted equal at A and B), A/Bs at A
+      # (autograd, C=128) against the sorted form and against 64-column / 16-token mix2 slices
+      run t29a 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "sources"
+      cd benchmarks
+      run sources29a 120 python3 sources_cost.py
+      run ab29a_A 200 python3 ab_cuda.py --config A --chunks 128 --rounds 3 --rows fwd,ag \
+        --b sources.DENSE=0 --c MB_MIX_B=64 TB_MIX_B=16
+      cd .. ;;
+    s29b)   # session 29: the A/B at B, then a profile of the autograd step at A
+      cd benchmarks
+      run ab29b_B 200 python3 ab_cuda.py --config B --chunks 128 --rounds 3 --rows ag \
+        --b sources.DENSE=0 --c MB_MIX_B=64 TB_MIX_B=16
+      run prof29b 120 python3 profile_autograd.py 128 45
+      cd .. ;;
     s28c)   # session 28, final tree: the CUDA tests of the pairs kernel's term lists, the
       # oracle and kept cases, then the benchmark (all C, no extras) and the decode step
       run t28c 200 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py \

@@ -1,6 +1,7 @@
 """What ``sources.chunk_start_sources`` costs (the backward's one step before its walk when
 the chunk-start rows come from the final bank and the undo log, SOURCES=1), beside the
-Phase 1 it follows, at configs A and B: eager (host included) and replayed from a CUDA graph.
+Phase 1 it follows, at configs A and B: eager (host included) and replayed from a CUDA graph,
+for the dense table form, the sorted form and the torch-ops reference (all asserted equal).
 
     python benchmarks/sources_cost.py
 """
@@ -13,20 +14,22 @@ from sdm_inductor.kernels.sources import chunk_start_sources, reference_sources
 
 
 def main():
-    print("| config | C | plan ms | sources ms eager / graph | torch-ops form eager / graph |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| config | C | plan ms | dense ms eager / graph | sorted ms eager / graph | "
+          "torch-ops form eager / graph |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, C in (("A", 64), ("A", 128), ("B", 128)):
         bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**CONFIGS[name])
         S = bank.shape[0]
         pl = eager_plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)
         plan_ms = bench(lambda: eager_plan(S, k_idx, k_val, beta, g, q_idx, q_val, C), rep=100)
-        eager = bench(lambda: chunk_start_sources(pl, S), rep=100)
-        graph = bench_graph(lambda: chunk_start_sources(pl, S), rep=100)
-        ref_e = bench(lambda: reference_sources(pl, S), rep=100)
-        ref_g = bench_graph(lambda: reference_sources(pl, S), rep=100)
-        assert torch.equal(chunk_start_sources(pl, S), reference_sources(pl, S))
-        print(f"| {name} | {C} | {plan_ms:.3f} | {eager:.3f} / {graph:.3f} | {ref_e:.3f} / "
-              f"{ref_g:.3f} |", flush=True)
+        ref = reference_sources(pl, S)
+        cells = []
+        for fn in (lambda: chunk_start_sources(pl, S, dense=True),
+                   lambda: chunk_start_sources(pl, S, dense=False),
+                   lambda: reference_sources(pl, S)):
+            assert torch.equal(fn(), ref)
+            cells.append(f"{bench(fn, rep=100):.3f} / {bench_graph(fn, rep=100):.3f}")
+        print(f"| {name} | {C} | {plan_ms:.3f} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

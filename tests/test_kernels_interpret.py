@@ -449,8 +449,21 @@ def case_chunk_start_sources():
     rows = log.view(-1, log.shape[-1])   # [segments * C, W, hd]: one row per write position
     pl = plan(S, *(x.contiguous() for x in (ins.k_idx, ins.k_val, ins.beta, ins.g,
                                              ins.q_idx, ins.q_val)), C)
+    from sdm_inductor.kernels import sources
+    ref = reference_sources(pl, S)
+    # the launches = torch's searchsorted: the sorted form, and the dense table in one
+    # scan tile and in tiles of 2 chunks (4 here: the carry between tiles), of 16 columns
+    assert sources._dense_fits(pl, S)
+    assert torch.equal(chunk_start_sources(pl, S, dense=False), ref)
+    for cb, sb in ((sources.SCAN_CHUNKS, sources.SCAN_SLOTS), (2, 16)):
+        old = sources.SCAN_CHUNKS, sources.SCAN_SLOTS
+        sources.SCAN_CHUNKS, sources.SCAN_SLOTS = cb, sb
+        try:
+            assert torch.equal(chunk_start_sources(pl, S, dense=True), ref), (cb, sb)
+        finally:
+            sources.SCAN_CHUNKS, sources.SCAN_SLOTS = old
     src = chunk_start_sources(pl, S)
-    assert torch.equal(src, reference_sources(pl, S))   # the launches = torch's searchsorted
+    assert torch.equal(src, ref)
     src = src.long()
     assert src.shape == (pl.B, C, pl.E)
     for c in range(pl.NC):

@@ -10,9 +10,17 @@ the bank and no restore launch per chunk, which read every written row of the ch
 the log and wrote it back into the copy (about 44 MB per chunk step at config A), and the
 walk's row loads depend on nothing the walk itself writes.
 
-One sort of the write runs' starts by (stream, slot, chunk) and one binary search per entry
-among its slot's run starts give the sources: a key launch, torch's sort, a launch for each
-slot's range of sorted keys, a search launch; shapes-only host code.
+Two forms give the same sources, both shapes-only host code:
+
+- dense (``DENSE``, when the table is small against the log's positions, ``_dense_fits``):
+  a table ``[P, NC, S]`` int32 holds at ``(p, c, s)`` the log row of chunk ``c``'s write
+  run of slot ``s`` (one writer: a slot has one run per chunk), then a reverse running
+  minimum over the chunks of every (stream, slot) column makes it the first such row at
+  or after ``c`` (a slot's log rows grow with the chunk), and each entry reads its own
+  place: a fill, a scatter, a scan and a gather, no sort.
+- sorted: one sort of the write runs' starts by (stream, slot, chunk) and one binary
+  search per entry among its slot's run starts: a key launch, torch's sort, a launch for
+  each slot's range of sorted keys, a search launch. For banks whose table would be large.
 ``reference_sources`` is the same in torch ops (the tests' reference: what torch's own
 ``searchsorted`` finds).
 """
@@ -25,7 +33,18 @@ from torch import Tensor
 
 from .launch import launch
 
-BLOCK = 1024   # positions / entries per program of both launches
+BLOCK = 1024   # positions / entries per program of the launches over them
+
+# The dense form when its table has at most DENSE_MAX places per write position of the
+# plan (``_dense_fits``): the table's fill and scan move ~12 bytes a place, the sorted
+# form's sort and searches ~200 bytes of scattered traffic a write position (NOTES.md
+# run 29: 0.26 ms at A C=128 by the sorted form). At config A the table is 4.5 places a
+# position (19 MB), at B 18 (38 MB); a bank of millions of rows takes the sorted form.
+DENSE = True
+DENSE_MAX = 32
+SCAN_SLOTS = 256   # (stream, slot) columns per program of the scan
+SCAN_CHUNKS = 16   # chunks per tile of the scan (a runtime loop over the tiles)
+NONE = 2 ** 31 - 1  # the table's "no run at or after this chunk"
 
 
 @triton.jit
@@ -98,6 +117,81 @@ def _search_kernel(slot_ptr, lo_ptr, hi_ptr, order_ptr, src_ptr, skey_ptr, S, NC
     tl.store(src_ptr + e, tl.where(found, row, -1).to(tl.int32), mask=m)
 
 
+@triton.jit
+def _table_runs_kernel(run_slot_ptr, table_ptr, S, NC, P, N, CW: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """``table[b, slot] = `` the log row of the run starting at each write position of
+    segment ``b = p * NC + c`` (the table is ``[P, NC, S]``): one run per (stream, slot,
+    chunk), so one writer per place."""
+    pos = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = pos < N
+    rs = tl.load(run_slot_ptr + pos, mask=m, other=-1)
+    b, f = pos // CW, pos % CW
+    row = ((b % NC) * P + b // NC) * CW + f   # the forward's log layout (c * P + p)
+    tl.store(table_ptr + b.to(tl.int64) * S + rs, row, mask=m & (rs >= 0))
+
+
+@triton.jit
+def _min_fn(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit(do_not_specialize=["NC"])
+def _table_scan_kernel(table_ptr, S, NC, NONE: tl.constexpr, SB: tl.constexpr,
+                       CB: tl.constexpr):
+    """Each (stream, slot) column of the table ``[P, NC, S]`` becomes its reverse running
+    minimum over the chunks: at chunk ``c`` the first run's row at or after ``c`` (rows
+    grow with the chunk). Grid ``(P, cdiv(S, SB))``; tiles of ``CB`` chunks from the last,
+    a column's minimum so far carried between them (a runtime count of tiles)."""
+    p = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1) * SB + tl.arange(0, SB)
+    sm = s < S
+    r = tl.arange(0, CB)
+    carry = tl.full([SB], NONE, tl.int32)
+    c0 = (NC - 1) // CB * CB
+    while c0 >= 0:   # the interpreter's range() refuses a runtime bound
+        c = c0 + r
+        m = (c < NC)[:, None] & sm[None, :]
+        at = table_ptr + (p * NC + c)[:, None] * S + s[None, :]
+        x = tl.minimum(tl.load(at, mask=m, other=NONE), carry[None, :])
+        x = tl.associative_scan(x, 0, _min_fn, reverse=True)
+        tl.store(at, x, mask=m)
+        carry = tl.min(x, axis=0)
+        c0 -= CB
+
+
+@triton.jit
+def _table_gather_kernel(slot_ptr, table_ptr, src_ptr, S, NE, NONE: tl.constexpr,
+                         CE: tl.constexpr, BLOCK: tl.constexpr):
+    """Each entry's source: its segment's place of the scanned table at its slot, -1
+    where no run comes at or after its chunk (the final bank's row) or it touches none."""
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = e < NE
+    sl = tl.load(slot_ptr + e, mask=m, other=-1)
+    live = m & (sl >= 0)
+    row = tl.load(table_ptr + (e // CE).to(tl.int64) * S + sl, mask=live, other=NONE)
+    tl.store(src_ptr + e, tl.where(live & (row != NONE), row, -1), mask=m)
+
+
+def _dense_fits(pl, S: int) -> bool:
+    return pl.P * pl.NC * S <= DENSE_MAX * pl.B * pl.C * pl.W
+
+
+def _dense_sources(pl, S: int) -> Tensor:
+    B, C, W, E, P, NC = pl.B, pl.C, pl.W, pl.E, pl.P, pl.NC
+    dev = pl.slot.device
+    N, NE = B * C * W, B * C * E
+    table = torch.full((P, NC, S), NONE, dtype=torch.int32, device=dev)
+    launch(_table_runs_kernel, (triton.cdiv(N, BLOCK),), pl.runs.slot, table, S, NC, P, N,
+           CW=C * W, BLOCK=BLOCK)
+    launch(_table_scan_kernel, (P, triton.cdiv(S, SCAN_SLOTS)), table, S, NC, NONE=NONE,
+           SB=SCAN_SLOTS, CB=SCAN_CHUNKS)
+    src = torch.empty(B, C, E, dtype=torch.int32, device=dev)
+    launch(_table_gather_kernel, (triton.cdiv(NE, BLOCK),), pl.slot, table, src, S, NE,
+           NONE=NONE, CE=C * E, BLOCK=BLOCK)
+    return src
+
+
 def _check(pl, S: int):
     if pl.NC * pl.P * pl.C * pl.W >= 2 ** 31:
         raise ValueError(f"the undo log's {pl.NC * pl.P * pl.C * pl.W} rows do not fit int32 "
@@ -106,12 +200,17 @@ def _check(pl, S: int):
     return torch.int32 if pl.P * S * pl.NC < 2 ** 31 else torch.int64
 
 
-def chunk_start_sources(pl, S: int) -> Tensor:
+def chunk_start_sources(pl, S: int, dense: bool | None = None) -> Tensor:
     """``[B, C, E]`` int32 for the entries of plan ``pl`` (``phase1.Plan``, with its runs)
     on a bank of ``S`` rows: the undo-log row (``(c * P + p) * C * W + run start``, the
     forward's layout, ``quant.UndoLog``) that holds the entry's chunk-start row, or -1
-    where that is the final bank's row ``pl.slot`` (also where the entry touches nothing)."""
+    where that is the final bank's row ``pl.slot`` (also where the entry touches nothing).
+    ``dense``: the table form or the sorted one (None: ``DENSE`` where it fits)."""
     kdt = _check(pl, S)
+    if dense is None:
+        dense = DENSE and _dense_fits(pl, S)
+    if dense:
+        return _dense_sources(pl, S)
     B, C, W, E = pl.B, pl.C, pl.W, pl.E
     N, NE = B * C * W, B * C * E
     keys = torch.empty(N, dtype=kdt, device=pl.slot.device)
