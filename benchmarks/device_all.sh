@@ -521,13 +521,15 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       run t29a 120 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py -k "sources"
       cd benchmarks
       run sources29a 120 python3 sources_cost.py
-      run ab29a_A 200 python3 ab_cuda.py --config A --chunks 128 --rounds 3 --rows fwd,ag \
-        --b sources.DENSE=0 --c MB_MIX_B=64 TB_MIX_B=16
+      run ab29a_A 200 python3 ab_cuda.py --config A --chunks 128 --rounds 3 --rows ag \
+        --b sources.DENSE=0 --c MB_MIX_B=64 TB_MIX_B=16 \
+        --d backward.PAIR_GRADS_WARPS=1 backward.GATE_GRADS_WARPS=1
       cd .. ;;
     s29b)   # session 29: the A/B at B, then a profile of the autograd step at A
       cd benchmarks
       run ab29b_B 200 python3 ab_cuda.py --config B --chunks 128 --rounds 3 --rows ag \
-        --b sources.DENSE=0 --c MB_MIX_B=64 TB_MIX_B=16
+        --b sources.DENSE=0 --c MB_MIX_B=64 TB_MIX_B=16 \
+        --d backward.PAIR_GRADS_WARPS=1 backward.GATE_GRADS_WARPS=1
       run prof29b 120 python3 profile_autograd.py 128 45
       cd .. ;;
     s28c)   # session 28, final tree: the CUDA tests of the pairs kernel's term lists, the

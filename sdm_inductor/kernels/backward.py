@@ -664,6 +664,12 @@ def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec:
     return dv, sums
 
 
+# warps of ``_pair_grads_kernel`` / ``_gate_grads_kernel`` (one program per token, blocks
+# of 32 entries; no float sums across lanes, so any count gives bitwise the same results)
+PAIR_GRADS_WARPS = 4
+GATE_GRADS_WARPS = 4
+
+
 def _phase1_grads(pl, sums: dict, g_width: int):
     """Phase 1 backwards for one window: from the walk's sums through the Gram matrices,
     the per-entry weights and the cumulative decays to ``(dk, dbeta, dg, dq)`` of the
@@ -680,10 +686,10 @@ def _phase1_grads(pl, sums: dict, g_width: int):
     dgend = torch.empty(B, C, E, **f32)
     launch(_pair_grads_kernel, (B * C,), pl.val, pl.gam, pl.gend, pl.perm, pl.gs, pl.nw, pl.na,
            pl.slot, pl.decay, pl.beta, sums["ev"], sums["coef"], sums["m"], dL, sums["qk"], dval,
-           dgam, dgend, C, W=W, R=R, EB=min(32, pow2(E)), num_warps=4)
+           dgam, dgend, C, W=W, R=R, EB=min(32, pow2(E)), num_warps=PAIR_GRADS_WARPS)
     dgate = torch.empty(B, C, W, **f32)
     launch(_gate_grads_kernel, (B * C,), pl.perm, pl.gs, pl.nw, pl.na, dgam, dgend, dgate, C,
-           W=W, R=R, WB=min(32, pow2(W)), num_warps=4)
+           W=W, R=R, WB=min(32, pow2(W)), num_warps=GATE_GRADS_WARPS)
 
     # back from the dense-key entries to the user's entries; drop padding. The tokens are
     # selected, not sliced: a [:, :T] view of a padded [P, Tp, ...] tensor is contiguous
