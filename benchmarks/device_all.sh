@@ -515,6 +515,25 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s29c)   # session 29: the dense sources' scan tiles; A/Bs (5 rounds) of the Phase 1
+      # grads kernels in one / two warps and the 64-column / 16-token mix2 slices, alone
+      # and together, at A (C = 64, 128) and B (C = 128); a profile with both
+      cd benchmarks
+      run scan29c 100 python3 sources_cost.py --scan
+      run ab29c_A 200 python3 ab_cuda.py --config A --chunks 64,128 --rounds 5 --rows ag \
+        --b backward.PAIR_GRADS_WARPS=1 backward.GATE_GRADS_WARPS=1 \
+        --c backward.PAIR_GRADS_WARPS=2 backward.GATE_GRADS_WARPS=2 \
+        --d MB_MIX_B=64 TB_MIX_B=16 backward.PAIR_GRADS_WARPS=1 backward.GATE_GRADS_WARPS=1
+      run ab29c_B 150 python3 ab_cuda.py --config B --chunks 128 --rounds 5 --rows ag \
+        --b backward.PAIR_GRADS_WARPS=1 backward.GATE_GRADS_WARPS=1 \
+        --c backward.PAIR_GRADS_WARPS=2 backward.GATE_GRADS_WARPS=2 \
+        --d MB_MIX_B=64 TB_MIX_B=16 backward.PAIR_GRADS_WARPS=1 backward.GATE_GRADS_WARPS=1
+      run prof29c 100 python3 -c "from sdm_inductor.kernels import host, backward
+host.CONFIG.update(MB_MIX_B=64, TB_MIX_B=16)
+backward.PAIR_GRADS_WARPS = backward.GATE_GRADS_WARPS = 1
+import profile_autograd
+profile_autograd.main(128, 45)"
+      cd .. ;;
     s29a)   # session 29: the dense chunk-start sources (sources.DENSE): their CUDA tests,
       # their cost against the sorted form (asserted equal at A and B), A/Bs at A
       # (autograd, C=128) against the sorted form and against 64-column / 16-token mix2 slices
