@@ -519,6 +519,7 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       # grads kernels in one / two warps and the 64-column / 16-token mix2 slices, alone
       # and together, at A (C = 64, 128) and B (C = 128); a profile with both
       cd benchmarks
+      run t29c 60 python3 -m pytest -q -rA -p no:cacheprovider ../tests/test_cuda.py -k dense_sources
       run scan29c 100 python3 sources_cost.py --scan
       run ab29c_A 200 python3 ab_cuda.py --config A --chunks 64,128 --rounds 5 --rows ag \
         --b backward.PAIR_GRADS_WARPS=1 backward.GATE_GRADS_WARPS=1 \

@@ -435,6 +435,28 @@ def test_entry_groups_kernel_is_the_torch_form():
             assert torch.equal(getattr(got, f.name), getattr(want, f.name)), (pack, f.name)
 
 
+@pytest.mark.parametrize("C", [16, 64])
+def test_dense_sources_are_the_sorted_ones(C):
+    """``sources.chunk_start_sources``' dense table form gives exactly the sorted form and
+    torch's ``searchsorted`` (``reference_sources``), with the default scan tiles and with
+    tiles of a few chunks and columns (19 chunks at C=16: tiles that carry, a ragged last)."""
+    from sdm_inductor.kernels import phase1, sources
+    ins, _, _ = _training_case(torch.bfloat16)
+    S = ins.bank.shape[0]
+    pl = phase1.plan(S, *(x.contiguous() for x in (
+        ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), C)
+    ref = sources.reference_sources(pl, S)
+    assert (ref >= 0).any() and (ref < 0).any()
+    assert torch.equal(sources.chunk_start_sources(pl, S, dense=False), ref)
+    keep = sources.SCAN_SLOTS, sources.SCAN_CHUNKS
+    try:
+        for sb, cb in (keep, (32, 4)):
+            sources.SCAN_SLOTS, sources.SCAN_CHUNKS = sb, cb
+            assert torch.equal(sources.chunk_start_sources(pl, S, dense=True), ref), (sb, cb)
+    finally:
+        sources.SCAN_SLOTS, sources.SCAN_CHUNKS = keep
+
+
 @pytest.mark.parametrize("dtype,mode,keep", [(torch.bfloat16, "none", 1),
                                               (torch.bfloat16, "none", 0),
                                               (torch.float32, "bf16", 1),
