@@ -515,6 +515,13 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s29d)   # session 29, final defaults (dense sources, one-warp Phase 1 grads, 64-column /
+      # 16-token mix2 slices): the benchmark (all C, no extras) and the decode step
+      cd benchmarks
+      run bench29d 330 python3 bench_cuda.py --no-extras
+      run decode29d 60 python3 -c "import bench_cuda
+print(f'decode step P=16 T=1 hd=768 W=R=64 (CUDA graph): {bench_cuda.decode_latency():.1f} us')"
+      cd .. ;;
     s29c)   # session 29: the dense sources' scan tiles; A/Bs (5 rounds) of the Phase 1
       # grads kernels in one / two warps and the 64-column / 16-token mix2 slices, alone
       # and together, at A (C = 64, 128) and B (C = 128); a profile with both

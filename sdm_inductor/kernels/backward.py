@@ -666,8 +666,8 @@ def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec:
 
 # warps of ``_pair_grads_kernel`` / ``_gate_grads_kernel`` (one program per token, blocks
 # of 32 entries; no float sums across lanes, so any count gives bitwise the same results)
-PAIR_GRADS_WARPS = 4
-GATE_GRADS_WARPS = 4
+PAIR_GRADS_WARPS = 1
+GATE_GRADS_WARPS = 1
 
 
 def _phase1_grads(pl, sums: dict, g_width: int):
