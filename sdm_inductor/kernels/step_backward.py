@@ -641,9 +641,13 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     E, T = W + R, pl.T
     hd = dB.shape[1]
     CP = pow2(C)
-    TB = min(config["TB_MIX_B"], CP)
+    # the products' whole rows at once (host.CONFIG, MIX_ROWS_B)
+    rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= ROWS_MAX_CP
+    # their slices: MB_MIX_B columns x TB_MIX_B tokens with whole rows, *_WIDE in blocks
+    wide = "" if rows else "_WIDE"
+    TB = min(config["TB_MIX_B" + wide], CP)
     BD, BDW, NG = config["BD_STEP_B"], config["BD_STEP_W"], config["NG_STEP"]
-    MB = config["MB_MIX_B"]
+    MB = config["MB_MIX_B" + wide]
     BDD = config["BD_DW"] or BD
     NCB, NCBW, NMB, NCBD = -(-hd // BD), -(-hd // BDW), -(-hd // MB), -(-hd // BDD)
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
@@ -661,8 +665,6 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     if pd["PDL"] == 3 and C > config["PDL3_MAX_C"]:
         pd["PDL"] = 2   # measured slower at C = 256 (host.CONFIG's note)
     cg = ".cg" if pd["PDL"] == 3 else ""   # PDL == 3: early loads of the walk's own rows
-    # the products' whole rows at once (host.CONFIG, MIX_ROWS_B)
-    rows = bool(config.get("MIX_ROWS_B", 0)) and CP <= ROWS_MAX_CP
     src = sources is not None
     # the chunk-start rows: from the restored working bank, or (src) the final bank and log
     rows0 = (work, log, scales, sources if src else pl.slot)
