@@ -517,10 +517,10 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd .. ;;
     s29e)   # session 29: every CUDA-marked test (full_cuda) on the final defaults, then the
       # C = 256 rows (blocks form: *_WIDE slices) against 64-column / 16-token slices there
-      full_cuda 420
+      full_cuda 450
       cd benchmarks
       for cfg in A B; do
-        run ab29e_$cfg 90 python3 ab_cuda.py --config $cfg --chunks 256 --rounds 3 --rows ag \
+        run ab29e_$cfg 60 python3 ab_cuda.py --config $cfg --chunks 256 --rounds 3 --rows ag \
           --b MB_MIX_B_WIDE=64 TB_MIX_B_WIDE=16
       done
       cd .. ;;
