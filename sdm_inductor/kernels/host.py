@@ -96,7 +96,12 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
 # programs): no-grad 9-12 % faster at A, 5 % at B. (With four warps a cap of 80 had been
 # 2-2.5 % faster, run 8; a cap of 128 on the one warp spills, 4-7 % slower.)
 # TB_MIX / WARPS_MIX: token block and warps of the forward's product launch (the
-# gather's ``TB`` stays 64); TB_MIX_B / WARPS_MIX_B: the same for the backward's two.
+# gather's ``TB`` stays 64); TB_MIX_B / WARPS_MIX_B: the same for the backward's two,
+# and MB_MIX_B their column slices; *_WIDE: both for C > 128 (the blocks form, not
+# MIX_ROWS_B). 64 columns x 16 tokens (the same program count as 32 x 32, half the dQK /
+# dL partial sums and their window sums): with one-warp Phase 1 grads, autograd 0.980 (A
+# C=128), 0.984 (A C=64), 0.986 (B C=128) against 32 x 32 (NOTES.md run 29); at C = 256
+# 64 x 16 measured 1.049 (A) / 1.046 (B) slower, so the blocks form keeps 32 x 32.
 # Blocks of 32 tokens (NOTES.md run 17, GPU time from CUDA graphs): the forward's launch at
 # 64 tokens ran 96 programs at C=128 (7 us, 6 % occupancy); 32 gives twice the programs:
 # no-grad 0.878 (A C=64) / 0.980 (A C=128) / 0.977 (B); the backward's, forward +
