@@ -241,6 +241,7 @@ def main(dtype="bf16"):
                     num_warps=CFG["WARPS_BWD"])
     sb = step_backward
     BDB, MBB, BDW, NGS = CFG["BD_STEP_B"], CFG["MB_MIX_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]
+    MBW, TBW = CFG["MB_MIX_B_WIDE"], CFG["TB_MIX_B_WIDE"]   # the blocks form (C > 128)
     wg, ww = CFG["WARPS_STEP_B"], CFG["WARPS_STEP_W"]
     for q in (0, 1):
         compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
@@ -256,12 +257,12 @@ def main(dtype="bf16"):
                         dr_ptr=f32, dy_ptr=bank, pe_ptr=f32),
                         dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, QMODE=q, SRC=True, CG=""), wg)
     compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
-                dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
+                dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBW, TB=TBW, CP=C, PREC="tf32"))
     specs = step_specs(C, bank, "tf32", save=True)
     compile_one(*specs["dw"])
     compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
                 dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32, pl_ptr=f32,
-                pb_ptr=f32), dict(C=C, MB=MBB, TB=64, CP=C, PREC="tf32"))
+                pb_ptr=f32), dict(C=C, MB=MBW, TB=TBW, CP=C, PREC="tf32"))
     for CC in (64, 128, 256):   # MIX_ROWS_B: the products' whole rows before the wait
         compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32,
                     vmr_ptr=f32, dy_ptr=bank, d_ptr=f32, dd_ptr=f32),
@@ -285,15 +286,22 @@ def main(dtype="bf16"):
         compile_one(sources._search_kernel, dict(slot_ptr=i32, lo_ptr=i32, hi_ptr=i32,
                                                  order_ptr="*i64", src_ptr=i32, skey_ptr=kt),
                     dict(CE=C * (W + R), CW=C * W, BLOCK=sources.BLOCK))
+    compile_one(sources._table_runs_kernel, dict(run_slot_ptr=i32, table_ptr=i32),
+                dict(CW=C * W, BLOCK=sources.BLOCK))
+    compile_one(sources._table_scan_kernel, dict(table_ptr=i32),
+                dict(NONE=sources.NONE, SB=sources.SCAN_SLOTS, CB=sources.SCAN_CHUNKS))
+    compile_one(sources._table_gather_kernel, dict(slot_ptr=i32, table_ptr=i32, src_ptr=i32),
+                dict(NONE=sources.NONE, CE=C * (W + R), BLOCK=sources.BLOCK))
     compile_one(backward._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, slot_ptr=i32, decay_ptr=f32, beta_ptr=f32,
                      dev_ptr=f32, dcoef_ptr=f32, dm_ptr=f32, dL_ptr=f32, dQK_ptr=f32,
                      dval_ptr=f32, dgam_ptr=f32, dgend_ptr=f32),
-                dict(W=W, R=R, EB=32))
+                dict(W=W, R=R, EB=32), backward.PAIR_GRADS_WARPS)
     compile_one(backward._gate_grads_kernel,
                 dict(perm_ptr=i32, gs_ptr=i32, nw_ptr=i32, na_ptr=i32, dgam_ptr=f32,
-                     dgend_ptr=f32, dgate_ptr=f32), dict(W=W, R=R, WB=32))
+                     dgend_ptr=f32, dgate_ptr=f32), dict(W=W, R=R, WB=32),
+                backward.GATE_GRADS_WARPS)
 
 
 if __name__ == "__main__":
