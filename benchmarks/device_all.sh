@@ -515,6 +515,15 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s30a)   # for session 30 (NOTES.md run 29's leads): the ops rows (forward + backward
+      # called directly, no kept Phase 1) with 32 x 32 backward product slices against the
+      # 64 x 16 default, at A C = 64 / 128 and B C = 64 / 128
+      cd benchmarks
+      for cfg in A B; do
+        run ab30a_$cfg 150 python3 ab_cuda.py --config $cfg --chunks 64,128 --rounds 3 \
+          --rows fb,ag --b MB_MIX_B=32 TB_MIX_B=32
+      done
+      cd .. ;;
     s29e)   # session 29: every CUDA-marked test (full_cuda) on the final defaults, then the
       # C = 256 rows (blocks form: *_WIDE slices) against 64-column / 16-token slices there
       full_cuda 450
