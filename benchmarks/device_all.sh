@@ -517,11 +517,17 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       cd .. ;;
     s30a)   # for session 30 (NOTES.md run 29's leads): the ops rows (forward + backward
       # called directly, no kept Phase 1) with 32 x 32 backward product slices against the
-      # 64 x 16 default, at A C = 64 / 128 and B C = 64 / 128
+      # 64 x 16 default, at A C = 64 / 128 and B C = 64 / 128; two no-grad token windows
       cd benchmarks
       for cfg in A B; do
         run ab30a_$cfg 150 python3 ab_cuda.py --config $cfg --chunks 64,128 --rounds 3 \
           --rows fb,ag --b MB_MIX_B=32 TB_MIX_B=32
+      done
+      # the no-grad forward in two token windows, the second's Phase 1 beside the first's
+      # walk (measured 10-16 % slower in session 8, before Phase 1 and the walks changed)
+      for cfg in A B; do
+        run ab30a_win_$cfg 120 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 \
+          --rows fwd --b WINDOW_TOKENS=4096
       done
       cd .. ;;
     s29e)   # session 29: every CUDA-marked test (full_cuda) on the final defaults, then the
