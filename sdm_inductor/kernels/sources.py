@@ -32,6 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import launch
+from .phase1 import _min_fn
 
 BLOCK = 1024   # positions / entries per program of the launches over them
 
@@ -131,11 +132,6 @@ def _table_runs_kernel(run_slot_ptr, table_ptr, S, NC, P, N, CW: tl.constexpr,
     b, f = pos // CW, pos % CW
     row = ((b % NC) * P + b // NC) * CW + f   # the forward's log layout (c * P + p)
     tl.store(table_ptr + b.to(tl.int64) * S + rs, row, mask=m & (rs >= 0))
-
-
-@triton.jit
-def _min_fn(a, b):
-    return tl.minimum(a, b)
 
 
 @triton.jit(do_not_specialize=["NC"])
