@@ -515,6 +515,15 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s30t)   # session 30: the CUDA tests outside the kernel files (lowerings, examples,
+      # export / AOTI, distributed) in two concurrent processes, -v so a cut keeps results
+      export CXX=/usr/bin/g++
+      run s30t_lowerings 570 python3 -m pytest -v -p no:cacheprovider -m cuda --durations=0 \
+        tests/test_lowerings.py &
+      run s30t_rest 570 python3 -m pytest -v -p no:cacheprovider -m cuda --durations=0 tests \
+        --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py \
+        --ignore tests/test_lowerings.py &
+      wait ;;
     s30a)   # for session 30 (NOTES.md run 29's leads): the ops rows (forward + backward
       # called directly, no kept Phase 1) with 32 x 32 backward product slices against the
       # 64 x 16 default, at A C = 64 / 128 and B C = 64 / 128; two no-grad token windows
