@@ -62,7 +62,7 @@ def compile_one(kernel, types: dict, consts: dict, num_warps=4, maxnreg=None):
     if maxnreg:   # (a launch's register cap, as host.CONFIG's MAXNREG_* pass it)
         opts["maxnreg"] = maxnreg
     ck = triton.compile(src, target=TARGET, options=opts)
-    shown = {k: v for k, v in consts.items() if k in ("C", "BD", "QMODE", "SAVE")}
+    shown = {k: v for k, v in consts.items() if k in ("C", "BD", "QMODE", "SAVE", "MB", "TB", "ROWS")}
     print(f"{kernel.fn.__name__:20s} warps={num_warps} smem={ck.metadata.shared} {shown} "
           f"{_ptxas_report(ck.asm['ptx'])}")
     return ck
@@ -212,12 +212,12 @@ def main(dtype="bf16"):
     for CC in (64, 128, 256):   # the step walk: a gather and a write launch per chunk
         specs = step_specs(CC, bank, prec, save=CC == 64)
         compile_one(*specs["gather"])
+        # the product launch as host._step_forward makes it: whole rows before the wait
+        # (MIX_ROWS) up to C = 128, blocks after it above
         compile_one(step._step_mix_kernel,
                     dict(X_ptr=f32, QKX_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=f32, out_ptr=bank),
-                    dict(C=CC, MB=CFG["MB_MIX"], TB=64, CP=CC, PREC=prec))
-        compile_one(step._step_mix_kernel,   # MIX_ROWS: whole rows before the wait
-                    dict(X_ptr=f32, QKX_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=f32, out_ptr=bank),
-                    dict(C=CC, MB=CFG["MB_MIX"], TB=CFG["TB_MIX"], CP=CC, PREC=prec, ROWS=True,
+                    dict(C=CC, MB=CFG["MB_MIX"], TB=min(CFG["TB_MIX"], CC), CP=CC, PREC=prec,
+                         ROWS=bool(CFG["MIX_ROWS"]) and CC <= step.ROWS_MAX_CP,
                          PDL=CFG["PDL"]), CFG["WARPS_MIX"])
         compile_one(*specs["write"])
     for mode in (1, 2):
@@ -240,8 +240,7 @@ def main(dtype="bf16"):
                          CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"], AHEAD=CFG["AHEAD_BWD"]),
                     num_warps=CFG["WARPS_BWD"])
     sb = step_backward
-    BDB, MBB, BDW, NGS = CFG["BD_STEP_B"], CFG["MB_MIX_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]
-    MBW, TBW = CFG["MB_MIX_B_WIDE"], CFG["TB_MIX_B_WIDE"]   # the blocks form (C > 128)
+    BDB, BDW, NGS = CFG["BD_STEP_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]
     wg, ww = CFG["WARPS_STEP_B"], CFG["WARPS_STEP_W"]
     for q in (0, 1):
         compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
@@ -256,23 +255,20 @@ def main(dtype="bf16"):
             compile_one(sb._step_bwd_dev_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
                         dr_ptr=f32, dy_ptr=bank, pe_ptr=f32),
                         dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, QMODE=q, SRC=True, CG=""), wg)
-    compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
-                dy_ptr=bank, d_ptr=f32, dd_ptr=f32), dict(C=C, MB=MBW, TB=TBW, CP=C, PREC="tf32"))
     specs = step_specs(C, bank, "tf32", save=True)
     compile_one(*specs["dw"])
-    compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32, d_ptr=f32,
-                dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32, pl_ptr=f32,
-                pb_ptr=f32), dict(C=C, MB=MBW, TB=TBW, CP=C, PREC="tf32"))
-    for CC in (64, 128, 256):   # MIX_ROWS_B: the products' whole rows before the wait
+    for CC in (64, 128, 256):   # the two products as step_reverse launches them: whole
+        # rows before the wait (MIX_ROWS_B) up to C = 128, blocks (*_WIDE) above
+        rows = bool(CFG["MIX_ROWS_B"]) and CC <= sb.ROWS_MAX_CP
+        wide = "" if rows else "_WIDE"
+        shape = dict(C=CC, MB=CFG["MB_MIX_B" + wide], TB=min(CFG["TB_MIX_B" + wide], CC), CP=CC,
+                     PREC="tf32", ROWS=rows,
+                     PDL=CFG["PDL"] if CC <= CFG["PDL3_MAX_C"] else min(CFG["PDL"], 2))
         compile_one(sb._step_bwd_mix1_kernel, dict(X_ptr=f32, QK_ptr=f32, beta_ptr=f32,
-                    vmr_ptr=f32, dy_ptr=bank, d_ptr=f32, dd_ptr=f32),
-                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
-                         PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
+                    vmr_ptr=f32, dy_ptr=bank, d_ptr=f32, dd_ptr=f32), shape, CFG["WARPS_MIX_B"])
         compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32,
-                    pl_ptr=f32, pb_ptr=f32),
-                    dict(C=CC, MB=MBB, TB=CFG["TB_MIX_B"], CP=CC, PREC="tf32", ROWS=True,
-                         PDL=CFG["PDL"]), CFG["WARPS_MIX_B"])
+                    pl_ptr=f32, pb_ptr=f32), shape, CFG["WARPS_MIX_B"])
     compile_one(*specs["dev"])
     compile_one(*specs["group"])
     cap = CFG["MAXNREG_DEV_DB"]

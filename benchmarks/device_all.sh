@@ -536,7 +536,7 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
       # walk (measured 10-16 % slower in session 8, before Phase 1 and the walks changed)
       for cfg in A B; do
         run ab30a_win_$cfg 120 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 \
-          --rows fwd --b WINDOW_TOKENS=4096
+          --rows fwd --b WINDOW_TOKENS=4096 --c WINDOW_TOKENS=2048
       done
       cd .. ;;
     s29e)   # session 29: every CUDA-marked test (full_cuda) on the final defaults, then the
