@@ -515,6 +515,13 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s30b)   # session 30: the benchmark on the final defaults (all C, no extras; the C = 256
+      # rows with the blocks form's 32 x 32 slices) and the decode step
+      cd benchmarks
+      run bench30b 400 python3 bench_cuda.py --no-extras
+      run decode30b 60 python3 -c "import bench_cuda
+print(f'decode step P=16 T=1 hd=768 W=R=64 (CUDA graph): {bench_cuda.decode_latency():.1f} us')"
+      cd .. ;;
     s30t)   # session 30: the CUDA tests outside the kernel files (lowerings, examples,
       # export / AOTI, distributed) in two concurrent processes, -v so a cut keeps results
       export CXX=/usr/bin/g++
