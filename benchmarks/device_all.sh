@@ -515,6 +515,14 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s30c)   # session 30: Phase 1 per kernel at A and B (C = 128; bench30b's "Phase 1 alone":
+      # 0.65 ms at A, 0.96 at B, whose entries are half A's), and one no-grad call's timeline
+      cd benchmarks
+      for cfg in A B; do
+        run p1_$cfg 90 python3 profile_phase1.py 128 --whole --plan-only --config=$cfg PDL=0
+        run tl_$cfg 90 python3 timeline.py $cfg 128 fwd ""
+      done
+      cd .. ;;
     s30b)   # session 30: the benchmark on the final defaults (all C, no extras; the C = 256
       # rows with the blocks form's 32 x 32 slices) and the decode step
       cd benchmarks

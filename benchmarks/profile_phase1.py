@@ -1,7 +1,8 @@
 """Phase 1 (``phase1.plan``) per kernel, over the whole sequence and over one window of
-tokens, and the host time of the eager calls (config A of SDM_SPEC section 5):
+tokens, and the host time of the eager calls (config A of SDM_SPEC section 5, or
+``--config=B``):
 
-    python benchmarks/profile_phase1.py [C ...] [--whole] [--plan-only] [KEY=INT ...]
+    python benchmarks/profile_phase1.py [C ...] [--whole] [--plan-only] [--config=B] [KEY=INT ...]
 
 (``--whole``: the whole sequence only, no windows; ``KEY=INT`` overrides
 ``kernels.host.CONFIG``, e.g. ``PDL=0``: with programmatic dependent launch a kernel's
@@ -63,16 +64,17 @@ def host_time(fn, reps=5):
 def main():
     chunks = [int(a) for a in sys.argv[1:] if a.isdigit()] or [64, 128]
     whole = "--whole" in sys.argv
-    for kv in (a for a in sys.argv[1:] if "=" in a):
+    name = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--config=")), "A")
+    for kv in (a for a in sys.argv[1:] if "=" in a and not a.startswith("--")):
         set_knob(kv)
     print("config", host.CONFIG)
-    cfg = CONFIGS["A"]
+    cfg = CONFIGS[name]
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = make_inputs(**cfg)
     S = bank.shape[0]
     dy = torch.randn_like(v)
     dM = torch.randn_like(bank)
     for C in chunks:
-        print(f"\n## A, C={C}")
+        print(f"\n## {name}, C={C}")
         for name, T1 in (("whole", k_idx.shape[1]),) + ((("1024 tokens", 1024),) if not whole else ()):
             args = [x[:, :T1].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)]
 
