@@ -515,6 +515,18 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s30d)   # session 30: 512-byte row segments in the forward's row launches (NOTES.md run
+      # 7's lead 3, never tried on the step walk): the gather over 256 columns in two warps,
+      # the write over 256 in eight; checked against the defaults, then no-grad A/Bs
+      cd benchmarks
+      run vc30d_g 120 python3 variant_check.py BD_STEP=256 WARPS_STEP=2
+      run vc30d_w 90 python3 variant_check.py BD_STEP_W=256 WARPS_STEP_W=8
+      for cfg in B A; do
+        run ab30d_$cfg 120 python3 ab_cuda.py --config $cfg --chunks 128 --rounds 3 --rows fwd \
+          --b BD_STEP=256 WARPS_STEP=2 --c BD_STEP_W=256 WARPS_STEP_W=8 \
+          --d BD_STEP=256 WARPS_STEP=2 BD_STEP_W=256 WARPS_STEP_W=8
+      done
+      cd .. ;;
     s30c)   # session 30: Phase 1 per kernel at A and B (C = 128; bench30b's "Phase 1 alone":
       # 0.65 ms at A, 0.96 at B, whose entries are half A's), and one no-grad call's timeline
       cd benchmarks
