@@ -515,6 +515,16 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s30e)   # session 30: column slabs (SLABS): each chunk step's gather, product and write
+      # over one slab of the columns, then the next, so the write launch finds in L2 the
+      # rows its slab's gather read (NOTES.md run 30, lead 1); checked, then A/Bs
+      cd benchmarks
+      run vc30e 120 python3 variant_check.py SLABS=2
+      run ab30e_B 120 python3 ab_cuda.py --config B --chunks 128 --rounds 3 --rows fwd,ag \
+        --b SLABS=2 --c SLABS=3 --d SLABS=4
+      run ab30e_A 100 python3 ab_cuda.py --config A --chunks 128 --rounds 3 --rows fwd,ag \
+        --b SLABS=2 --c SLABS=3
+      cd .. ;;
     s30d)   # session 30: 512-byte row segments in the forward's row launches (NOTES.md run
       # 7's lead 3, never tried on the step walk): the gather over 256 columns in two warps,
       # the write over 256 in eight; checked against the defaults, then no-grad A/Bs
