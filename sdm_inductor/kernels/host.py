@@ -79,6 +79,10 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
 # MAXNREG_DEV_DB (0: none; 64, the dB launch's own, compiles without spills on sm_90, where
 # the uncapped merged kernel takes 80: three programs of 8 warps per SM instead of four;
 # uncapped measured 1.033 / 1.018 against 64).
+# SLABS (1: off): the step walk's forward runs each chunk step's three launches over one
+# slab of hd / SLABS columns at a time (``_slabs``), so the write launch may find in L2
+# the rows its slab's gather read; interpreter-checked bitwise against one slab, not yet
+# measured on a GPU (benchmarks/NOTES.md run 30, segment s30e of device_all.sh).
 # WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this many
 # tokens, so its working memory (Phase 1 of a window) does not grow with T.
 # TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training calls
