@@ -1,10 +1,16 @@
 """Compile every kernel for sm_90 on a machine without a GPU (Triton's bundled ptxas):
 catches compile errors before device time is spent, and prints registers / spills /
 shared memory of each variant (launch parameters of ``host.CONFIG``, overridable).
-Usage: python benchmarks/aot_compile_check.py [bf16|fp32] [KEY=INT ...]
+Usage: python benchmarks/aot_compile_check.py [bf16|fp32] [--code] [KEY=INT ...]
+
+``--code`` adds to each line a hash of the kernel's PTX instructions without debug
+information: the output of two trees, diffed, tells whether a source change altered
+any instruction of the kernels as launched (session 30: the column slabs' ``CB0``
+left every default kernel's instructions as they were).
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import re
@@ -43,6 +49,18 @@ def _ptxas_report(ptx: str) -> str:
 DIV16_INTS = ("hd", "width")
 
 
+CODE = False   # --code
+
+
+def _code_hash(ptx: str) -> str:
+    """A hash of the PTX's instructions: without line records, comments, labels' debug
+    names and the DWARF sections (``.b8`` data), which move with the source's lines."""
+    skip = re.compile(r"\s*(\.loc|\.file|//|\.section|\.b8|\.b16|\.b32|\.b64)")
+    lines = [ln for ln in ptx.splitlines()
+             if not skip.match(ln) and "DW_" not in ln and "debug" not in ln]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+
+
 def compile_one(kernel, types: dict, consts: dict, num_warps=4, maxnreg=None):
     if "PDL" in kernel.arg_names:   # the step kernels as launched on sm_90: with PDL
         consts = dict(consts, PDL=max(1, int(CFG["PDL"])))
@@ -63,8 +81,9 @@ def compile_one(kernel, types: dict, consts: dict, num_warps=4, maxnreg=None):
         opts["maxnreg"] = maxnreg
     ck = triton.compile(src, target=TARGET, options=opts)
     shown = {k: v for k, v in consts.items() if k in ("C", "BD", "QMODE", "SAVE", "MB", "TB", "ROWS")}
+    code = f" code={_code_hash(ck.asm['ptx'])}" if CODE else ""
     print(f"{kernel.fn.__name__:20s} warps={num_warps} smem={ck.metadata.shared} {shown} "
-          f"{_ptxas_report(ck.asm['ptx'])}")
+          f"{_ptxas_report(ck.asm['ptx'])}{code}")
     return ck
 
 
@@ -305,5 +324,6 @@ if __name__ == "__main__":
     for a in [a for a in args if "=" in a]:   # KEY=INT overrides of host.CONFIG
         k, v = a.split("=")
         CFG[k] = int(v)
-    rest = [a for a in args if "=" not in a]
+    CODE = "--code" in args
+    rest = [a for a in args if "=" not in a and not a.startswith("--")]
     main(rest[0] if rest else "bf16")
