@@ -12,6 +12,7 @@ import argparse
 
 import torch
 
+from ab_cuda import apply, module_keys, parse
 from bench_cuda import CONFIGS, make_inputs, set_knob
 from sdm_inductor.kernels import host
 
@@ -24,16 +25,6 @@ def no_grad_forward(ins, C):
     return y, work
 
 
-def _module_knob(kv: str):
-    """(module, NAME) of a ``module.NAME=INT`` knob, (None, None) for a CONFIG key."""
-    import importlib
-    key = kv.split("=")[0]
-    if "." not in key:
-        return None, None
-    mod, name = key.split(".")
-    return importlib.import_module(f"sdm_inductor.kernels.{mod}"), name
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chunks", default="128")
@@ -41,19 +32,16 @@ def main():
     ap.add_argument("knobs", nargs="+")
     a = ap.parse_args()
     keep = dict(host.CONFIG)
+    mods = module_keys({"variant": parse(a.knobs)})   # the module constants' defaults
     bad = 0
     for cfg in a.configs.split(","):
         ins = make_inputs(**CONFIGS[cfg])
         for C in (int(c) for c in a.chunks.split(",")):
-            host.CONFIG.clear()
-            host.CONFIG.update(keep)
+            apply(keep, mods, {})   # the defaults, CONFIG and module constants
             want = no_grad_forward(ins, C)
-            saved = [(m, n, getattr(m, n)) for m, n in map(_module_knob, a.knobs) if m]
-            for kv in a.knobs:
+            for kv in a.knobs:   # (set_knob refuses a misspelt knob)
                 set_knob(kv)
             got = no_grad_forward(ins, C)
-            for m, n, value in saved:   # the next config's defaults are the real ones
-                setattr(m, n, value)
             for name, x, y in zip(("readings", "final bank"), got, want):
                 if torch.equal(x, y):
                     print(f"config {cfg} C={C} {name}: bitwise equal")
@@ -61,6 +49,7 @@ def main():
                 rel = ((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
                 bad += rel > 1e-2   # bf16: a sum in another order moves the last bits only
                 print(f"config {cfg} C={C} {name}: max difference {rel:.2e} of the largest")
+    apply(keep, mods, {})
     print("variant_check:", "ok" if not bad else f"{bad} outputs differ beyond bf16 rounding")
     raise SystemExit(1 if bad else 0)
 
