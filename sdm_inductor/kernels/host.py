@@ -322,8 +322,9 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
 def _slabs(hd: int, mix_in_gather: bool, units) -> int:
     """Column slabs of the step walk's forward (``CONFIG["SLABS"]``): each chunk step runs
     its gather, product and write launches over one slab of the columns, then the next,
-    so the write launch re-reads rows the gather of its own slab read moments before
-    (from L2, where the whole step's gather would have pushed them out). 1 where the
+    so the write launch re-reads rows the gather of its own slab read moments before and
+    may find them in L2, where the whole step's gather pushes them out (not yet measured
+    on a GPU). 1 where the
     slabs would not split every launch's column blocks evenly, or with the product in
     the gather launch (its tickets count a whole row of column blocks)."""
     ns = max(1, CONFIG["SLABS"])
