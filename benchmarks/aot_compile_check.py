@@ -5,8 +5,7 @@ Usage: python benchmarks/aot_compile_check.py [bf16|fp32] [--code] [KEY=INT ...]
 
 ``--code`` adds to each line a hash of the kernel's PTX instructions without debug
 information: the output of two trees, diffed, tells whether a source change altered
-any instruction of the kernels as launched (session 30: the column slabs' ``CB0``
-left every default kernel's instructions as they were).
+any instruction of the kernels as launched.
 """
 from __future__ import annotations
 

@@ -515,6 +515,11 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s31a)   # session 31: the no-grad forward's necessary row traffic moved by the simplest
+      # kernels (floor_cuda.py), beside the op's own call: how near any walk can come
+      cd benchmarks
+      run floor31 240 python3 floor_cuda.py --configs B,A
+      cd .. ;;
     s30e)   # session 30: column slabs (SLABS): each chunk step's gather, product and write
       # over one slab of the columns, then the next, so the write launch finds in L2 the
       # rows its slab's gather read (NOTES.md run 30, lead 1); checked, then A/Bs

@@ -342,37 +342,6 @@ def case_step_walk_windows():
     host.CONFIG.update(MIX_ROWS=0, MIX_ROWS_B=0, TB_MIX=16, TB_MIX_B=16)
     _train(make_inputs(P=2, T=70, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
                        repeats=True, seed=30), 32)
-    _slabs()
-
-
-def _slabs():
-    """Column slabs (SLABS=2): each chunk step's gather, product and write launches over
-    one half of the columns, then the other. Every column's sums are the one-slab walk's,
-    so readings and final bank are bitwise equal; the training call is checked against
-    the oracle too (its backward reads the slabbed forward's undo log, whose rows past
-    the written ones are never set, so it is not compared whole)."""
-    import torch
-    from sdm_inductor.kernels import host
-    from sdm_inductor.testing import make_inputs
-    host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1, TB_MIX=32, TB_MIX_B=32, SLABS=1)
-    units = (host.CONFIG["BD_STEP"], host.CONFIG["MB_MIX"],
-             host.CONFIG["BD_STEP_W"] * host.CONFIG["CL_WRITE"])
-    assert host._slabs(64, False, units) == 1 and max(units) == 32, units
-    ins = make_inputs(P=2, T=40, W=3, R=2, hd=64, slots_per_stream=16, per_write_gate=True,
-                      repeats=True, seed=31)
-    outs = []
-    for ns in (1, 2):
-        host.CONFIG["SLABS"] = ns
-        bank = ins.bank.clone()
-        y = host.forward(bank, *tuple(ins)[1:], 16, "none", True)[0]
-        outs.append((y, bank))
-    assert host._slabs(64, False, units) == 2
-    assert host._slabs(48, False, units) == 1   # 48 columns do not split into 2 x 32
-    for name, a, b in zip(("readings", "final bank"), *outs):
-        assert torch.equal(a, b), f"slabs: {name} differ from the one-slab walk"
-    _train(make_inputs(P=2, T=40, W=3, R=2, hd=64, slots_per_stream=16, per_write_gate=True,
-                       repeats=True, seed=32), 16)
-    host.CONFIG["SLABS"] = 1
 
 
 def case_step_walk_kept():

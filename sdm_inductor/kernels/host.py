@@ -58,7 +58,7 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
               EV_GW=0, EV_GR=0, EV_WO=0, EV_BW=0, EV_DB=0, BD_DW=0, WARPS_DW=0, KEEP=1,
               CL_GROUP=3, CL_WRITE=1, DEV_DB=int(os.environ.get("SDM_INDUCTOR_DEV_DB", "1")), WARPS_DEV_DB=8,
               MAXNREG_DEV_DB=64, PDL3_MAX_C=128, SOURCES=1, GROUP_PACK=2, GROUP_ONE=2,
-              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1, SLABS=1)
+              WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")), DELTA_BF16=1, MIX_ROWS=1, MIX_ROWS_B=1)
 # WALK: "grid" (walk.py, every SM in every chunk step, grid barriers), "column"
 # (phase2.py, one program per stream and 16-column block, no inter-program sync),
 # "step" (step.py, launches per chunk over the whole GPU; eager calls only: a traced
@@ -79,10 +79,6 @@ CONFIG = dict(PRELUDE=0, BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8,
 # MAXNREG_DEV_DB (0: none; 64, the dB launch's own, compiles without spills on sm_90, where
 # the uncapped merged kernel takes 80: three programs of 8 warps per SM instead of four;
 # uncapped measured 1.033 / 1.018 against 64).
-# SLABS (1: off): the step walk's forward runs each chunk step's three launches over one
-# slab of hd / SLABS columns at a time (``_slabs``), so the write launch may find in L2
-# the rows its slab's gather read; interpreter-checked bitwise against one slab, not yet
-# measured on a GPU (benchmarks/NOTES.md run 30, segment s30e of device_all.sh).
 # WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this many
 # tokens, so its working memory (Phase 1 of a window) does not grow with T.
 # TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training calls
@@ -279,58 +275,36 @@ def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     TBM = min(CONFIG["TB_MIX"], CP)
     prec = _prec(bank.dtype)
     pd = pdl(CONFIG, bank)
+    gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
+                      pl.X, pl.QKX, out, u, inter, delta, tickets, u if keep is None else keep,
+                      0, P, pl.T, hd, NC, C=C, W=W,
+                      R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
+                      MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
+                      EV_W=EVICT[CONFIG["EV_GW"]], EV_R=EVICT[CONFIG["EV_GR"]],
+                      KEEP=keep is not None,
+                      num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
+                      **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {}))
+    mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
+                   inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
+                   ROWS=bool(CONFIG["MIX_ROWS"]) and CP <= ROWS_MAX_CP,
+                   num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
     CLW = min(CONFIG["CL_WRITE"], NCBW)   # column blocks per write program
-    ns = _slabs(hd, mix_in_gather, (BD, MBM, BDW * CLW))
-    gathers, mixes, writes = [], [], []
-    for s in range(ns):   # each launch over a slab of hd // ns columns (CB0: its first block)
-        gathers.append(Relaunch(
-            _step_gather_kernel, (P * C, NCB // ns), "c", bank, pl.slot, pl.ev, v, pl.beta,
-            pl.X, pl.QKX, out, u, inter, delta, tickets, u if keep is None else keep,
-            0, P, pl.T, hd, NC, C=C, W=W,
-            R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
-            MB=min(CONFIG["MB_STEP"], BD), TB=TB, PREC=prec, MIX=mix_in_gather,
-            EV_W=EVICT[CONFIG["EV_GW"]], EV_R=EVICT[CONFIG["EV_GR"]],
-            KEEP=keep is not None, CB0=s * (NCB // ns),
-            num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd,
-            **({"maxnreg": CONFIG["MAXNREG_STEP"]} if CONFIG["MAXNREG_STEP"] else {})))
-        nm = -(-hd // MBM) // ns
-        mixes.append(Relaunch(
-            _step_mix_kernel, (P * (CP // TBM), nm), "c", pl.X, pl.QKX, u,
-            inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
-            ROWS=bool(CONFIG["MIX_ROWS"]) and CP <= ROWS_MAX_CP, CB0=s * nm,
-            num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd))
-        nw = -(-NCBW // CLW) // ns
-        writes.append(Relaunch(
-            _step_write_kernel, (P * nrt, nw), "c", bank, delta, ru.slot,
-            ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,
-            NG=NG, KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, EV=EVICT[CONFIG["EV_WO"]],
-            CL=CLW, CB0=s * nw, num_warps=CONFIG["WARPS_STEP_W"], num_stages=1, **pd))
-
+    write = Relaunch(_step_write_kernel, (P * nrt, -(-NCBW // CLW)), "c", bank, delta, ru.slot,
+                     ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,
+                     NG=NG, KW=CONFIG["KW_STEP"], CP=CP, SAVE=save, EV=EVICT[CONFIG["EV_WO"]],
+                     CL=CLW,
+                     num_warps=CONFIG["WARPS_STEP_W"],
+                     num_stages=1, **pd)
     def body():
-        for c in range(NC):   # kernel boundaries order the chunks (and the slabs)
-            for gather, mix, write in zip(gathers, mixes, writes):
-                gather(c)
-                if not mix_in_gather:
-                    mix(c)
-                write(c)
+        for c in range(NC):   # kernel boundaries order the chunks
+            gather(c)
+            if not mix_in_gather:
+                mix(c)
+            write(c)
 
     # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
-    graphs.run(("forward", NC, mix_in_gather, tuple(r.key for r in gathers + mixes + writes)),
-               body, bank.device, CONFIG["WALK_GRAPHS"])
-
-
-def _slabs(hd: int, mix_in_gather: bool, units) -> int:
-    """Column slabs of the step walk's forward (``CONFIG["SLABS"]``): each chunk step runs
-    its gather, product and write launches over one slab of the columns, then the next,
-    so the write launch re-reads rows the gather of its own slab read moments before and
-    may find them in L2, where the whole step's gather pushes them out (not yet measured
-    on a GPU). 1 where the
-    slabs would not split every launch's column blocks evenly, or with the product in
-    the gather launch (its tickets count a whole row of column blocks)."""
-    ns = max(1, CONFIG["SLABS"])
-    if ns == 1 or mix_in_gather or any(hd % (ns * u) for u in units):
-        return 1
-    return ns
+    graphs.run(("forward", NC, mix_in_gather, gather.key, mix.key, write.key), body,
+               bank.device, CONFIG["WALK_GRAPHS"])
 
 
 def _walk_block_cols(hd: int) -> int:

@@ -112,15 +112,13 @@ def _token_program_at(pid, cb, NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: 
 
 
 @triton.jit
-def _block_program(NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                   CB0: tl.constexpr = 0):
+def _block_program(NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr):
     """A program of a (stream, token block, column slice) grid: ``p``, the segment ``b``,
-    the block's first token ``t0``, the slice's columns and their mask (``CB0``: the
-    grid's first column slice, for a launch over a slab of the columns)."""
+    the block's first token ``t0``, the slice's columns and their mask."""
     NTB: tl.constexpr = CP // TB
     pid = tl.program_id(0)       # p * NTB + token block
     p = pid // NTB
-    cols = (tl.program_id(1) + CB0) * MB + tl.arange(0, MB)
+    cols = tl.program_id(1) * MB + tl.arange(0, MB)
     return p, p * NC + c, (pid % NTB) * TB, cols, cols < hd
 
 
@@ -218,21 +216,19 @@ def _mix_block_rows(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd
 @triton.jit(do_not_specialize=["c", "T", "NC"])
 def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
                      C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                     PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False,
-                     CB0: tl.constexpr = 0):
+                     PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False):
     """``_mix_block`` as a launch of its own: one program per (stream, token block,
     column slice), so the chunk's small products run on many SMs at once. ``ROWS``: the
     block's whole rows of the matrices at once, loaded before the wait
-    (``_mix_block_rows``). ``CB0``: the grid's first column slice (``host.CONFIG``'s
-    SLABS)."""
+    (``_mix_block_rows``)."""
     if ROWS:
         _grid_dependency(PDL == 1)
-        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP, CB0)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
         _mix_block_rows(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
                         cm, C, TB, CP, PREC, PDL)
     else:
         _grid_dependency(PDL)
-        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP, CB0)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
         _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm,
                    C, MB, TB, CP, PREC)
 
@@ -244,14 +240,11 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
                         WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
                         MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
                         MIX: tl.constexpr, PDL: tl.constexpr, EV_W: tl.constexpr = "",
-                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False,
-                        CB0: tl.constexpr = 0):
+                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     # MIX: the last program of each (stream, column block) computes its delta and
-    # readings (else ``_step_mix_kernel`` does, as a third launch; not with slabs: CB0 is
-    # the grid's first column block where the launch covers a slab of the columns)
-    p, i, b, base, cols, cm = _token_program_at(tl.program_id(0), tl.program_id(1) + CB0, NC,
-                                                c, hd, C, W + R, BD)
+    # readings (else ``_step_mix_kernel`` does, as a third launch)
+    p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
     _grid_dependency(PDL >= 2)
@@ -289,10 +282,9 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
                        run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
                        BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
                        SAVE: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
-                       CL: tl.constexpr = 1, CB0: tl.constexpr = 0):
+                       CL: tl.constexpr = 1):
     """The runs of one tile of ``NG`` write positions, in ``CL`` column blocks of ``BD`` one
-    after the other: the run headers load once for all of them (as the dB launch).
-    ``CB0``: the grid's first program column (a launch over a slab of the columns)."""
+    after the other: the run headers load once for all of them (as the dB launch)."""
     _grid_dependency(PDL == 1)
     NRT: tl.constexpr = (C * W + NG - 1) // NG
     pid = tl.program_id(0)       # p * NRT + tile
@@ -306,7 +298,6 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
                                       run_coef_ptr, rb, f0, C * W, NG, KW)
     _grid_dependency(PDL >= 2)   # the run headers are Phase 1's: early loads
     for j in tl.static_range(CL):
-        cols, cm, scr_d = _column_block(d_ptr, p, tl.program_id(1) + CB0, j, sc, hd, BD, CP,
-                                        CL)
+        cols, cm, scr_d = _column_block(d_ptr, p, tl.program_id(1), j, sc, hd, BD, CP, CL)
         _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
                     cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)
