@@ -518,8 +518,8 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
     s31a)   # session 31: the no-grad forward's necessary row traffic moved by the simplest
       # kernels (floor_cuda.py), beside the op's own call: how near any walk can come
       cd benchmarks
-      run floor31 240 python3 floor_cuda.py --configs B,A
-      for c in 64 256; do run floor31_$c 150 python3 floor_cuda.py --configs B --chunk $c; done
+      run floor31 300 python3 floor_cuda.py --configs B,A
+      run floor31_256 150 python3 floor_cuda.py --configs B --chunk 256
       cd .. ;;
     s30e)   # session 30: column slabs (SLABS): each chunk step's gather, product and write
       # over one slab of the columns, then the next, so the write launch finds in L2 the

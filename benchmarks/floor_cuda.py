@@ -12,8 +12,12 @@ times them replayed from a CUDA graph (the GPU's time alone):
 - ``gather R``: the read rows alone;
 - ``rmw``: read and rewrite each distinct written row of a chunk once (the write launch);
 
-as one launch over all chunks (no step boundaries: the random-access ceiling) and as
-launches per chunk in chunk order (the dependency any exact walk has). ``gather R + rmw``
+as launches per chunk in chunk order (the dependency any exact walk has), and as one
+launch over all chunks. The one-launch figures are no floor of an exact walk: their
+programs run column block by column block over every token of the sequence, so a
+block's ~38 MB of bank columns (B) stays in L2 while the sequence's repeated slots read
+it again (session 31 measured the read rows at 7 TB/s that way); they show what chunk
+order costs. ``gather R + rmw``
 per chunk moves the spec floor's bytes; ``gather W+R + rmw`` moves what the step walk
 moves now (its write launch re-reads the written rows the gather read). The op's own
 no-grad call is timed in the same run beside them.
@@ -28,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench_cuda import CONFIGS, bench, bench_graph, copy_bandwidth, make_inputs
+from bench_cuda import CONFIGS, autograd_step, bench, bench_graph, copy_bandwidth, make_inputs
 import sdm_inductor  # noqa: F401  (the ops)
 
 BD = 128   # columns per program: 256-byte bf16 segments, as the step walk's row launches
@@ -37,28 +41,52 @@ NG = 32    # written rows per rmw program
 
 @triton.jit
 def _gather_kernel(bank_ptr, idx_ptr, wt_ptr, out_ptr, hd, E: tl.constexpr,
-                   EP: tl.constexpr, BD: tl.constexpr):
+                   EB: tl.constexpr, BD: tl.constexpr):
+    """Token ``t``'s ``E`` weighted row segments summed, ``EB`` rows a load (the step
+    walk's gather loads its W rows, then its R rows, as two such tiles)."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     cm = cols < hd
-    e = tl.arange(0, EP)
-    sl = tl.load(idx_ptr + t.to(tl.int64) * E + e, mask=e < E, other=-1)
-    wt = tl.load(wt_ptr + t.to(tl.int64) * E + e, mask=e < E, other=0.0)
-    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0)
-    tl.store(out_ptr + t.to(tl.int64) * hd + cols,
-             tl.sum(wt[:, None] * rows.to(tl.float32), axis=0), mask=cm)
+    acc = tl.zeros([BD], tl.float32)
+    for e0 in tl.static_range(0, E, EB):
+        e = e0 + tl.arange(0, EB)
+        sl = tl.load(idx_ptr + t.to(tl.int64) * E + e, mask=e < E, other=-1)
+        wt = tl.load(wt_ptr + t.to(tl.int64) * E + e, mask=e < E, other=0.0)
+        rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
+                       mask=(sl >= 0)[:, None] & cm[None, :], other=0.0)
+        acc += tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * hd + cols, acc, mask=cm)
 
 
 @triton.jit
-def _rmw_kernel(bank_ptr, slot_ptr, n, hd, NG: tl.constexpr, BD: tl.constexpr):
+def _rmw_kernel(bank_ptr, slot_ptr, log_ptr, n, hd, NG: tl.constexpr, BD: tl.constexpr,
+                LOG: tl.constexpr):
+    """Rewrite ``NG`` rows of ``slot`` (with ``LOG``: their old values to the undo log)."""
     r = tl.program_id(0) * NG + tl.arange(0, NG)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     m = (r < n)[:, None] & (cols < hd)[None, :]
     sl = tl.load(slot_ptr + r, mask=r < n, other=0)
     ptr = bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :]
     x = tl.load(ptr, mask=m, other=0.0)
+    if LOG:
+        tl.store(log_ptr + r.to(tl.int64)[:, None] * hd + cols[None, :], x, mask=m)
     tl.store(ptr, (0.999 * x.to(tl.float32)).to(x.dtype), mask=m)
+
+
+@triton.jit
+def _move_kernel(src_ptr, src_idx_ptr, dst_ptr, dst_idx_ptr, n, hd, SRC_IDX: tl.constexpr,
+                 DST_IDX: tl.constexpr, NG: tl.constexpr, BD: tl.constexpr):
+    """``dst[dst_idx[r]] = src[src_idx[r]]`` for ``NG`` rows (an index absent: ``r``)."""
+    r = tl.program_id(0) * NG + tl.arange(0, NG)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    m = (r < n)[:, None] & (cols < hd)[None, :]
+    rs, rd = r, r
+    if SRC_IDX:
+        rs = tl.load(src_idx_ptr + r, mask=r < n, other=0)
+    if DST_IDX:
+        rd = tl.load(dst_idx_ptr + r, mask=r < n, other=0)
+    x = tl.load(src_ptr + rs.to(tl.int64)[:, None] * hd + cols[None, :], mask=m, other=0.0)
+    tl.store(dst_ptr + rd.to(tl.int64)[:, None] * hd + cols[None, :], x, mask=m)
 
 
 class Traffic:
@@ -72,7 +100,7 @@ class Traffic:
         self.hd, self.W, self.R = cfg["hd"], W, R
         NC = -(-T // C)
         # token-major per chunk: chunk c's tokens of every stream
-        self.idx, self.wt, self.slots, self.nw = [], [], [], []
+        self.idx, self.wt, self.slots, self.nw, self.touched = [], [], [], [], []
         for c in range(NC):
             sl = slice(c * C, min(T, (c + 1) * C))
             ki, qi = k_idx[:, sl].reshape(-1, W), q_idx[:, sl].reshape(-1, R)
@@ -82,12 +110,22 @@ class Traffic:
             u = torch.unique(ki).int()
             self.slots.append(u)
             self.nw.append(u.numel())
+            self.touched.append(torch.unique(torch.cat([ki, qi]).reshape(-1)).int())
         self.tokens = sum(i.shape[0] for i in self.idx)
         self.out = torch.empty(self.idx[0].shape[0], self.hd, device="cuda")
+        # the read entries alone (the first R of each token)
+        self.r_idx = [_prefix(i, R) for i in self.idx]
+        self.r_wt = [_prefix(w, R) for w in self.wt]
         self.all_idx = torch.cat(self.idx)
         self.all_wt = torch.cat(self.wt)
         self.all_slots = torch.cat(self.slots)
         self.all_out = torch.empty(self.tokens, self.hd, device="cuda")
+        # the training walk's undo log (chunk c's rows from log_at[c]) and gradient bank
+        self.log_at = [0]
+        for n in self.nw:
+            self.log_at.append(self.log_at[-1] + n)
+        self.log = torch.empty(self.log_at[-1], self.hd, dtype=self.bank.dtype, device="cuda")
+        self.grad = torch.empty_like(self.bank)
 
     def row_bytes(self, rows: int) -> int:
         return rows * self.hd * self.bank.element_size()
@@ -95,12 +133,35 @@ class Traffic:
     def gather(self, idx, wt, out, E):
         """``idx[:, :E]`` (the read entries first: E = R reads only, W + R both)."""
         grid = (idx.shape[0], triton.cdiv(self.hd, BD))
-        _gather_kernel[grid](self.bank, idx, wt, out, self.hd, E=E, EP=triton.next_power_of_2(E),
-                             BD=BD, num_warps=1)
+        _gather_kernel[grid](self.bank, idx, wt, out, self.hd, E=E,
+                             EB=triton.next_power_of_2(min(self.W, self.R)), BD=BD,
+                             num_warps=1)
 
-    def rmw(self, slots):
-        grid = (triton.cdiv(slots.numel(), NG), triton.cdiv(self.hd, BD))
-        _rmw_kernel[grid](self.bank, slots, slots.numel(), self.hd, NG=NG, BD=BD, num_warps=4)
+    def _grid(self, n):
+        return (triton.cdiv(n, NG), triton.cdiv(self.hd, BD))
+
+    def rmw(self, slots, log=None):
+        _rmw_kernel[self._grid(slots.numel())](self.bank, slots, self.bank if log is None else log,
+                                               slots.numel(), self.hd, NG=NG, BD=BD,
+                                               LOG=log is not None, num_warps=4)
+
+    def training(self, c_count: int):
+        """A training call's necessary traffic: the forward (read rows, written rows
+        rewritten with their old values to the undo log), then the backward in reverse
+        chunk order (the written rows restored from the log, every distinct touched row
+        read and its gradient row written)."""
+        for c in range(c_count):
+            self.gather(self.r_idx[c], self.r_wt[c], self.out, self.R)
+            self.rmw(self.slots[c], self.log[self.log_at[c]:self.log_at[c + 1]])
+        for c in reversed(range(c_count)):
+            sl, lg = self.slots[c], self.log[self.log_at[c]:self.log_at[c + 1]]
+            _move_kernel[self._grid(sl.numel())](lg, sl, self.bank, sl, sl.numel(), self.hd,
+                                                 SRC_IDX=False, DST_IDX=True, NG=NG, BD=BD,
+                                                 num_warps=4)
+            tc = self.touched[c]
+            _move_kernel[self._grid(tc.numel())](self.bank, tc, self.grad, tc, tc.numel(),
+                                                 self.hd, SRC_IDX=True, DST_IDX=True, NG=NG,
+                                                 BD=BD, num_warps=4)
 
 
 def _prefix(idx, E):
@@ -110,8 +171,8 @@ def _prefix(idx, E):
 def measure(name: str, C: int, bw: float):
     tr = Traffic(name, C)
     E2, E1 = tr.W + tr.R, tr.R
-    idx_r = [_prefix(i, E1) for i in tr.idx]
-    wt_r = [_prefix(w, E1) for w in tr.wt]
+    idx_r, wt_r = tr.r_idx, tr.r_wt
+    touched = sum(t.numel() for t in tr.touched)
     all_r, all_wr = _prefix(tr.all_idx, E1), _prefix(tr.all_wt, E1)
     nc = len(tr.idx)
     rows_r = tr.tokens * tr.R
@@ -122,28 +183,37 @@ def measure(name: str, C: int, bw: float):
                                    rows_r + rows_w),
         "gather R, one launch": (lambda: tr.gather(all_r, all_wr, tr.all_out, E1), rows_r),
         "rmw, one launch": (lambda: tr.rmw(tr.all_slots), 2 * written),
+        "gather W+R, per chunk": (lambda: [tr.gather(tr.idx[c], tr.wt[c], tr.out, E2)
+                                           for c in range(nc)], rows_r + rows_w),
+        "rmw, per chunk": (lambda: [tr.rmw(tr.slots[c]) for c in range(nc)], 2 * written),
         "gather R + rmw, per chunk (spec floor bytes)":
             (lambda: [(tr.gather(idx_r[c], wt_r[c], tr.out, E1), tr.rmw(tr.slots[c]))
                       for c in range(nc)], rows_r + 2 * written),
         "gather W+R + rmw, per chunk (the step walk's bytes)":
             (lambda: [(tr.gather(tr.idx[c], tr.wt[c], tr.out, E2), tr.rmw(tr.slots[c]))
                       for c in range(nc)], rows_r + rows_w + 2 * written),
+        "training: forward, then backward in reverse, per chunk (fwd+bwd floor bytes)":
+            (lambda: tr.training(nc), rows_r + 5 * written + 2 * touched),
     }
     rows = []
     for what, (fn, nrows) in variants.items():
         ms = bench_graph(fn)
         b = tr.row_bytes(nrows)
         rows.append((what, ms, b / 1e9, b / (ms * 1e-3) / 1e12, b / bw * 1e3))
-    op_ms = op_nograd_ms(name, C)
-    return rows, op_ms, nc
+    del tr
+    torch.cuda.empty_cache()
+    return rows, op_ms(name, C), nc
 
 
-def op_nograd_ms(name: str, C: int) -> tuple[float, float]:
-    """The op's in-place no-grad call as ``bench_cuda.py`` times it: eager, and replayed
-    from a CUDA graph."""
-    bank, *rest = make_inputs(**CONFIGS[name])
-    call = lambda: torch.ops.sdm.triton_write_read_(bank, *rest, C)
-    return bench(call), bench_graph(call)
+def op_ms(name: str, C: int) -> tuple[float, float, float]:
+    """The op as ``bench_cuda.py`` times it: the in-place no-grad call eager and replayed
+    from a CUDA graph, and the autograd forward + backward (eager)."""
+    ins = make_inputs(**CONFIGS[name])
+    bank, *rest = ins
+    work = bank.clone()
+    call = lambda: torch.ops.sdm.triton_write_read_(work, *rest, C)
+    step = autograd_step(ins, torch.randn_like(ins[3]), torch.randn_like(bank), C, "none")
+    return bench(call), bench_graph(call), bench(step, rep=400)
 
 
 def main():
@@ -154,9 +224,10 @@ def main():
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s")
     for name in args.configs.split(","):
-        rows, op_ms, nc = measure(name, args.chunk, bw)
-        print(f"\nconfig {name}, C={args.chunk} ({nc} chunks); the op's no-grad forward: "
-              f"{op_ms[0]:.2f} ms eager, {op_ms[1]:.2f} ms from a CUDA graph")
+        rows, (fwd, fwd_graph, fb), nc = measure(name, args.chunk, bw)
+        print(f"\nconfig {name}, C={args.chunk} ({nc} chunks); the op: no-grad forward "
+              f"{fwd:.2f} ms eager, {fwd_graph:.2f} ms from a CUDA graph; autograd forward + "
+              f"backward {fb:.2f} ms")
         print("| traffic | ms (graph) | GB | TB/s | ms at copy bandwidth | us per chunk |")
         print("| --- | --- | --- | --- | --- | --- |")
         for what, ms, gb, tbs, at_copy in rows:
