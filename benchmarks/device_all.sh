@@ -515,6 +515,15 @@ host.CONFIG.update(MIX_ROWS=1, MIX_ROWS_B=1); sys.exit(pytest.main(['-q', '-p', 
           --b BWD_WINDOWS=1 --c PRELUDE=1
       done
       cd .. ;;
+    s31t)   # session 31: every CUDA-marked test on the final tree, three processes at once
+      export CXX=/usr/bin/g++
+      run s31t_kernels 540 python3 -m pytest -v -p no:cacheprovider -m cuda \
+        tests/test_cuda.py tests/test_gated.py tests/test_nn.py &
+      run s31t_lowerings 540 python3 -m pytest -v -p no:cacheprovider -m cuda tests/test_lowerings.py &
+      run s31t_rest 540 python3 -m pytest -v -p no:cacheprovider -m cuda --durations=5 tests \
+        --ignore tests/test_cuda.py --ignore tests/test_gated.py --ignore tests/test_nn.py \
+        --ignore tests/test_lowerings.py &
+      wait ;;
     s31a)   # session 31: the no-grad forward's necessary row traffic moved by the simplest
       # kernels (floor_cuda.py), beside the op's own call: how near any walk can come
       cd benchmarks
