@@ -1,0 +1,168 @@
+"""Inductor orders, reuses and clones buffers around a user-defined Triton kernel by what its
+mutation analysis (``torch._higher_order_ops.triton_kernel_wrap``, on the kernel's TTIR)
+says the launch writes. A write the analysis missed would let a compiled graph or an
+AOTInductor package read a buffer before the kernel wrote it, or hand a later kernel the
+buffer's memory while it is still live: wrong results that depend on the memory plan.
+
+So for every launch of the traced host code (the column walks and the traced Phase 1
+forms that compiled graphs and packages launch on CUDA), the analysis, run here on CPU for
+an sm_90 target, must list every tensor the launch changes when run under the Triton
+interpreter (a subprocess with ``TRITON_INTERPRET=1`` and the traced forms forced). Added
+in session 31 while chasing the intermittent AOTInductor CUDA mismatch (NOTES.md run 31).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+C = 16
+CASES = ("forward", "forward_gated", "forward_fp8", "backward")
+
+
+def _case_inputs(case: str) -> tuple:
+    """The case's tensors (real; the analysis half converts them to fake ones)."""
+    from sdm_inductor.testing import make_inputs
+    ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, seed=5)
+    gen = torch.Generator().manual_seed(7)
+    base = (ins.bank, ins.k_idx, ins.k_val, ins.v, ins.beta, ins.g, ins.q_idx, ins.q_val)
+    P, T, hd = ins.v.shape
+    if case == "forward_gated":   # b_raw, a_raw, A_log, dt_bias
+        return base + (torch.randn(P, T, generator=gen), torch.randn(P, T, generator=gen),
+                       torch.randn(P, generator=gen), torch.randn(P, generator=gen))
+    if case == "backward":        # the readings' and the final bank's gradients
+        return base + (torch.randn(P, T, hd, generator=gen),
+                       torch.randn(*ins.bank.shape, generator=gen))
+    return base
+
+
+def _run_case(case: str, args: tuple):
+    """The case's host-code call (``host.forward_once`` / ``host.backward``)."""
+    from sdm_inductor.kernels import host
+    bank, k_idx, k_val, v, beta, g, q_idx, q_val = args[:8]
+    if case == "forward":
+        return host.forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "none", True)
+    if case == "forward_fp8":
+        return host.forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "fp8", True)
+    if case == "forward_gated":   # the compiled layer's no-grad call (examples/export_aoti.py)
+        b_raw, a_raw, A_log, dt_bias = args[8:]
+        return host.forward_once(bank, k_idx, k_val, v, host.raw_gate_layout(b_raw),
+                                 host.raw_gate_layout(a_raw), q_idx, q_val, C, "none", False,
+                                 gate_params=(A_log, dt_bias))
+    dy, dM = args[8:]
+    final = bank.clone()
+    _, rows, scales = host.forward_once(final, k_idx, k_val, v, beta, g, q_idx, q_val, C,
+                                        "none", True)
+    return host.backward(dy, dM, final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
+                         C, "none", False)
+
+
+def _kernel_modules():
+    from sdm_inductor.kernels import (backward, host, launch, phase1, quantize, solve, sources,
+                                      step_backward)
+    return (launch, host, phase1, solve, sources, quantize, backward, step_backward)
+
+
+def _record_launches(on_launch):
+    """Route every ``launch`` of the kernel modules to ``on_launch``."""
+    for m in _kernel_modules():
+        if hasattr(m, "launch"):
+            m.launch = on_launch
+
+
+def _bound(kernel, args, meta) -> dict:
+    """The launch's arguments by parameter name (defaults included)."""
+    params = inspect.signature(kernel.fn).parameters
+    kw = dict(zip(params, args))
+    kw.update({k: v for k, v in meta.items() if k in params})
+    for name, p in params.items():
+        if name not in kw and p.default is not inspect.Parameter.empty:
+            kw[name] = p.default
+    return kw
+
+
+def _truth(case: str) -> list:
+    """Under the interpreter, with the traced forms forced: (kernel, tensors it changed)."""
+    from sdm_inductor.kernels import host, launch, phase1, solve
+    for m in (host, phase1, solve):
+        m.is_fake = lambda t: True
+    launch._is_fake = lambda t: True
+    seen = []
+
+    def on_launch(kernel, grid, *args, **meta):
+        tensors = {k: v for k, v in _bound(kernel, args, meta).items()
+                   if isinstance(v, torch.Tensor)}
+        before = {k: v.clone() for k, v in tensors.items()}
+        kernel[grid](*args, **meta)
+        changed = [k for k, v in tensors.items()
+                   if not torch.equal(v.view(torch.uint8), before[k].view(torch.uint8))]
+        seen.append((kernel.fn.__name__, sorted(changed)))
+    _record_launches(on_launch)
+    _run_case(case, _case_inputs(case))
+    return seen
+
+
+def _analysis(case: str) -> list:
+    """Traced with fake tensors: (kernel, tensors the mutation analysis says it writes)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from torch._higher_order_ops import triton_kernel_wrap as tkw
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class _Sm90:   # the analysis asks the active driver for its target; no GPU here
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    launches = []
+    _record_launches(lambda kernel, grid, *args, **meta: launches.append((kernel, args, meta)))
+    args = _case_inputs(case)
+    with FakeTensorMode() as mode:
+        _run_case(case, tuple(mode.from_tensor(a) for a in args))
+    old = triton.runtime.driver._active
+    triton.runtime.driver.set_active(_Sm90())
+    try:
+        out = []
+        for kernel, args, meta in launches:
+            kw = {k: torch.empty(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+                  for k, v in _bound(kernel, args, meta).items()}
+            if hasattr(tkw, "identify_mutated_tensors"):          # torch 2.11
+                writes = tkw.identify_mutated_tensors(kernel, kw, {})
+            else:                                                  # torch 2.13
+                writes = [d.name for d in
+                          tkw.identify_accessed_tensors(kernel, kw, {}).read_writes.writes]
+            out.append((kernel.fn.__name__, sorted(writes)))
+        return out
+    finally:
+        triton.runtime.driver._active = old
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, tmp_path, monkeypatch):
+    out = tmp_path / "truth.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__, case, str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    truth = [tuple(x) for x in json.loads(out.read_text())]
+    for m in _kernel_modules():   # the recorder must not outlive the test
+        if hasattr(m, "launch"):
+            monkeypatch.setattr(m, "launch", m.launch)
+    analysis = _analysis(case)
+    assert [k for k, _ in analysis] == [k for k, _ in truth], (analysis, truth)
+    assert any(changed for _, changed in truth), "no launch changed anything: nothing checked"
+    for (kernel, writes), (_, changed) in zip(analysis, truth):
+        missed = set(changed) - set(writes)
+        assert not missed, f"{kernel}: writes {sorted(missed)} that the analysis misses"
+
+
+if __name__ == "__main__":   # the interpreter half, in its own process
+    case, path = sys.argv[1:3]
+    with open(path, "w") as f:
+        json.dump(_truth(case), f)
