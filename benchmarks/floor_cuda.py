@@ -1,5 +1,5 @@
-"""The memory time of a no-grad forward's necessary row traffic, measured rather than
-computed: how close can any step walk come to the spec's bandwidth floor on this GPU?
+"""The memory time of a call's necessary row traffic, measured rather than computed: how
+close can any exact walk come to the spec's bandwidth floor on this GPU?
 
 ``bench_cuda.py``'s floor divides the forward's bytes (``2 x distinct written rows + C R
 read rows`` per chunk, spec section 5) by the copy bandwidth. But those bytes are random
@@ -17,10 +17,11 @@ launch over all chunks. The one-launch figures are no floor of an exact walk: th
 programs run column block by column block over every token of the sequence, so a
 block's ~38 MB of bank columns (B) stays in L2 while the sequence's repeated slots read
 it again (session 31 measured the read rows at 7 TB/s that way); they show what chunk
-order costs. ``gather R + rmw``
-per chunk moves the spec floor's bytes; ``gather W+R + rmw`` moves what the step walk
-moves now (its write launch re-reads the written rows the gather read). The op's own
-no-grad call is timed in the same run beside them.
+order costs. ``gather R + rmw`` per chunk moves the spec floor's bytes; ``gather W+R +
+rmw`` moves what the step walk moves now (its write launch re-reads the written rows the
+gather read); ``training`` adds the undo log and the backward's rows (``bench_cuda``'s
+forward + backward floor bytes). The op's no-grad call and autograd step are timed in the
+same run beside them.
 
 Usage: python benchmarks/floor_cuda.py [--configs A,B] [--chunk 128]
 """
@@ -100,40 +101,38 @@ class Traffic:
         self.hd, self.W, self.R = cfg["hd"], W, R
         NC = -(-T // C)
         # token-major per chunk: chunk c's tokens of every stream
-        self.idx, self.wt, self.slots, self.nw, self.touched = [], [], [], [], []
+        self.idx, self.wt, self.slots, self.touched = [], [], [], []
         for c in range(NC):
             sl = slice(c * C, min(T, (c + 1) * C))
             ki, qi = k_idx[:, sl].reshape(-1, W), q_idx[:, sl].reshape(-1, R)
             self.idx.append(torch.cat([qi, ki], 1).int().contiguous())   # reads first
             self.wt.append(torch.cat([q_val[:, sl].reshape(-1, R), k_val[:, sl].reshape(-1, W)],
                                      1).float().contiguous())
-            u = torch.unique(ki).int()
-            self.slots.append(u)
-            self.nw.append(u.numel())
+            self.slots.append(torch.unique(ki).int())
             self.touched.append(torch.unique(torch.cat([ki, qi]).reshape(-1)).int())
         self.tokens = sum(i.shape[0] for i in self.idx)
         self.out = torch.empty(self.idx[0].shape[0], self.hd, device="cuda")
         # the read entries alone (the first R of each token)
-        self.r_idx = [_prefix(i, R) for i in self.idx]
-        self.r_wt = [_prefix(w, R) for w in self.wt]
-        self.all_idx = torch.cat(self.idx)
-        self.all_wt = torch.cat(self.wt)
+        self.r_idx = [i[:, :R].contiguous() for i in self.idx]
+        self.r_wt = [w[:, :R].contiguous() for w in self.wt]
+        self.all_idx, self.all_r_idx = torch.cat(self.idx), torch.cat(self.r_idx)
+        self.all_wt, self.all_r_wt = torch.cat(self.wt), torch.cat(self.r_wt)
         self.all_slots = torch.cat(self.slots)
         self.all_out = torch.empty(self.tokens, self.hd, device="cuda")
         # the training walk's undo log (chunk c's rows from log_at[c]) and gradient bank
         self.log_at = [0]
-        for n in self.nw:
-            self.log_at.append(self.log_at[-1] + n)
+        for u in self.slots:
+            self.log_at.append(self.log_at[-1] + u.numel())
         self.log = torch.empty(self.log_at[-1], self.hd, dtype=self.bank.dtype, device="cuda")
         self.grad = torch.empty_like(self.bank)
 
     def row_bytes(self, rows: int) -> int:
         return rows * self.hd * self.bank.element_size()
 
-    def gather(self, idx, wt, out, E):
-        """``idx[:, :E]`` (the read entries first: E = R reads only, W + R both)."""
+    def gather(self, idx, wt, out):
+        """Each token's (row of ``idx``) weighted row segments: R reads, or W + R entries."""
         grid = (idx.shape[0], triton.cdiv(self.hd, BD))
-        _gather_kernel[grid](self.bank, idx, wt, out, self.hd, E=E,
+        _gather_kernel[grid](self.bank, idx, wt, out, self.hd, E=idx.shape[1],
                              EB=triton.next_power_of_2(min(self.W, self.R)), BD=BD,
                              num_warps=1)
 
@@ -151,7 +150,7 @@ class Traffic:
         chunk order (the written rows restored from the log, every distinct touched row
         read and its gradient row written)."""
         for c in range(c_count):
-            self.gather(self.r_idx[c], self.r_wt[c], self.out, self.R)
+            self.gather(self.r_idx[c], self.r_wt[c], self.out)
             self.rmw(self.slots[c], self.log[self.log_at[c]:self.log_at[c + 1]])
         for c in reversed(range(c_count)):
             sl, lg = self.slots[c], self.log[self.log_at[c]:self.log_at[c + 1]]
@@ -164,33 +163,27 @@ class Traffic:
                                                  BD=BD, num_warps=4)
 
 
-def _prefix(idx, E):
-    return idx[:, :E].contiguous()
-
-
 def measure(name: str, C: int, bw: float):
     tr = Traffic(name, C)
-    E2, E1 = tr.W + tr.R, tr.R
-    idx_r, wt_r = tr.r_idx, tr.r_wt
     touched = sum(t.numel() for t in tr.touched)
-    all_r, all_wr = _prefix(tr.all_idx, E1), _prefix(tr.all_wt, E1)
     nc = len(tr.idx)
     rows_r = tr.tokens * tr.R
     rows_w = tr.tokens * tr.W
-    written = sum(tr.nw)
+    written = tr.log_at[-1]
     variants = {
-        "gather W+R, one launch": (lambda: tr.gather(tr.all_idx, tr.all_wt, tr.all_out, E2),
+        "gather W+R, one launch": (lambda: tr.gather(tr.all_idx, tr.all_wt, tr.all_out),
                                    rows_r + rows_w),
-        "gather R, one launch": (lambda: tr.gather(all_r, all_wr, tr.all_out, E1), rows_r),
+        "gather R, one launch": (lambda: tr.gather(tr.all_r_idx, tr.all_r_wt, tr.all_out),
+                                 rows_r),
         "rmw, one launch": (lambda: tr.rmw(tr.all_slots), 2 * written),
-        "gather W+R, per chunk": (lambda: [tr.gather(tr.idx[c], tr.wt[c], tr.out, E2)
+        "gather W+R, per chunk": (lambda: [tr.gather(tr.idx[c], tr.wt[c], tr.out)
                                            for c in range(nc)], rows_r + rows_w),
         "rmw, per chunk": (lambda: [tr.rmw(tr.slots[c]) for c in range(nc)], 2 * written),
         "gather R + rmw, per chunk (spec floor bytes)":
-            (lambda: [(tr.gather(idx_r[c], wt_r[c], tr.out, E1), tr.rmw(tr.slots[c]))
+            (lambda: [(tr.gather(tr.r_idx[c], tr.r_wt[c], tr.out), tr.rmw(tr.slots[c]))
                       for c in range(nc)], rows_r + 2 * written),
         "gather W+R + rmw, per chunk (the step walk's bytes)":
-            (lambda: [(tr.gather(tr.idx[c], tr.wt[c], tr.out, E2), tr.rmw(tr.slots[c]))
+            (lambda: [(tr.gather(tr.idx[c], tr.wt[c], tr.out), tr.rmw(tr.slots[c]))
                       for c in range(nc)], rows_r + rows_w + 2 * written),
         "training: forward, then backward in reverse, per chunk (fwd+bwd floor bytes)":
             (lambda: tr.training(nc), rows_r + 5 * written + 2 * touched),
