@@ -2,7 +2,7 @@
 
 The interpreter must be switched on before the kernels are decorated, and must not leak
 into other test files that use Triton in the same pytest process, so each check runs
-in a subprocess: ``python tests/test_kernels_interpret.py <case>``. Sizes are tiny (the
+in a subprocess: ``python tests/kernels/test_kernels_interpret.py <case>``. Sizes are tiny (the
 interpreter runs every program in numpy) but cover several chunks, T not a multiple of
 C, several token tiles per chunk, partial column blocks, P > 1, shared and private
 banks, per-write gates, repeated slots, out-of-range indices and every snapshot mode.
