@@ -1,4 +1,4 @@
-"""torch.compile vs eager for the sdm op and for a model of SDM layers (issue 4 benchmark).
+"""torch.compile vs eager for the sdm op and for a model of SDM layers.
 
     python benchmarks/bench_compile.py [--configs A,B] [--cases op,gated,gatedop]
         [--dynamic static,dynamic] [--no-model] [--reps 10] [--json out.json]
