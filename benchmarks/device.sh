@@ -26,7 +26,7 @@ run() {  # run NAME LIMIT command...: the log goes to $OUT/NAME.log, a summary t
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc $rc in $((SECONDS - t0)) s"
-  grep -E "^(FAILED|ERROR|XFAIL)|passed|failed|^\| |^config|ms|goal|MISMATCH|OK:" \
+  grep -E "^(FAILED|ERROR|XFAIL)|passed|failed|^\| |^config|ms|goal|MISMATCH|OK:|rel err|against the CPU" \
     "$OUT/$name.log" | grep -v -i warn | tail -40
   return $rc
 }

@@ -1,4 +1,4 @@
-"""Where the time goes (config A of SDM_SPEC section 5, or ``--config=B``): per-kernel CUDA
+"""Where the time goes (config A of docs/spec.md section 5, or ``--config=B``): per-kernel CUDA
 time from torch.profiler for the no-grad forward and for forward + backward through the
 triton ops, and Phase 1 alone. Usage:
 
