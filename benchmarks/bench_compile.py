@@ -1,10 +1,10 @@
-"""torch.compile vs eager for the sdm op and for a model of SDM layers (issue 4 benchmark).
+"""torch.compile vs eager for the sdm op and for a model of SDM layers.
 
     python benchmarks/bench_compile.py [--configs A,B] [--cases op,gated,gatedop]
         [--dynamic static,dynamic] [--no-model] [--reps 10] [--json out.json]
     python benchmarks/bench_compile.py --small          # tiny sizes: a smoke run on CPU
 
-Part 1, configs A and B of SDM_SPEC section 5 (bf16), eager vs compiled:
+Part 1, configs A and B of docs/spec.md section 5 (bf16), eager vs compiled:
   - ``op``: the explicit op alone (inputs already prepared), no-grad forward and
     forward + backward. Compiled should match eager (the same kernels): within 3%.
   - ``gated``: the op with the elementwise math around it (softmax weights, sigmoid

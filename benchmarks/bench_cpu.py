@@ -1,4 +1,4 @@
-"""CPU op vs the eager token loop (issue 2 benchmark).
+"""CPU op vs the eager token loop.
 
     python benchmarks/bench_cpu.py [--T 1024] [--hd 64] [--slots 4096] [--W 16] [--reps 3]
 

@@ -1,4 +1,4 @@
-"""Several GPUs: step time and memory per GPU of SDM training at a fixed per-GPU batch (issue 7).
+"""Several GPUs: step time and memory per GPU of SDM training at a fixed per-GPU batch.
 
 Run one size per launch, under torchrun (NCCL on GPUs, gloo on CPU):
 

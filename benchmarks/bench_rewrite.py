@@ -1,4 +1,4 @@
-"""Pattern rewrites: compile time and step time of a token loop (issue 5 benchmark).
+"""Pattern rewrites: compile time and step time of a token loop.
 
     python benchmarks/bench_rewrite.py [--device cpu|cuda] [--T 64 256 1024]
                                        [--plain-timeout 240] [--json out.json]
@@ -16,7 +16,7 @@ is real), no-grad forward:
 Compile time = first call - one steady call. Step time = median of ``--reps`` calls,
 each followed by a call of the compiled explicit op; ``vs_explicit`` = ratio of the minima
 (a shared CPU makes single calls vary several-fold; the minimum is the machine's floor).
-Goals (issue 5): rewrite compile <= dynamo + 20%; rewrite step = explicit step +-5%;
+Goals: rewrite compile <= dynamo + 20%; rewrite step = explicit step +-5%;
 scan compile flat in T.
 """
 from __future__ import annotations

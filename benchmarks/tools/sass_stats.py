@@ -1,8 +1,8 @@
 """Static SASS of one step kernel for sm_90, compiled here without a GPU: instructions by
-opcode (the dB launch measured issue-bound in Nsight Compute, session 12, so its
-instruction count is the figure to cut). Usage:
+opcode (for launches that Nsight Compute finds issue-bound, such as the backward's dB
+launch, the instruction count is the figure to cut). Usage:
 
-    python benchmarks/sass_stats.py group|gather|dw|write|dev [KEY=INT ...] [SAVE=0]
+    python benchmarks/tools/sass_stats.py group|gather|dw|write|dev [KEY=INT ...] [SAVE=0]
 
 (C = 128, W = R = 64, a bf16 bank; kernels and launch parameters as
 ``aot_compile_check.step_specs``, ``KEY=INT`` overriding ``host.CONFIG``.)

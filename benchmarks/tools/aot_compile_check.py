@@ -1,7 +1,7 @@
 """Compile every kernel for sm_90 on a machine without a GPU (Triton's bundled ptxas):
 catches compile errors before device time is spent, and prints registers / spills /
 shared memory of each variant (launch parameters of ``host.CONFIG``, overridable).
-Usage: python benchmarks/aot_compile_check.py [bf16|fp32] [--code] [KEY=INT ...]
+Usage: python benchmarks/tools/aot_compile_check.py [bf16|fp32] [--code] [KEY=INT ...]
 
 ``--code`` adds to each line a hash of the kernel's PTX instructions without debug
 information: the output of two trees, diffed, tells whether a source change altered
@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sdm_inductor.kernels import (backward, decode, phase1, phase2, quantize, solve, sources,
-                                  step, step_backward, walk)
+                                  step, step_backward)
 from sdm_inductor.kernels.host import CONFIG as CFG
 from sdm_inductor.kernels.launch import EVICT
 
@@ -219,14 +219,6 @@ def main(dtype="bf16"):
                          ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"]),
                     num_warps=CFG["WARPS"])
     prec = "tf32" if dtype == "bf16" else "ieee"
-    for CC in (64, 128):   # the grid walk (C <= 128: shared memory)
-        compile_one(walk._walk_kernel,
-                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
-                         v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
-                         run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
-                         run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, cnt_ptr=i32, log_ptr=bank),
-                    dict(C=CC, W=W, R=R, BD=128, EW=128, NG=64, CP=CC, SAVE=True, PREC=prec,
-                         PREC_G=prec, ONE_PROGRAM=False, STAGES=CFG["STAGES_WALK"]), num_warps=8)
     for CC in (64, 128, 256):   # the step walk: a gather and a write launch per chunk
         specs = step_specs(CC, bank, prec, save=CC == 64)
         compile_one(*specs["gather"])

@@ -1,20 +1,23 @@
 """Step walks against column walks over a grid of shapes, eager (``WALK`` = "step" /
 "column"), interleaved per shape: the data a per-call choice of walk would rest on.
 
-    python benchmarks/bench_walks.py [--rounds 2] [--grid]
+    python benchmarks/tools/bench_walks.py [--rounds 2] [--grid]
 
 Prints, per shape (P streams, T tokens, hd columns, slots per stream, W = R, C), the
 no-grad forward and the forward + backward through autograd of each walk (medians of the
 rounds), column / step, and the walk ``WALK="auto"`` takes (``launch.column_suits``,
-fitted on ``--grid``'s first 27 shapes in session 12).
+whose rule was fitted on ``--grid``'s first 27 shapes).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench_cuda
 from bench_cuda import autograd_step, bench, make_inputs
 from sdm_inductor.kernels import host
 from sdm_inductor.kernels.launch import column_suits

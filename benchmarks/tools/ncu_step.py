@@ -4,16 +4,19 @@ Nsight Compute: a warm-up call compiles every kernel, then the profiled call run
 only that call's kernels:
 
     ncu --profile-from-start off --clock-control none -k regex:_step_gather \\
-        --launch-skip 8 --launch-count 1 python benchmarks/ncu_step.py A 128 PDL=0
+        --launch-skip 8 --launch-count 1 python benchmarks/tools/ncu_step.py A 128 PDL=0
 
-(``benchmarks/device_all.sh ncu12`` runs it once per kernel of interest.)
+(``PDL=0``: with programmatic dependent launch a kernel's time includes its wait for the
+launch before it.)
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench_cuda
 from bench_cuda import CONFIGS, make_inputs, set_knob
 from sdm_inductor.kernels import host
 
