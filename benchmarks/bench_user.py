@@ -43,6 +43,21 @@ def _clear(leaves):
         x.grad = None
 
 
+def _time_calls(name: str, C: int, calls: dict) -> dict:
+    """label -> (no-grad ms, fwd+bwd ms); a call that fails is reported as NaN and the
+    table goes on (one broken row must not cost the run the others)."""
+    out = {}
+    for label, (nograd, fb) in calls.items():
+        try:
+            out[label] = (bench(nograd), bench(fb, rep=200))
+        except Exception as e:  # noqa: BLE001
+            print(f"{name} C={C} {label}: failed: {type(e).__name__}: {e}", flush=True)
+            out[label] = (math.nan, math.nan)
+        print(f"{name} C={C} {label:<22} no-grad {out[label][0]:7.3f} ms  fwd+bwd "
+              f"{out[label][1]:7.3f} ms", flush=True)
+    return out
+
+
 def op_rows(name: str, C: int, compile_: bool) -> dict:
     """(no-grad ms, fwd+bwd ms) of each op-level call at one config and chunk size."""
     cfg = CONFIGS[name]
@@ -109,11 +124,7 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
     }
     if compile_:
         calls["compiled write_read"] = functional(torch.compile(fn, fullgraph=True))
-    out = {}
-    for label, (nograd, fb) in calls.items():
-        out[label] = (bench(nograd), bench(fb, rep=200))
-        print(f"{name} C={C} {label:<22} no-grad {out[label][0]:7.3f} ms  fwd+bwd "
-              f"{out[label][1]:7.3f} ms", flush=True)
+    out = _time_calls(name, C, calls)
     out["floor"] = (lambda f: (f["fwd"], f["fwdbwd"]))(floors(ins, C, BW))
     return out
 
@@ -143,12 +154,7 @@ def layer_rows(name: str, C: int, compile_: bool) -> dict:
     calls = {"layer": wrap(layer)}
     if compile_:
         calls["compiled layer"] = wrap(torch.compile(layer, fullgraph=True))
-    out = {}
-    for label, (nograd, fb) in calls.items():
-        out[label] = (bench(nograd), bench(fb, rep=200))
-        print(f"{name} C={C} {label:<22} no-grad {out[label][0]:7.3f} ms  fwd+bwd "
-              f"{out[label][1]:7.3f} ms", flush=True)
-    return out
+    return _time_calls(name, C, calls)
 
 
 def table(results: dict):
