@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from . import quant
+from .gates import LOG_DECAY_FLOOR
 
 NAME = "cpu-chunked"
 
@@ -222,7 +223,9 @@ class _Inputs:
         k_idx, k_val, v, beta, g, q_idx, q_val = (x[:, t0:t1] for x in self.raw)
         valid = torch.ones(self.P, t1 - t0, dtype=torch.bool, device=k_idx.device)
         seg = lambda x: _segments(x, self.C, n)
-        return _phase1(seg(k_idx.long()), seg(k_val.float()), seg(g.float()),
+        # gates floored: a full forget (-inf) without inf - inf in the cumulative decays
+        g = g.float().clamp(min=LOG_DECAY_FLOOR)
+        return _phase1(seg(k_idx.long()), seg(k_val.float()), seg(g),
                        seg(q_idx.long()), seg(q_val.float()), seg(beta.float()),
                        seg(v.float()), seg(valid), self.S, self.P, log)
 

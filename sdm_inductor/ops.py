@@ -230,6 +230,7 @@ def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
             q_val, chunk_size, snapshot_quant, grad_bank_fp32)
     d_bank, d_kval, d_v, d_beta, d_g, d_qval = grads
+    d_g = gates.floor_grad(d_g, g)   # the implementations floor the gates they read
     return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_beta.to(ctx.dtypes[2]),
             d_g.to(ctx.dtypes[3]), None, d_qval.to(ctx.dtypes[4]),
             None, None, None, None, None, None)
