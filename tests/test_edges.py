@@ -143,35 +143,41 @@ def _empty(P=2, hd=4, sph=16, W=2, R=2, flat=False):
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_empty_sequence_every_entry_point(grad):
+    """T = 0: empty readings, the bank unchanged (final bank = bank); with autograd, the
+    bank's gradient is the final bank's."""
     ins = _empty()
-    bank = ins.bank.clone().requires_grad_(grad)
-    with torch.set_grad_enabled(grad):
-        y, M = sdm_inductor.write_read(bank, *ins[1:], slots_per_stream=16)
+    raw = (torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2), torch.zeros(2))
+
+    def functional(bank):
+        return sdm_inductor.write_read(bank, *ins[1:], slots_per_stream=16)
+
+    def gated(bank):
+        return api.write_read_gated(bank, ins.k_idx, ins.k_val, ins.v, *raw, ins.q_idx,
+                                    ins.q_val, slots_per_stream=16)
+
+    for call in (functional, gated):
+        bank = ins.bank.clone().requires_grad_(grad)
+        y, M = call(bank)
         assert y.shape == (2, 0, 4) and torch.equal(M, ins.bank)
         if grad:
             dM = torch.randn_like(M)
             (M * dM).sum().backward()
             assert torch.equal(bank.grad, dM)
-        for flat in (False, True):
-            e = _empty(flat=flat)
-            memory = e.bank.clone().requires_grad_(grad)
-            before = memory.detach().clone()
-            y = sdm_inductor.sdm_write_read(memory if not grad else memory * 1, *e[1:],
-                                            num_memory_slots=16, num_parallel=2)
-            assert y.shape == ((0, 4) if flat else (2, 0, 4))
-            assert torch.equal(memory.detach(), before)
-        raw = (torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2), torch.zeros(2))
-        y, M = api.write_read_gated(ins.bank, ins.k_idx, ins.k_val, ins.v, *raw, ins.q_idx,
-                                    ins.q_val, slots_per_stream=16)
-        assert y.shape == (2, 0, 4) and torch.equal(M, ins.bank)
-        y = torch.ops.sdm.write_read_(ins.bank.clone(), *ins[1:], 64, 16)
-        assert y.shape == (2, 0, 4)
-        y, M, rows, scales = torch.ops.sdm.write_read(*ins, 64, 16)
-        grads = torch.ops.sdm.write_read_backward(
-            torch.zeros(2, 0, 4), torch.ones(32, 4), M, rows, scales, *ins[1:], 64, "none", False)
-        assert torch.equal(grads[0], torch.ones(32, 4))
-        assert [tuple(t.shape) for t in grads[1:]] == [(2, 0, 2), (2, 0, 4), (2, 0), (2, 0, 1),
-                                                       (2, 0, 2)]
+    for flat in (False, True):
+        e = _empty(flat=flat)
+        memory = e.bank.clone().requires_grad_(grad)
+        y = sdm_inductor.sdm_write_read(memory, *e[1:], num_memory_slots=16, num_parallel=2)
+        assert y.shape == ((0, 4) if flat else (2, 0, 4))
+        assert torch.equal(memory.detach(), e.bank)
+    y = torch.ops.sdm.write_read_(ins.bank.clone(), *ins[1:], 64, 16)
+    assert y.shape == (2, 0, 4)
+    y, M, rows, scales = torch.ops.sdm.write_read(*ins, 64, 16)
+    assert torch.equal(M, ins.bank) and rows.numel() == 0
+    grads = torch.ops.sdm.write_read_backward(
+        torch.zeros(2, 0, 4), torch.ones(32, 4), M, rows, scales, *ins[1:], 64, "none", False)
+    assert torch.equal(grads[0], torch.ones(32, 4))
+    assert [tuple(t.shape) for t in grads[1:]] == [(2, 0, 2), (2, 0, 4), (2, 0), (2, 0, 1),
+                                                   (2, 0, 2)]
 
 
 @pytest.mark.parametrize("kw", [{}, dict(key_weighted_decay=True), dict(naive=True)])
