@@ -691,3 +691,19 @@ def test_extreme_gates_match_the_loop(walk, dtype):
                                 ins.q_val, slots_per_stream=48)
     assert ops.last_dispatch()["gates"] == "prep-kernel"
     assert rel_err(y, y_ref) <= TOL[dtype] and rel_err(M, M_ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("walk", ["step", "auto"])
+def test_nan_in_v_stays_in_its_stream_and_chunks(walk):
+    """The documented reach of a non-finite input on CUDA: never other streams or
+    earlier chunks (its own stream's later readings and written rows may all be NaN)."""
+    from sdm_inductor.kernels import host
+    host.CONFIG["WALK"] = walk
+    ins = _inputs(torch.float32, P=2, T=150, W=8, R=4, hd=64, slots_per_stream=48)
+    y0, M0, _, _ = _op(ins, 64, save=False)
+    v = ins.v.clone()
+    v[0, 70, 3] = float("nan")
+    y, M, _, _ = _op(ins._replace(v=v), 64, save=False)
+    assert torch.equal(y[1], y0[1]) and torch.equal(M[48:], M0[48:])
+    assert torch.equal(y[0, :64], y0[0, :64])
+    assert torch.isnan(y[0, 70]).any()
