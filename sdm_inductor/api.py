@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .validation import _fail, check_call
+from .validation import API_NAMES, _fail, check_call, check_tensors
 
 __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 
@@ -12,11 +12,13 @@ __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                g: Tensor, q_idx: Tensor, q_val: Tensor, key_weighted_decay=None):
     """Inputs as ``[P*T, *]`` (or already ``[P, T, *]``) -> the op's ``[P, T, *]`` layout."""
-    if not isinstance(num_parallel, int) or num_parallel < 1:
+    if isinstance(num_parallel, bool) or not isinstance(num_parallel, int) or num_parallel < 1:
         _fail("num_parallel", "an int >= 1", num_parallel)
+    check_tensors([("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
+                   ("q_idx", q_idx), ("q_val", q_val)])
     P = num_parallel
-    if not isinstance(k_idx, Tensor) or k_idx.dim() not in (2, 3):
-        _fail("k_idx", "[P*T, W] or [P, T, W]", list(k_idx.shape) if isinstance(k_idx, Tensor) else type(k_idx))
+    if k_idx.dim() not in (2, 3):
+        _fail("k_idx", "[P*T, W] or [P, T, W]", list(k_idx.shape))
     flat = k_idx.dim() == 2
     if flat:
         N = k_idx.shape[0]
@@ -28,26 +30,27 @@ def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta:
             _fail("num_parallel", f"k_idx.shape[0] = {k_idx.shape[0]} streams", P)
         T = k_idx.shape[1]
     W = k_idx.shape[-1]
-
-    def lead(name, t, *trail):
-        want = (P * T,) if flat else (P, T)
-        if tuple(t.shape[:len(want)]) != want:
-            _fail(name, f"leading shape {list(want)} like k_idx", list(t.shape))
-        return t.reshape(P, T, *trail) if trail else t.reshape(P, T)
-
     n_lead = 1 if flat else 2
+    want = (P * T,) if flat else (P, T)
+
+    def lead(name, t):
+        # explicit trailing sizes (no -1): T = 0 leaves nothing to infer them from
+        if t.dim() < n_lead or tuple(t.shape[:n_lead]) != want:
+            _fail(name, f"leading shape {list(want)} like k_idx", list(t.shape))
+        return t.reshape(P, T, *t.shape[n_lead:])
+
     if beta.dim() == n_lead + 1 and beta.shape[-1] == 1:
         beta = beta[..., 0]
     if beta.dim() != n_lead:
         _fail("beta", "one value per token: [P*T] / [P*T, 1] (or [P, T] / [P, T, 1])", list(beta.shape))
     beta = lead("beta", beta)
-    g = lead("g", g, 1) if g.dim() == n_lead else lead("g", g, -1)
+    g = lead("g", g[..., None] if g.dim() == n_lead else g)
     if key_weighted_decay is True and g.shape[-1] != W:
         _fail("g", f"one gate per write slot [.., W={W}] with key_weighted_decay=True", list(g.shape))
     if key_weighted_decay is False and g.shape[-1] != 1:
         _fail("g", "one gate per token [.., 1] with key_weighted_decay=False", list(g.shape))
-    return (lead("k_idx", k_idx, -1), lead("k_val", k_val, -1), lead("v", v, -1), beta, g,
-            lead("q_idx", q_idx, -1), lead("q_val", q_val, -1)), flat
+    return (lead("k_idx", k_idx), lead("k_val", k_val), lead("v", v), beta, g,
+            lead("q_idx", q_idx), lead("q_val", q_val)), flat
 
 
 def _needs_grad(*ts: Tensor) -> bool:
@@ -101,9 +104,12 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
     (its value at the call) and every float input.
     """
     if not isinstance(memory, Tensor):
-        _fail("memory", "a tensor [S, hd]", type(memory))
+        _fail("memory", "a tensor [S, hd]", type(memory).__name__)
     (k_idx, k_val, v, beta, g, q_idx, q_val), flat = to_streams(
         num_parallel, k_idx, k_val, v, beta, g, q_idx, q_val, key_weighted_decay)
+    # every check with this interface's names, on the dtypes as given (before the casts)
+    check_call(memory, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, num_memory_slots,
+               shared_bank, snapshot_quant, names=API_NAMES)
     dt = memory.dtype
     k_val, v, q_val = k_val.to(dt), v.to(dt), q_val.to(dt)
     beta, g = beta.float(), g.float()
@@ -114,10 +120,6 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
         with torch.no_grad():
             memory.copy_(final)
     else:
-        # the in-place op has no snapshot options: check them here so they never pass silently
-        check_call(memory, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, num_memory_slots,
-                   shared_bank, snapshot_quant)
         readings = torch.ops.sdm.write_read_(memory, k_idx, k_val, v, beta, g, q_idx, q_val,
                                              chunk_size, num_memory_slots, shared_bank)
     return readings.reshape(-1, readings.shape[-1]) if flat else readings
-

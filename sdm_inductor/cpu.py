@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from . import quant
+from .gates import LOG_DECAY_FLOOR
 
 NAME = "cpu-chunked"
 
@@ -222,7 +223,9 @@ class _Inputs:
         k_idx, k_val, v, beta, g, q_idx, q_val = (x[:, t0:t1] for x in self.raw)
         valid = torch.ones(self.P, t1 - t0, dtype=torch.bool, device=k_idx.device)
         seg = lambda x: _segments(x, self.C, n)
-        return _phase1(seg(k_idx.long()), seg(k_val.float()), seg(g.float()),
+        # gates floored: a full forget (-inf) without inf - inf in the cumulative decays
+        g = g.float().clamp(min=LOG_DECAY_FLOOR)
+        return _phase1(seg(k_idx.long()), seg(k_val.float()), seg(g),
                        seg(q_idx.long()), seg(q_val.float()), seg(beta.float()),
                        seg(v.float()), seg(valid), self.S, self.P, log)
 
@@ -235,6 +238,17 @@ def _forward_chunk(blk: _Block, s: slice, rows: Tensor):
     u = blk.beta[s][..., None] * (blk.v[s] - r0)
     delta = blk.X[s] @ u
     return M0w, M0q, r0, u, delta
+
+
+def _gather(bank: Tensor, rows_idx: Tensor, n_valid: int) -> Tensor:
+    """A chunk's rows ``[P, C, W + R, hd]``; those of padded tokens (from ``n_valid`` on)
+    are zeros, not the row 0 their indices point at: a row of another stream, whose
+    non-finite values would otherwise reach this stream through 0 * inf."""
+    P, C, E = rows_idx.shape
+    rows = bank.index_select(0, rows_idx.reshape(-1)).view(P, C, E, bank.shape[1])
+    if n_valid < C:
+        rows[:, n_valid:] = 0
+    return rows
 
 
 def _groups(blk: _Block, c: int, P: int):
@@ -272,7 +286,7 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
         blk = inp.block(c0, log=save)
         for c in range(blk.n_seg // P):
             s = slice(c * P, (c + 1) * P)
-            rows = bank.index_select(0, blk.rows_idx[s].reshape(-1)).view(P * C, W + R, hd)
+            rows = _gather(bank, blk.rows_idx[s], T - (c0 + c) * C).view(P * C, W + R, hd)
             gid, _, rep_row, slot, decay, n_groups = _groups(blk, c, P)
             if save:
                 store.put(_log_rows(blk, c, c0, P), rows.view(-1, hd).index_select(0, rep_row))
@@ -330,7 +344,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
             slot = _groups(blk, c, P)[3]
             work.index_copy_(0, slot, store.get(_log_rows(blk, c, c0, P)).to(work.dtype))
             s = slice(c * P, (c + 1) * P)
-            rows = work.index_select(0, blk.rows_idx[s].reshape(-1)).float().view(P, C, W + R, hd)
+            rows = _gather(work, blk.rows_idx[s], n).float()
             _chunk_backward(blk, c, P, rows, dy, dB, grads)
         dk, dq, dgw = _pair_backward(blk, grads)
         # back from the dense-key entries to the user's entries

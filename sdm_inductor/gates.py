@@ -17,7 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["to_streams", "from_streams", "torch_gates", "gate_grads"]
+__all__ = ["LOG_DECAY_FLOOR", "to_streams", "from_streams", "torch_gates", "gate_grads",
+           "floor_grad"]
+
+# Log-decays below this are a full forget: exp(-104) is 0 in fp32, so a row decayed by it
+# is exactly 0, as in the token loop. The chunked form takes differences of per-chunk
+# cumulative sums of the gates; -inf there gives inf - inf = NaN, and a gate like -1e4
+# leaves the small gates after it in the same sum with an error of ulp(1e4) ~ 1e-3. Every
+# implementation raises the gates it reads to this floor (CPU: ``cpu.py``; CUDA: Phase 1's
+# prep kernel, also for the gates it computes), so each full forget of a slot costs its
+# later decays in that chunk an absolute error of about ulp(104) ~ 8e-6 at most.
+LOG_DECAY_FLOOR = -104.0
 
 
 def to_streams(x: Tensor) -> Tensor:
@@ -44,19 +54,27 @@ def torch_gates(b_raw: Tensor, a_raw: Tensor, A_log: Tensor, dt_bias: Tensor):
     return beta, g[..., None]
 
 
+def floor_grad(d_g: Tensor, g: Tensor) -> Tensor:
+    """The gradient of the user's ``g`` from that of the floored one: none below
+    ``LOG_DECAY_FLOOR`` (there the loop's d/dg of ``exp(g) * row`` is ``exp(g) * row = 0``
+    in fp32; the implementations' is that of the floor). NaN gates keep theirs."""
+    return torch.where(g < LOG_DECAY_FLOOR, torch.zeros_like(d_g), d_g)
+
+
 def gate_grads(d_beta: Tensor, d_g: Tensor, beta: Tensor, g: Tensor, b_raw: Tensor,
                a_raw: Tensor, A_log: Tensor, dt_bias: Tensor):
     """Chain ``(d_beta [P, T], d_g [P, T, 1])`` through the gate formulas, given the gates
     ``(beta, g)`` of ``torch_gates`` (computed once by the caller): the gradients of
     ``(b_raw, a_raw, A_log, dt_bias)``, each in its input's layout and dtype."""
     g = g[..., 0]
-    d_g = d_g[..., 0].float()
+    d_g = floor_grad(d_g[..., 0].float(), g)
     d_b = d_beta.float() * beta * (1 - beta)
     x = to_streams(a_raw).float() + dt_bias.float()[:, None]
     # softplus' = sigmoid (above the threshold torch passes the gradient through: 1,
     # which is what sigmoid rounds to in fp32 there)
     d_a = d_g * -torch.exp(A_log.float())[:, None] * torch.sigmoid(x)
-    d_A_log = (d_g * g).sum(1)
+    # g, not the floor, is d g / d A_log: 0 where the floor cut d_g (never 0 * inf)
+    d_A_log = torch.where(g < LOG_DECAY_FLOOR, 0.0, d_g * g).sum(1)
     d_dt_bias = d_a.sum(1)
     return (from_streams(d_b, b_raw), from_streams(d_a, a_raw), d_A_log.to(A_log.dtype),
             d_dt_bias.to(dt_bias.dtype))

@@ -240,9 +240,7 @@ class SparseDeltaMemory(nn.Module):
     def forward(self, x: Tensor, cache: SDMCache | None = None) -> Tensor:
         """``x [B, T, d_model] -> [B, T, d_model]``. With ``cache``, start from its bank
         (the learned one on the first call) and leave the advanced bank in it."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise _bad("x", f"a tensor [batch, tokens, d_model={self.d_model}]",
-                       list(x.shape) if isinstance(x, Tensor) else type(x))
+        self._check_x(x)
         B, T, _ = x.shape
         bank = self._start_bank(cache, B)
         if not self.naive and not self.key_weighted_decay:
@@ -264,7 +262,8 @@ class SparseDeltaMemory(nn.Module):
                 slots_per_stream=self.slots_per_head)
         if cache is not None:
             cache.bank, cache.batch, cache.seen_tokens = final, B, cache.seen_tokens + T
-        y = readings.view(B, self.num_heads, T, self.head_dim).transpose(1, 2).reshape(B, T, -1)
+        H, hd = self.num_heads, self.head_dim
+        y = readings.view(B, H, T, hd).transpose(1, 2).reshape(B, T, H * hd)
         y = y.to(x.dtype)
         if self.gate_proj is not None:
             y = y * F.silu(self.gate_proj(x))
@@ -278,6 +277,21 @@ class SparseDeltaMemory(nn.Module):
             return self.chunk_size
         return max(MIN_CHUNK, 1 << max(T - 1, 0).bit_length())
 
+    def _check_x(self, x) -> None:
+        """``x`` as the projections take it: named here, not by a matmul's dtype error."""
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise _bad("x", f"a tensor [batch, tokens, d_model={self.d_model}]",
+                       list(x.shape) if isinstance(x, Tensor) else type(x).__name__)
+        p = self.memory
+        if not x.is_floating_point():
+            raise _bad("x", f"a floating-point tensor (the layer's parameters are {p.dtype})",
+                       x.dtype)
+        if x.device != p.device:
+            raise _bad("x", f"device {p.device} (the layer's parameters')", x.device)
+        # under autocast the projections cast x themselves
+        if x.dtype != p.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise _bad("x", f"dtype {p.dtype} like the layer's parameters (or autocast)", x.dtype)
+
     def _start_bank(self, cache: SDMCache | None, batch: int) -> Tensor:
         if cache is not None and not isinstance(cache, SDMCache):
             raise _bad("cache", "an SDMCache (layer.new_cache()) or None", type(cache).__name__)
@@ -285,4 +299,13 @@ class SparseDeltaMemory(nn.Module):
             return self.initial_bank(batch)
         if cache.batch != batch:
             raise _bad("x", f"batch {cache.batch} (the batch the cache was started with)", batch)
-        return cache.bank
+        bank, p = cache.bank, self.memory
+        want = [batch * self.num_heads * self.slots_per_head, self.head_dim]
+        if not isinstance(bank, Tensor) or list(bank.shape) != want:
+            raise _bad("cache", f"the bank of this layer's cache: [batch * num_heads * "
+                       f"slots_per_head, head_dim] = {want} (a cache of another layer?)",
+                       list(bank.shape) if isinstance(bank, Tensor) else type(bank).__name__)
+        if bank.device != p.device or bank.dtype != p.dtype:
+            raise _bad("cache", f"a {p.dtype} bank on {p.device} (like the layer's memory)",
+                       f"{bank.dtype} on {bank.device}")
+        return bank

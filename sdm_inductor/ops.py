@@ -21,7 +21,7 @@ Ops (canonical layout of ``reference.py``: ``[P, T, *]`` inputs, global bank row
 
 An eager forward that saves for a backward may also hand its implementation's
 intermediates (CUDA: Phase 1's plan and ``v - r0``) to its own backward through the
-autograd context (``keep_for_backward``), so the backward does not recompute them. That
+autograd context (``kept.keep_for_backward``), so the backward does not recompute them. That
 is an optimisation only: a backward without them (a traced graph, a direct call of
 ``write_read_backward``) recomputes the same values.
 
@@ -30,16 +30,12 @@ Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), 
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
-import weakref
 
 import torch
 from torch import Tensor
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import cpu, gates, quant
+from . import cpu, gates, kept, quant
 from . import validation
 from .validation import check_backward, check_call, check_gated, check_indices
 
@@ -94,98 +90,11 @@ def repeated_write_slots(k_idx: Tensor | None = None) -> int:
         return 0
     # counted on request: a count per call (a sort of k_idx) cost ~0.3 ms at config A
     idx, version = _STATE.repeats_of
-    if version is not None and _version(idx) != version:
+    if version is not None and kept.version(idx) != version:
         raise RuntimeError(
             "sdm: repeated_write_slots(): the k_idx of the last sdm call was modified in "
             "place since that call; pass the k_idx to count as an argument")
     return int(count_repeated_write_slots(idx))
-
-
-def _version(t: Tensor):
-    try:
-        return t._version
-    except RuntimeError:   # inference tensors have no version counter
-        return None
-
-
-class _Kept(threading.local):
-    offered: tuple | None = None   # (weakref to the readings, object) of the last forward
-    current: object = None         # what the running backward may use
-
-
-_KEPT = _Kept()
-
-
-def keep_for_backward(readings: Tensor, obj) -> None:
-    """Offer ``obj`` (what the backward of this forward would otherwise recompute) to the
-    autograd context of the eager call that returns ``readings``; a later offer replaces
-    an untaken one, so at most one is ever held here."""
-    _KEPT.offered = (weakref.ref(readings), obj)
-
-
-def _take_kept(readings: Tensor):
-    """The offer of the forward that returned ``readings`` (``setup_context``), once."""
-    offered, _KEPT.offered = _KEPT.offered, None
-    if offered is None or offered[0]() is not readings:
-        return None   # traced (fake outputs), or an offer of another call
-    return offered[1]
-
-
-def kept_for_backward():
-    """In an implementation's backward: what its forward kept, or None (recompute)."""
-    return _KEPT.current
-
-
-# What a forward kept, by the identity of its undo log. A compiled graph calls the forward
-# and backward ops itself, with no autograd context between them, but hands the backward
-# the forward's own log, and its final bank and inputs (the same memory; AOTAutograd may
-# pass an alias). An entry lives as long as its log and is used only while the final bank
-# and every input are the forward's, unmodified in place since.
-_BY_LOG: dict[int, tuple] = {}
-
-
-def _signature(t: Tensor) -> tuple:
-    """A tensor's memory (its storage, held weakly: alive and the same object or not),
-    view, dtype and version."""
-    return (StorageWeakRef(t.untyped_storage()), t.storage_offset(), tuple(t.shape),
-            t.stride(), t.dtype, _version(t))
-
-
-def _same(t: Tensor, sig: tuple) -> bool:
-    ref = sig[0]
-    return (not ref.expired() and StorageWeakRef(t.untyped_storage()) == ref
-            and _signature(t)[1:] == sig[1:])
-
-
-def _register_by_log(readings: Tensor, rows: Tensor, final: Tensor, inputs) -> None:
-    """Key the forward's untaken offer (``keep_for_backward``) by its log ``rows``."""
-    offered = _KEPT.offered
-    if offered is None or offered[0]() is not readings or rows.numel() == 0:
-        return
-    key = id(rows)
-    _BY_LOG[key] = (weakref.ref(rows), [_signature(t) for t in (final, *inputs)], offered[1])
-    weakref.finalize(rows, _BY_LOG.pop, key, None)
-
-
-def _kept_by_log(rows: Tensor, final: Tensor, inputs):
-    """What the forward that made the log ``rows`` kept, if this backward's ``final`` and
-    inputs are that forward's, unmodified; else None."""
-    entry = _BY_LOG.get(id(rows))
-    if entry is None or entry[0]() is not rows:
-        return None
-    tensors = (final, *inputs)
-    if len(entry[1]) != len(tensors) or not all(map(_same, tensors, entry[1])):
-        return None
-    return entry[2]
-
-
-@contextlib.contextmanager
-def _backward_with(kept):
-    _KEPT.current = kept
-    try:
-        yield
-    finally:
-        _KEPT.current = None
 
 
 def _impl(bank: Tensor):
@@ -219,12 +128,12 @@ def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_qua
                   per_write_gate):
     """The checks that read data and the dispatch record of a call; the repeat count's
     source (``repeated_write_slots``)."""
-    _KEPT.offered = None   # an untaken offer of an earlier call is never held past this one
+    kept.drop_offer()   # an untaken offer of an earlier call is never held past this one
     recording = capturing(bank)
     if CHECK_INDICES.get(bank.device.type, True) and not recording:
         check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
     # a recorded call's k_idx lives in the graph's memory pool: never held past the call
-    _STATE.repeats_of = None if recording else (k_idx, _version(k_idx))
+    _STATE.repeats_of = None if recording else (k_idx, kept.version(k_idx))
     P, T, W = k_idx.shape
     _STATE.dispatch = dict(
         device=str(bank.device), impl=getattr(_impl(bank), "NAME", "?"), P=P, T=T, W=W,
@@ -259,7 +168,7 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     readings, rows, scales = _impl(bank).forward(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
         q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
-    _register_by_log(readings, rows, final, (k_idx, k_val, v, beta, g, q_idx, q_val))
+    kept.register_by_log(readings, rows, final, (k_idx, k_val, v, beta, g, q_idx, q_val))
     return readings, final, rows, scales
 
 
@@ -287,7 +196,7 @@ def _setup_context(ctx, inputs, output):
      snapshot_quant, grad_bank_fp32, save) = inputs
     readings, final, rows, scales = output
     ctx.save_for_backward(final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val)
-    ctx.kept = _take_kept(readings)
+    ctx.kept = kept.take(readings)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, beta.dtype, g.dtype, q_val.dtype)
     _no_grads_for_the_log(ctx, rows, scales)
@@ -316,11 +225,12 @@ def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             "sdm::write_read was called with save_for_backward=False, so it kept nothing for a "
             "backward; call it with save_for_backward=True (sdm_inductor.sdm_write_read does this "
             "whenever a gradient is needed)")
-    with _backward_with(getattr(ctx, "kept", None)):
+    with kept.backward_with(getattr(ctx, "kept", None)):
         grads = torch.ops.sdm.write_read_backward(
             grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
             q_val, chunk_size, snapshot_quant, grad_bank_fp32)
     d_bank, d_kval, d_v, d_beta, d_g, d_qval = grads
+    d_g = gates.floor_grad(d_g, g)   # the implementations floor the gates they read
     return (d_bank, None, d_kval.to(ctx.dtypes[0]), d_v.to(ctx.dtypes[1]), d_beta.to(ctx.dtypes[2]),
             d_g.to(ctx.dtypes[3]), None, d_qval.to(ctx.dtypes[4]),
             None, None, None, None, None, None)
@@ -386,7 +296,7 @@ def _setup_gated(ctx, inputs, output):
     readings, final, rows, scales = output
     ctx.save_for_backward(final, rows, scales, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias,
                           q_idx, q_val)
-    ctx.kept = _take_kept(readings)
+    ctx.kept = kept.take(readings)
     ctx.options = (chunk_size, snapshot_quant, grad_bank_fp32, save)
     ctx.dtypes = (k_val.dtype, v.dtype, q_val.dtype)
     _no_grads_for_the_log(ctx, rows, scales)
@@ -404,7 +314,7 @@ def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             "write_read_gated does this whenever a gradient is needed)")
     # the gates again, with torch ops (the forward computed them inside the kernel)
     beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
-    with _backward_with(getattr(ctx, "kept", None)):
+    with kept.backward_with(getattr(ctx, "kept", None)):
         d_bank, d_kval, d_v, d_beta, d_g, d_qval = torch.ops.sdm.write_read_backward(
             grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
             q_val, chunk_size, snapshot_quant, grad_bank_fp32)
@@ -437,10 +347,11 @@ def write_read_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: T
     _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
                     k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant)
     dtype = grad_final.dtype
-    kept = _KEPT.current   # an eager autograd call's (its context), or by the log's identity
-    if kept is None:
-        kept = _kept_by_log(saved_rows, final_bank, (k_idx, k_val, v, beta, g, q_idx, q_val))
-    with _backward_with(kept):
+    # an eager autograd call's (its context), or by the log's identity
+    offer = kept.kept_for_backward()
+    if offer is None:
+        offer = kept.kept_by_log(saved_rows, final_bank, (k_idx, k_val, v, beta, g, q_idx, q_val))
+    with kept.backward_with(offer):
         return _impl(grad_final).backward(
             grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
             k_val.to(dtype), v.to(dtype), beta.float(), g.float(), q_idx, q_val.to(dtype),

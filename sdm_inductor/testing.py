@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["SDMInputs", "make_inputs", "rel_err", "reference_outputs", "FLOAT_INPUTS",
-           "undo_log_rows_used"]
+           "undo_log_rows_used", "with_gates", "gated_reference"]
 
 # positions of the differentiable inputs in SDMInputs
 FLOAT_INPUTS = (0, 2, 3, 4, 5, 7)
@@ -89,6 +89,37 @@ def reference_outputs(ins: SDMInputs, grad_out=None, compute_dtype=torch.float64
     grads = tuple(torch.zeros_like(leaves[i]) if g is None else g
                   for i, g in zip(FLOAT_INPUTS, grads))
     return y.detach(), M.detach(), grads
+
+
+def with_gates(ins: SDMInputs, value: float, every: int = 5) -> SDMInputs:
+    """``ins`` with the gates of every ``every``-th token, and of a run of two tokens in
+    the last stream, set to ``value`` (e.g. ``-inf``: a full forget)."""
+    g = ins.g.clone()
+    g[:, ::every] = value
+    g[-1, 1:3] = value
+    return ins._replace(g=g)
+
+
+def gated_reference(ins: SDMInputs, raw, grad_out=None, compute_dtype=torch.float64):
+    """Oracle of ``sdm::write_read_gated``: ``gates.torch_gates(*raw)`` (``raw = (b_raw,
+    a_raw, A_log, dt_bias)``) into the token loop, in ``compute_dtype``. Returns readings,
+    final bank and (with ``grad_out = (dy, dM)``) the gradients of (bank, k_val, v, q_val,
+    *raw)."""
+    from .gates import torch_gates
+    from .reference import sdm_write_read_reference
+
+    need = grad_out is not None
+    x = [t.detach().to(compute_dtype).requires_grad_(need)
+         for t in (ins.bank, ins.k_val, ins.v, ins.q_val, *raw)]
+    beta, g = torch_gates(*x[4:])
+    y, M = sdm_write_read_reference(x[0], ins.k_idx, x[1], x[2], beta.to(compute_dtype),
+                                    g.to(compute_dtype), ins.q_idx, x[3],
+                                    compute_dtype=compute_dtype)
+    if not need:
+        return y.detach(), M.detach(), None
+    dy, dM = grad_out
+    loss = (y * dy.to(compute_dtype)).sum() + (M * dM.to(compute_dtype)).sum()
+    return y.detach(), M.detach(), torch.autograd.grad(loss, x)
 
 
 _AOTI_CONTROL: dict[str, str | None] = {}

@@ -2,6 +2,8 @@
 what was expected and what came, and happens before any work (spec section 4)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -25,6 +27,28 @@ def _shape(t: Tensor):
     return list(t.shape)
 
 
+@dataclass(frozen=True)
+class Names:
+    """How an entry point spells the arguments whose names differ between the entry
+    points, so that the shared checks name them as its caller did."""
+    bank: str = "bank"
+    slots_per_stream: str = "slots_per_stream"
+    streams: str | None = None   # the argument giving the stream count (None: k_idx.shape[0])
+
+
+# the ops and the functional forms (``write_read``, ``write_read_gated``)
+OP_NAMES = Names()
+# the 2.0.0 interface ``sdm_write_read``
+API_NAMES = Names(bank="memory", slots_per_stream="num_memory_slots", streams="num_parallel")
+
+
+def check_tensors(named) -> None:
+    """Each ``(name, value)`` is a tensor."""
+    for name, t in named:
+        if not isinstance(t, Tensor):
+            _fail(name, "a tensor", type(t).__name__)
+
+
 def static_int(x):
     """An int option as a Python int. ``torch.compile(dynamic=True)`` makes int arguments
     and closure variables symbolic; the chunk size and the slots per stream shape the
@@ -36,12 +60,15 @@ def static_int(x):
 def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor | None,
                g: Tensor | None, q_idx: Tensor, q_val: Tensor, chunk_size: int,
                slots_per_stream: int, shared_bank: bool, snapshot_quant: str,
-               bank_name: str = "memory") -> None:
+               names: Names = OP_NAMES) -> None:
     """Shape, dtype, device and option checks (no data read: safe on fake tensors).
 
     ``beta`` / ``g`` None: the caller checks its gates itself (``check_gated``).
-    ``bank_name``: how errors name the bank argument."""
+    ``names``: how the caller spells the bank, the slots per stream and the stream count."""
     gates = [(n, t) for n, t in (("beta", beta), ("g", g)) if t is not None]
+    bank_name = names.bank
+    check_tensors([("k_idx", k_idx), ("k_val", k_val), ("v", v), *gates, ("q_idx", q_idx),
+                   ("q_val", q_val)])
     chunk_size, slots_per_stream = static_int(chunk_size), static_int(slots_per_stream)
     if not isinstance(bank, Tensor) or bank.dim() != 2:
         _fail(bank_name, "a 2-D bank [S, hd]",
@@ -67,7 +94,7 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     if _shape(k_val) != [P, T, W]:
         _fail("k_val", f"shape [P, T, W] = {[P, T, W]} like k_idx", _shape(k_val))
     if _shape(v) != [P, T, hd]:
-        _fail("v", f"shape [P, T, hd] = {[P, T, hd]} (hd from the bank)", _shape(v))
+        _fail("v", f"shape [P, T, hd] = {[P, T, hd]} (hd from the {bank_name})", _shape(v))
     if beta is not None and _shape(beta) != [P, T]:
         _fail("beta", f"shape [P, T] = {[P, T]}", _shape(beta))
     if g is not None and (g.dim() != 3 or _shape(g)[:2] != [P, T] or g.shape[2] not in (1, W)):
@@ -83,7 +110,7 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
         _fail("chunk_size", f"an int in {MIN_CHUNK}..{MAX_CHUNK}", chunk_size)
     if snapshot_quant not in quant.MODES:
         _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
-    check_layout(S, P, slots_per_stream, shared_bank)
+    check_layout(S, P, slots_per_stream, shared_bank, names)
 
 
 def check_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor,
@@ -95,7 +122,7 @@ def check_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor
     gradients, and what the forward saved: its final bank and its undo log, whose shapes
     ``saved_shapes(snapshot_quant)`` gives as ``(rows, dtype, scales)``."""
     check_call(grad_final, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, 0, True,
-               snapshot_quant, bank_name="grad_final")
+               snapshot_quant, names=Names(bank="grad_final"))
     P, T, _ = k_idx.shape
     S, hd = grad_final.shape
     for name, t in (("grad_readings", grad_readings), ("final_bank", final_bank),
@@ -146,19 +173,25 @@ def check_gated(bank: Tensor, k_idx: Tensor, b_raw: Tensor, a_raw: Tensor, A_log
             _fail(name, f"one value per stream: shape [P] = {[P]}", _shape(t))
 
 
-def check_layout(S, P, slots_per_stream: int, shared_bank: bool) -> None:
-    if slots_per_stream < 0:
-        _fail("num_memory_slots", "0 (one shared bank) or the slots per stream (> 0)", slots_per_stream)
+def check_layout(S, P, slots_per_stream: int, shared_bank: bool,
+                 names: Names = OP_NAMES) -> None:
+    sph_name = names.slots_per_stream
+    if not isinstance(slots_per_stream, int) or slots_per_stream < 0:
+        _fail(sph_name, "0 (one shared bank) or the slots per stream (> 0)", slots_per_stream)
     if slots_per_stream in (0, S):
         if P > 1 and not shared_bank:
             _fail("shared_bank", f"True to run {P} streams on one shared bank of {S} rows "
-                  "(it asserts the streams select disjoint slots), or num_memory_slots = S / P", False)
+                  f"(it asserts the streams select disjoint slots), or {sph_name} = {names.bank} "
+                  "rows / streams", False)
         return
     if S % slots_per_stream:
-        _fail("num_memory_slots", f"a divisor of the bank's {S} rows", slots_per_stream)
+        _fail(sph_name, f"a divisor of the {names.bank}'s {S} rows", slots_per_stream)
     if S // slots_per_stream != P:
-        _fail("num_parallel", f"{S // slots_per_stream} streams (bank rows {S} / num_memory_slots "
-              f"{slots_per_stream})", P)
+        if names.streams is not None:
+            _fail(names.streams, f"{S // slots_per_stream} streams ({names.bank} rows {S} / "
+                  f"{sph_name} {slots_per_stream})", P)
+        _fail(sph_name, f"{S // P if S % P == 0 else 'a divisor'} for {P} streams (k_idx.shape[0]) "
+              f"on the {names.bank}'s {S} rows ({names.bank} rows / streams)", slots_per_stream)
 
 
 # host-side index checks look at this many tokens at a time, so their temporaries

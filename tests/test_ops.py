@@ -175,9 +175,9 @@ def test_backward_of_one_output(used):
 
 
 def test_forward_hands_kept_values_to_its_own_backward(monkeypatch):
-    """``ops.keep_for_backward``: what an implementation's forward offers reaches the
+    """``kept.keep_for_backward``: what an implementation's forward offers reaches the
     backward of that call only (through its autograd context), never another call's."""
-    from sdm_inductor import cpu, ops
+    from sdm_inductor import cpu, kept, ops
     seen = []
 
     class Keeping:   # the CPU implementation, offering a marker per forward
@@ -187,11 +187,11 @@ def test_forward_hands_kept_values_to_its_own_backward(monkeypatch):
         def forward(self, *args):
             out = cpu.forward(*args)
             self.n += 1
-            ops.keep_for_backward(out[0], f"call {self.n}")
+            kept.keep_for_backward(out[0], f"call {self.n}")
             return out
 
         def backward(self, *args):
-            seen.append(ops.kept_for_backward())
+            seen.append(kept.kept_for_backward())
             return cpu.backward(*args)
 
     monkeypatch.setitem(ops.IMPLS, "cpu", Keeping())

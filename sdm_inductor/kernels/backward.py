@@ -636,8 +636,8 @@ def _prelude_parts(kept, pl, S: int, by_source: bool, config: dict):
 def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
     """What the forward kept for this backward (``host.Kept``), when ``usable`` and it fits
     the call; the dispatch record says whether the backward recomputes its Phase 1."""
-    from .. import ops
-    kept = ops.kept_for_backward() if usable else None
+    from .. import kept as kept_values, ops
+    kept = kept_values.kept_for_backward() if usable else None
     pl = getattr(kept, "plan", None)
     if pl is not None and (pl.P, pl.T, pl.C, pl.W, pl.R) != (P, T, C, W, R):
         kept = None   # not this call's forward: never used

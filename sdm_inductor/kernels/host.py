@@ -454,7 +454,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         return plan(S, *_contig(k_idx[:, sl], k_val[:, sl]), b, a,
                     *_contig(q_idx[:, sl], q_val[:, sl]), C, gate_params)
 
-    from .. import ops
+    from .. import kept, ops
     whole = len(wins) == 1
     keep = None
     for (_, (t0, t1)), pl in ahead(list(enumerate(wins)), make, bank.device,
@@ -478,13 +478,13 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     if rows is None:
         rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
     if keep is not None:
-        ops.keep_for_backward(readings, keep)
+        kept.keep_for_backward(readings, keep)
     return readings, rows, scales
 
 
 @dataclasses.dataclass(frozen=True)
 class Kept:
-    """What a training forward's step walk hands to its backward (``ops.keep_for_backward``):
+    """What a training forward's step walk hands to its backward (``kept.keep_for_backward``):
     its Phase 1 (``phase1.plan``) and ``v - r0`` of every chunk (``[NC, P, CP, hd]`` fp32),
     which the backward would otherwise recompute (a plan, and a gather of every write row
     per chunk). About 0.2 GiB at config A, beside the undo log's 1.6 GiB. ``prelude``

@@ -33,6 +33,7 @@ import triton.language as tl
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
+from ..gates import LOG_DECAY_FLOOR
 from .launch import launch, pow2
 from .solve import inverse
 
@@ -55,6 +56,9 @@ def _repeat_sums(kv, first, w, ok):
     dense-key meaning of a slot repeated in one token): a W x W one-hot sum."""
     return tl.sum(tl.where((first[None, :] == w[:, None]) & ok[None, :], kv[None, :], 0.0),
                   axis=1)
+
+
+_G_FLOOR = tl.constexpr(LOG_DECAY_FLOOR)
 
 
 @triton.jit(do_not_specialize=["T", "Tp", "sb_b", "sa_b", "SPAN"])
@@ -121,7 +125,10 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
         gv = tl.load(g_ptr + src + w * 0, mask=wm & tvalid, other=0.0)
     else:
         gv = tl.load(g_ptr + src * W + w, mask=wm & tvalid, other=0.0)
-    gv = tl.where(active, gv.to(tl.float32), 0.0)
+    # floored (gates.LOG_DECAY_FLOOR): -inf, a full forget, never meets -inf in the
+    # differences of cumulative decays; NaN stays NaN
+    gv = tl.maximum(gv.to(tl.float32), _G_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+    gv = tl.where(active, gv, 0.0)
     wslot = tl.where(active, kid, -1)
     # entries that touch nothing get a private key past the bank: a group of their own
     wkey = 2 * tl.where(active, kid, S + i.to(tl.int64) * E + w) + koff

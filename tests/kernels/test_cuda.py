@@ -652,3 +652,58 @@ def test_triton_ops_match_eager_op():
     assert rows.shape == rows2.shape and rows.dtype == rows2.dtype
     live = undo_log_rows_used(ins[1], 32)   # the log's other rows are unspecified
     assert torch.equal(scales[live], scales2[live]) and torch.equal(rows[live], rows2[live])
+
+
+@pytest.mark.parametrize("walk", ["step", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extreme_gates_match_the_loop(walk, dtype):
+    """Gates of -inf (a full forget) and -1e4, per token and per write: finite readings,
+    bank and gradients, the loop's (Phase 1's prep kernel floors the gates it loads);
+    the decode path and the gated op's computed gates (``a_raw`` of 1e4 and +inf) too."""
+    from sdm_inductor import api
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import gated_reference, with_gates
+    host.CONFIG["WALK"] = walk
+    for value, per_write in ((float("-inf"), False), (-1e4, True), (float("-inf"), True)):
+        ins = with_gates(_inputs(dtype, P=2, T=150, W=8, R=4, hd=64, slots_per_stream=48,
+                                 per_write_gate=per_write), value)
+        dy = torch.randn(2, 150, 64, device="cuda")
+        dM = torch.randn(ins.bank.shape, device="cuda")
+        y_ref, M_ref, g_ref = reference_outputs(ins, (dy, dM))
+        y, M, grads = _grads(ins, 64, dy, dM)
+        assert rel_err(y, y_ref) <= TOL[dtype] and rel_err(M, M_ref) <= TOL[dtype]
+        for n, a, b in zip(NAMES, grads, g_ref):
+            assert rel_err(a, b) <= TOL[dtype] * 2, (value, per_write, n)
+        short = with_gates(_inputs(dtype, P=2, T=6, W=8, R=4, hd=64, slots_per_stream=48,
+                                   per_write_gate=per_write), value, every=2)
+        y_ref, M_ref, _ = reference_outputs(short)
+        y, M, _, _ = _op(short, 64, save=False)
+        assert ops.last_dispatch()["kernel_path"] == "decode"
+        assert rel_err(y, y_ref) <= TOL[dtype] and rel_err(M, M_ref) <= TOL[dtype]
+    ins = _inputs(dtype, P=2, T=150, W=8, R=4, hd=64, slots_per_stream=48)
+    gen = torch.Generator().manual_seed(3)
+    b_raw, a_raw = torch.randn(2, 150, generator=gen), torch.randn(2, 150, generator=gen)
+    a_raw[:, ::4] = 1e4
+    a_raw[:, 1::9] = float("inf")
+    raw = [t.cuda() for t in (b_raw, a_raw, torch.tensor([0.2, -0.1]), torch.tensor([0.5, 0.0]))]
+    y_ref, M_ref, _ = gated_reference(ins, raw)
+    y, M = api.write_read_gated(ins.bank, ins.k_idx, ins.k_val, ins.v, *raw, ins.q_idx,
+                                ins.q_val, slots_per_stream=48)
+    assert ops.last_dispatch()["gates"] == "prep-kernel"
+    assert rel_err(y, y_ref) <= TOL[dtype] and rel_err(M, M_ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("walk", ["step", "auto"])
+def test_nan_in_v_stays_in_its_stream_and_chunks(walk):
+    """The documented reach of a non-finite input on CUDA: never other streams or
+    earlier chunks (its own stream's later readings and written rows may all be NaN)."""
+    from sdm_inductor.kernels import host
+    host.CONFIG["WALK"] = walk
+    ins = _inputs(torch.float32, P=2, T=150, W=8, R=4, hd=64, slots_per_stream=48)
+    y0, M0, _, _ = _op(ins, 64, save=False)
+    v = ins.v.clone()
+    v[0, 70, 3] = float("nan")
+    y, M, _, _ = _op(ins._replace(v=v), 64, save=False)
+    assert torch.equal(y[1], y0[1]) and torch.equal(M[48:], M0[48:])
+    assert torch.equal(y[0, :64], y0[0, :64])
+    assert torch.isnan(y[0, 70]).any()

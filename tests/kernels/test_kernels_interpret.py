@@ -31,7 +31,8 @@ def _run(case: str):
                                   "decode_and_masking", "windows_and_tiles", "grid_tiles",
                                   "column_walk", "step_walk", "step_walk_windows",
                                   "step_walk_kept", "chunk_start_sources", "entry_groups",
-                                  "phase1_scans", "solve_blocks", "window_sums"])
+                                  "phase1_scans", "solve_blocks", "window_sums",
+                                  "extreme_gates"])
 def test_kernels_under_interpreter(case):
     _run(case)
 
@@ -675,6 +676,54 @@ def case_solve_blocks():
             _check(f"C={C} split={split} QKX", QKX, QKX_ref, 1e-5)
             assert torch.equal(torch.triu(X, 1), torch.zeros_like(X))
             assert torch.equal(torch.triu(QKX, 1), torch.zeros_like(QKX))
+
+
+def case_extreme_gates():
+    """Gates of -inf (a full forget) and -1e4 through the prep kernel's floor: the training
+    kernels and the decode path give the loop's readings, bank and gradients; the gated
+    op's prep kernel floors the gates it computes (``a_raw`` of 1e4 and +inf)."""
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import gated_reference, make_inputs, reference_outputs, with_gates
+    for value, per_write in ((float("-inf"), False), (-1e4, True)):
+        ins = with_gates(make_inputs(P=2, T=21, W=3, R=3, hd=6, slots_per_stream=8,
+                                     per_write_gate=per_write, seed=31), value)
+        _train(ins, 16, tol=2e-5)
+    ins = with_gates(make_inputs(P=2, T=5, W=3, R=3, hd=6, slots_per_stream=8, seed=32),
+                     float("-inf"), every=2)
+    y_ref, M_ref, _ = reference_outputs(ins)
+    bank = ins.bank.clone()
+    y = host.forward(bank, *tuple(ins)[1:], 16, "none", False)[0]
+    assert ops.last_dispatch().get("kernel_path") == "decode", ops.last_dispatch()
+    _check("decode readings", y, y_ref, 1e-5)
+    _check("decode bank", bank, M_ref, 1e-5)
+
+    ops.IMPLS["cpu"] = host   # the gated op on the kernels' host code
+    ins = make_inputs(P=2, T=21, W=3, R=3, hd=6, slots_per_stream=8, seed=33)
+    gen = torch.Generator().manual_seed(3)
+    b_raw, a_raw = torch.randn(2, 21, generator=gen), torch.randn(2, 21, generator=gen)
+    a_raw[:, ::4] = 1e4
+    A_log, dt_bias = torch.tensor([0.2, -0.1]), torch.tensor([0.5, 0.0])
+    dy, dM = torch.randn(2, 21, 6, generator=gen), torch.randn(ins.bank.shape, generator=gen)
+    raw = (b_raw, a_raw, A_log, dt_bias)
+    y_ref, M_ref, g_ref = gated_reference(ins, raw, (dy, dM))
+    x = [t.clone().requires_grad_() for t in (ins.bank, ins.k_val, ins.v, ins.q_val, *raw)]
+    y, M, _, _ = torch.ops.sdm.write_read_gated(x[0], ins.k_idx, x[1], x[2], *x[4:6],
+                                                 *x[6:], ins.q_idx, x[3], 16, 8)
+    assert ops.last_dispatch().get("gates") == "prep-kernel", ops.last_dispatch()
+    _check("gated readings", y, y_ref, 1e-5)
+    _check("gated bank", M, M_ref, 1e-5)
+    torch.autograd.backward((y, M), (dy, dM))
+    for n, t, r in zip(("bank", "k_val", "v", "q_val", "b_raw", "a_raw", "A_log", "dt_bias"),
+                       x, g_ref):
+        _check("gated grad " + n, t.grad, r, 2e-5)
+    a_raw[:, 1] = float("inf")   # g = -inf: readings as the loop's
+    y_ref, M_ref, _ = gated_reference(ins, raw)
+    y, M, _, _ = torch.ops.sdm.write_read_gated(ins.bank, ins.k_idx, ins.k_val, ins.v, *raw,
+                                                 ins.q_idx, ins.q_val, 16, 8)
+    _check("gated -inf readings", y, y_ref, 1e-5)
+    _check("gated -inf bank", M, M_ref, 1e-5)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,271 @@
+"""Edges of the contract on CPU: full-forget gates, empty sequences, non-finite inputs,
+and errors that name each entry point's own arguments."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sdm_inductor
+from sdm_inductor import api, gates
+from sdm_inductor.nn import SparseDeltaMemory
+from sdm_inductor.testing import (FLOAT_INPUTS, gated_reference, make_inputs,
+                                  reference_outputs, rel_err, with_gates)
+
+GRAD_NAMES = ("bank", "k_val", "v", "beta", "g", "q_val")
+INF = float("inf")
+LOG_DECAY_FLOOR = gates.LOG_DECAY_FLOOR
+
+
+def _against_oracle(ins, C, sph, fwd_tol=1e-5, grad_tol=1e-4):
+    P, T = ins.k_idx.shape[:2]
+    gen = torch.Generator().manual_seed(1)
+    dy = torch.randn(P, T, ins.bank.shape[1], generator=gen)
+    dM = torch.randn(ins.bank.shape, generator=gen)
+    y0, M0, g0 = reference_outputs(ins, (dy, dM))
+    leaves = ins.leaves()
+    y, M = sdm_inductor.write_read(*leaves, chunk_size=C, slots_per_stream=sph)
+    assert rel_err(y, y0) <= fwd_tol and rel_err(M, M0) <= fwd_tol
+    ((y.float() * dy).sum() + (M.float() * dM).sum()).backward()
+    for name, i, ref in zip(GRAD_NAMES, FLOAT_INPUTS, g0):
+        assert rel_err(leaves[i].grad, ref) <= grad_tol, (name, rel_err(leaves[i].grad, ref))
+    return leaves
+
+
+# ------------------------------------------------------------------ full-forget gates
+
+@pytest.mark.parametrize("value", [-INF, -1e4, -200.0, LOG_DECAY_FLOOR])
+@pytest.mark.parametrize("per_write", [False, True])
+def test_full_forget_gates_give_the_loop(value, per_write):
+    """-inf (exp(g) = 0: the row is forgotten) and very negative finite gates: the loop's
+    readings, bank and gradients (d/dg = 0 there), over several chunks and with a run of
+    full forgets; -1e4 also keeps the precision of the small gates after it."""
+    ins = with_gates(make_inputs(P=2, T=70, W=3, R=3, hd=5, slots_per_stream=8,
+                                 per_write_gate=per_write, seed=3), value)
+    for C in (16, 64):
+        leaves = _against_oracle(ins, C, 8)
+    g_grad = leaves[5].grad
+    assert torch.isfinite(g_grad).all()
+    assert torch.equal(g_grad[ins.g < LOG_DECAY_FLOOR], torch.zeros_like(g_grad[ins.g < LOG_DECAY_FLOOR]))
+
+
+def test_full_forget_bf16_and_in_place_api():
+    ins = with_gates(make_inputs(P=1, T=40, W=4, R=3, hd=8, slots_per_stream=16, seed=4,
+                                 dtype=torch.bfloat16), -INF)
+    y0, M0, _ = reference_outputs(ins)
+    y, M = sdm_inductor.write_read(*ins, chunk_size=16, slots_per_stream=16)
+    assert rel_err(y, y0) <= 2e-2 and rel_err(M, M0) <= 2e-2
+    memory = ins.bank.clone()
+    y2 = sdm_inductor.sdm_write_read(memory, *ins[1:], chunk_size=16, num_memory_slots=16)
+    assert torch.equal(y2, y) and torch.equal(memory, M)
+
+
+def test_full_forget_exact_reset():
+    """Right after a full forget of every written slot, a token's write starts from zero
+    rows: its reading is what a fresh bank gives (the old bank leaves no trace)."""
+    ins = make_inputs(P=1, T=20, W=2, R=2, hd=4, slots_per_stream=8, seed=5)
+    g = ins.g.clone()
+    g[0, 10] = -INF
+    k_idx = ins.k_idx.clone()
+    k_idx[0, 10] = k_idx[0, 9]          # token 10 rewrites token 9's rows
+    q_idx = ins.q_idx.clone()
+    q_idx[0, 10] = k_idx[0, 10]         # and reads them
+    ins = ins._replace(g=g, k_idx=k_idx, q_idx=q_idx)
+    y = sdm_inductor.write_read(*ins, chunk_size=16, slots_per_stream=8)[0]
+    beta, kv, v, qv = ins.beta[0, 10], ins.k_val[0, 10], ins.v[0, 10], ins.q_val[0, 10]
+    # from zero rows: delta = beta * v, each row = k * delta
+    want = (qv[:, None] * kv[:, None] * beta * v).sum(0)
+    torch.testing.assert_close(y[0, 10], want, rtol=1e-5, atol=1e-6)
+
+
+def test_gated_op_with_saturated_forget_gates():
+    """``a_raw`` of 1e4 (g ~ -1e4) and +inf (g = -inf) in the gated op: the loop's values,
+    and gradients finite, 0 through a gate below the floor (never 0 * inf)."""
+    ins = make_inputs(P=2, T=40, W=3, R=3, hd=5, slots_per_stream=8, seed=6)
+    gen = torch.Generator().manual_seed(2)
+    b_raw, a_raw = torch.randn(2, 40, generator=gen), torch.randn(2, 40, generator=gen)
+    a_raw[:, ::4] = 1e4
+    raw = (b_raw, a_raw, torch.tensor([0.2, -0.1]), torch.tensor([0.5, 0.0]))
+    dy, dM = torch.randn(2, 40, 5, generator=gen), torch.randn(ins.bank.shape, generator=gen)
+    y0, M0, g0 = gated_reference(ins, raw, (dy, dM))
+    x = [t.clone().requires_grad_() for t in (ins.bank, ins.k_val, ins.v, ins.q_val, *raw)]
+    y, M = api.write_read_gated(x[0], ins.k_idx, x[1], x[2], *x[4:], ins.q_idx, x[3],
+                                chunk_size=16, slots_per_stream=8)
+    assert rel_err(y, y0) <= 1e-5 and rel_err(M, M0) <= 1e-5
+    torch.autograd.backward((y, M), (dy, dM))
+    for t, ref in zip(x, g0):
+        assert rel_err(t.grad, ref) <= 1e-4
+    raw[1][:, 1] = INF
+    y0, M0, _ = gated_reference(ins, raw)
+    x = [t.clone().requires_grad_() for t in raw]
+    y, M = api.write_read_gated(ins.bank, ins.k_idx, ins.k_val, ins.v, *x, ins.q_idx,
+                                ins.q_val, chunk_size=16, slots_per_stream=8)
+    assert rel_err(y, y0) <= 1e-5 and rel_err(M, M0) <= 1e-5
+    torch.autograd.backward((y, M), (dy, dM))
+    assert all(torch.isfinite(t.grad).all() for t in x)
+
+
+def test_floor_grad_keeps_nan():
+    d = torch.ones(4)
+    g = torch.tensor([-INF, -1e4, -1.0, float("nan")])
+    assert gates.floor_grad(d, g).tolist()[:3] == [0.0, 0.0, 1.0]
+    assert gates.floor_grad(d, g)[3] == 1.0
+
+
+# ------------------------------------------------------------------ non-finite inputs
+
+def test_nan_in_v_stays_in_its_stream_and_chunks():
+    """The documented reach of a non-finite input: it may spread to every later reading
+    and written row of its stream (structural zeros of the chunk matrices meet it), never
+    to other streams, earlier chunks, or rows no token of its stream writes after it."""
+    ins = make_inputs(P=2, T=40, W=2, R=2, hd=4, slots_per_stream=16, seed=7)
+    v = ins.v.clone()
+    v[0, 20, 1] = float("nan")
+    ins = ins._replace(v=v)
+    y0, M0 = sdm_inductor.write_read(*make_inputs(P=2, T=40, W=2, R=2, hd=4,
+                                                  slots_per_stream=16, seed=7),
+                                     chunk_size=16, slots_per_stream=16)
+    y, M = sdm_inductor.write_read(*ins, chunk_size=16, slots_per_stream=16)
+    assert torch.equal(y[1], y0[1]) and torch.equal(M[16:], M0[16:])   # the other stream
+    assert torch.equal(y[0, :16], y0[0, :16])                         # earlier chunks
+    later = torch.zeros(16, dtype=torch.bool)
+    later[ins.k_idx[0, 20:].reshape(-1)] = True
+    assert torch.equal(M[:16][~later], M0[:16][~later])              # rows written before only
+    assert torch.isnan(y[0, 20]).any()
+
+
+# ------------------------------------------------------------------ empty sequences
+
+def _empty(P=2, hd=4, sph=16, W=2, R=2, flat=False):
+    ins = make_inputs(P=P, T=0, W=W, R=R, hd=hd, slots_per_stream=sph, seed=8)
+    return ins if not flat else ins._replace(**{
+        n: t.reshape(0, *t.shape[2:]) for n, t in zip(ins._fields[1:], ins[1:])})
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_empty_sequence_every_entry_point(grad):
+    """T = 0: empty readings, the bank unchanged (final bank = bank); with autograd, the
+    bank's gradient is the final bank's."""
+    ins = _empty()
+    raw = (torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2), torch.zeros(2))
+
+    def functional(bank):
+        return sdm_inductor.write_read(bank, *ins[1:], slots_per_stream=16)
+
+    def gated(bank):
+        return api.write_read_gated(bank, ins.k_idx, ins.k_val, ins.v, *raw, ins.q_idx,
+                                    ins.q_val, slots_per_stream=16)
+
+    for call in (functional, gated):
+        bank = ins.bank.clone().requires_grad_(grad)
+        y, M = call(bank)
+        assert y.shape == (2, 0, 4) and torch.equal(M, ins.bank)
+        if grad:
+            dM = torch.randn_like(M)
+            (M * dM).sum().backward()
+            assert torch.equal(bank.grad, dM)
+    for flat in (False, True):
+        e = _empty(flat=flat)
+        memory = e.bank.clone().requires_grad_(grad)
+        y = sdm_inductor.sdm_write_read(memory, *e[1:], num_memory_slots=16, num_parallel=2)
+        assert y.shape == ((0, 4) if flat else (2, 0, 4))
+        assert torch.equal(memory.detach(), e.bank)
+    y = torch.ops.sdm.write_read_(ins.bank.clone(), *ins[1:], 64, 16)
+    assert y.shape == (2, 0, 4)
+    y, M, rows, scales = torch.ops.sdm.write_read(*ins, 64, 16)
+    assert torch.equal(M, ins.bank) and rows.numel() == 0
+    grads = torch.ops.sdm.write_read_backward(
+        torch.zeros(2, 0, 4), torch.ones(32, 4), M, rows, scales, *ins[1:], 64, "none", False)
+    assert torch.equal(grads[0], torch.ones(32, 4))
+    assert [tuple(t.shape) for t in grads[1:]] == [(2, 0, 2), (2, 0, 4), (2, 0), (2, 0, 1),
+                                                   (2, 0, 2)]
+
+
+@pytest.mark.parametrize("kw", [{}, dict(key_weighted_decay=True), dict(naive=True)])
+def test_empty_sequence_layer(kw):
+    layer = SparseDeltaMemory(16, num_heads=2, slots_per_head=16, top_k=4, **kw)
+    x = torch.zeros(2, 0, 16, requires_grad=True)
+    cache = layer.new_cache()
+    y = layer(x, cache)
+    assert y.shape == (2, 0, 16)
+    assert torch.equal(cache.bank, layer.initial_bank(2)) and cache.seen_tokens == 0
+    y.sum().backward()   # naive=True: no token connects x to y (x.grad stays None)
+    assert (x.grad is None) == layer.naive and (layer.naive or x.grad.shape == (2, 0, 16))
+    y = layer(torch.randn(2, 3, 16), cache)   # the empty call left a usable cache
+    assert cache.seen_tokens == 3
+
+
+# ------------------------------------------------------------------ dtypes and names
+
+@pytest.mark.parametrize("arg", ["k_val", "v", "q_val", "beta", "g"])
+def test_integer_inputs_refused_before_any_cast(arg):
+    ins = make_inputs(P=2, T=6, W=2, R=2, hd=4, slots_per_stream=16, seed=9)
+    args = dict(zip(ins._fields, ins))
+    args[arg] = args[arg].round().long()
+    memory = args.pop("bank")
+    before = memory.clone()
+    with pytest.raises(sdm_inductor.SDMArgumentError, match=f"'{arg}'.*floating-point"):
+        sdm_inductor.sdm_write_read(memory, *args.values(), num_memory_slots=16, num_parallel=2)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match=f"'{arg}'.*floating-point"):
+        sdm_inductor.write_read(memory, *args.values(), slots_per_stream=16)
+    assert torch.equal(memory, before)
+
+
+OTHER_API = ("'memory'", "'num_memory_slots'", "'num_parallel'")
+
+
+def _functional_errors():
+    ins = make_inputs(P=2, T=6, W=2, R=2, hd=4, slots_per_stream=16, seed=10)
+    calls = [
+        lambda: sdm_inductor.write_read(ins.bank, *ins[1:], slots_per_stream=32),
+        lambda: sdm_inductor.write_read(ins.bank, *ins[1:], slots_per_stream=8),
+        lambda: sdm_inductor.write_read(ins.bank, *ins[1:], slots_per_stream=5),
+        lambda: sdm_inductor.write_read(ins.bank, *ins[1:], slots_per_stream=-1),
+        lambda: sdm_inductor.write_read(ins.bank, *ins[1:]),
+        lambda: sdm_inductor.write_read(ins.bank.double(), *ins[1:], slots_per_stream=16),
+        lambda: sdm_inductor.write_read(ins.bank, *ins[1:3], ins.v[..., :3], *ins[4:],
+                                        slots_per_stream=16),
+        lambda: torch.ops.sdm.write_read(ins.bank, *ins[1:], 64, 8),
+        lambda: torch.ops.sdm.write_read_(ins.bank, *ins[1:], 64, 8),
+        lambda: api.write_read_gated(ins.bank, ins.k_idx, ins.k_val, ins.v, torch.zeros(2, 6),
+                                     torch.zeros(2, 6), torch.zeros(2), torch.zeros(2),
+                                     ins.q_idx, ins.q_val, slots_per_stream=8),
+    ]
+    return calls
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_functional_errors_name_its_own_arguments(i):
+    with pytest.raises(sdm_inductor.SDMArgumentError) as info:
+        _functional_errors()[i]()
+    msg = str(info.value)
+    assert not any(name in msg for name in OTHER_API), msg
+    assert any(name in msg for name in ("'bank'", "'slots_per_stream'", "'shared_bank'", "'v'")), msg
+
+
+def test_streams_mismatch_named_per_interface():
+    ins = make_inputs(P=2, T=6, W=2, R=2, hd=4, slots_per_stream=16, seed=11)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'slots_per_stream'.*16 for 2 streams"):
+        sdm_inductor.write_read(ins.bank, *ins[1:], slots_per_stream=8)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'num_parallel'.*4 streams"):
+        sdm_inductor.sdm_write_read(ins.bank.clone(), *ins[1:], num_memory_slots=8, num_parallel=2)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'memory'.*float32 or bfloat16"):
+        sdm_inductor.sdm_write_read(ins.bank.double(), *ins[1:], num_memory_slots=16,
+                                    num_parallel=2)
+
+
+def test_layer_names_cache_and_x():
+    layer = SparseDeltaMemory(16, num_heads=2, slots_per_head=16, top_k=4)
+    other = SparseDeltaMemory(16, num_heads=4, slots_per_head=16, top_k=4)
+    cache = other.new_cache()
+    other(torch.randn(2, 3, 16), cache)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'cache'.*another layer"):
+        layer(torch.randn(2, 3, 16), cache)
+    cache.bank = layer.initial_bank(2).detach().bfloat16()
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'cache'.*float32"):
+        layer(torch.randn(2, 3, 16), cache)
+    for x, msg in ((torch.randn(2, 3, 16).double(), "dtype torch.float32"),
+                   (torch.randint(0, 3, (2, 3, 16)), "floating-point")):
+        with pytest.raises(sdm_inductor.SDMArgumentError, match=f"'x'.*{msg}"):
+            layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):   # autocast casts x itself
+        assert layer(torch.randn(2, 3, 16).bfloat16()).shape == (2, 3, 16)
