@@ -161,6 +161,7 @@ _T = {
     "transpose": {torch.transpose, "transpose", torch.swapaxes, "swapaxes"},
     "t": {torch.t, "t"},
     "same": {"contiguous", torch.clone, "clone"},
+    "cast": {"to", "float", "bfloat16", "half", "double", "type_as"},
     "matmul": {operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm",
                torch.mv, "mv", torch.dot, "dot"},
     "outer": {torch.outer, "outer", torch.ger, "ger"},
@@ -336,6 +337,17 @@ class TorchOps(_Base):
             if isinstance(x, (Sym, BankVal)) and not node.kwargs.get("memory_format"):
                 return x
             raise NotSymbolic("clone of an opaque value")
+        if k == "cast":
+            # a float-to-float cast of a bank-dependent value: the same value in the algebra
+            # (the op computes in its own precision); of an input, a tensor of its own
+            if not (isinstance(x, Sym) and x.depends_on_bank()):
+                return None
+            dt, src = self.dtype(node), an.fe.dtype(a[0])
+            if dt is None or src is None or not (dt.is_floating_point and src.is_floating_point):
+                raise NotSymbolic("a cast of a bank value to a non-float dtype")
+            if self.out_shape(node) != tuple(x.shape):
+                raise NotSymbolic("a cast that changes the shape")
+            return x
         if isinstance(x, BankVal):
             nd = len(x.shape)
             if k == "index_select":
@@ -453,6 +465,7 @@ _ATEN = {
     aten.squeeze.default: "view", aten.flatten.using_ints: "view",
     aten.expand.default: "expand", aten.permute.default: "permute", aten.transpose.int: "transpose",
     aten.t.default: "t", aten.clone.default: "same", aten.alias.default: "same",
+    aten._to_copy.default: "cast", torch.ops.prims.convert_element_type.default: "cast",
     aten.mm.default: "matmul", aten.bmm.default: "matmul", aten.matmul.default: "matmul",
     aten.mv.default: "matmul", aten.dot.default: "matmul", aten.outer.default: "outer",
     aten.einsum.default: "einsum",
