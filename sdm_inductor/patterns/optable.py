@@ -6,6 +6,7 @@ not depend on the bank and opaque when they do.
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -13,7 +14,7 @@ import torch.fx as fx
 
 from . import algebra as A
 from .algebra import BankVal, NotSymbolic, Sym
-from .interpret import WriteOp, drop_columns
+from .interpret import Merged, Scattered, WriteOp, ZeroBuf, drop_columns
 
 __all__ = ["TorchOps", "AtenOps"]
 
@@ -54,6 +55,14 @@ def _hashable(x, key):
         return repr(x)
 
 
+# ops that use only the metadata (shape, dtype, device) of their first / second input
+_META_FIRST = {"zeros_like", "empty_like", "ones_like", "full_like", "new_zeros", "new_empty",
+               "new_ones", "new_full", "zeros_like.default", "empty_like.default", "ones_like.default",
+               "full_like.default", "new_zeros.default", "new_empty.default", "new_ones.default",
+               "new_full.default"}
+_META_SECOND = {"expand_as", "view_as", "reshape_as", "type_as"}
+
+
 class _Base:
     """Shared parts: shapes from meta, value numbering, exp detection."""
     META = "val"
@@ -68,6 +77,21 @@ class _Base:
             return None
         return tuple(v.shape)
 
+    def _int_cast_of(self, node: fx.Node):
+        """The input of a cast between int32 and int64 (the same row indices), else None."""
+        if node.op not in ("call_function", "call_method") or not node.args:
+            return None
+        name = _name(node.target).split(".")[0]
+        if name not in ("long", "int", "to", "_to_copy", "convert_element_type"):
+            return None
+        x = node.args[0]
+        ints = (torch.int32, torch.int64)
+        if not isinstance(x, fx.Node) or self.dtype(x) not in ints or self.dtype(node) not in ints:
+            return None
+        if self.shape(x) is None or self.shape(x) != self.shape(node):
+            return None
+        return x
+
     def dtype(self, node: fx.Node):
         v = node.meta.get(self.META)
         return v.dtype if isinstance(v, torch.Tensor) else None
@@ -77,6 +101,9 @@ class _Base:
         return isinstance(v, torch.Tensor) and v.requires_grad
 
     def value_key(self, node: fx.Node, key):
+        src = self._int_cast_of(node)
+        if src is not None:
+            return ("alias", key(src))
         if node.op == "placeholder":
             return ("ph", node.target)
         if node.op == "get_attr":
@@ -86,6 +113,42 @@ class _Base:
         if node.target is operator.getitem:
             return getitem_key(node.args[0], node.args[1], key)
         return (node.op, _name(node.target), _hashable(node.args, key), _hashable(node.kwargs, key))
+
+    def metadata_inputs(self, node: fx.Node) -> set:
+        """Inputs of ``node`` whose shape, dtype and device only are used."""
+        if node.op not in ("call_function", "call_method"):
+            return set()
+        name = _name(node.target)
+        if node.op == "call_method" and name in _META_SECOND and len(node.args) > 1:
+            return {node.args[1]} if isinstance(node.args[1], fx.Node) else set()
+        if name in _META_FIRST and node.args and isinstance(node.args[0], fx.Node):
+            return {node.args[0]}
+        return set()
+
+    @staticmethod
+    def with_zero_sources(targets: set) -> set:
+        """Write targets plus the tensors whose zeros_like a written buffer is (the bank
+        of ``upd = zeros_like(M); upd.index_add_(...); M = M + upd``)."""
+        out = set(targets)
+        for n in targets:
+            if (isinstance(n, fx.Node) and n.op in ("call_function", "call_method") and n.args
+                    and _name(n.target).split(".")[0] in ("zeros_like", "new_zeros")
+                    and isinstance(n.args[0], fx.Node)):
+                out.add(n.args[0])
+        return out
+
+    def zero_buffer(self, an, node: fx.Node):
+        """``ZeroBuf`` for a zero tensor of a bank's shape made from its metadata."""
+        if node.op not in ("call_function", "call_method") or not node.args:
+            return None
+        name = _name(node.target).split(".")[0]
+        if name not in ("zeros_like", "new_zeros"):
+            return None
+        src = an.value(node.args[0])
+        shape = self.shape(node)
+        if isinstance(src, BankVal) and shape == tuple(src.shape) and self.dtype(node) == self.dtype(node.args[0]):
+            return ZeroBuf(shape)
+        return None
 
     def describe(self, node: fx.Node) -> str:
         from .interpret import location
@@ -149,7 +212,7 @@ def _is_view_index(idx) -> bool:
 
 _T = {
     "mul": {operator.mul, torch.mul, "mul", operator.imul},
-    "add": {operator.add, torch.add, "add"},
+    "add": {operator.add, torch.add, "add", "add_"},
     "sub": {operator.sub, torch.sub, "sub"},
     "neg": {operator.neg, torch.neg, "neg"},
     "div": {operator.truediv, torch.div, "div", torch.true_divide},
@@ -203,7 +266,7 @@ class TorchOps(_Base):
                 out.add(n.args[0])
             elif self.kind(n) in _WRITE_KINDS:
                 out.add(n.args[0])
-        return out
+        return self.with_zero_sources(out)
 
     def _advanced(self, idx) -> bool:
         if isinstance(idx, fx.Node):
@@ -232,10 +295,13 @@ class TorchOps(_Base):
         if t is operator.setitem:
             if not self._advanced(node.args[1]):
                 return None
-            if not isinstance(an.value(node.args[0]), BankVal):
+            if not isinstance(an.value(node.args[0]), (BankVal, ZeroBuf)):
                 return WriteOp(node.args[0], None, None, False, True)
             return WriteOp(node.args[0], bank_index(an, an.value(node.args[0]), node.args[1]),
                            self._vals(an, node.args[2]), False, True)
+        added = _bank_plus_scattered(an, node, k)
+        if added is not None:
+            return added
         if k is None:
             if t in (torch.exp, "exp"):
                 x = an.value(node.args[0])
@@ -256,13 +322,13 @@ class TorchOps(_Base):
         a = node.args
         kw = node.kwargs
         bank = an.value(a[0])
-        if not isinstance(bank, BankVal):
+        if not isinstance(bank, (BankVal, ZeroBuf)):
             return WriteOp(a[0], None, None, False, inplace)     # not a tracked bank: rejected there
         if k == "index_put":
             acc = bool(_dim_arg(node, 3, "accumulate", False))
             return WriteOp(a[0], bank_index(an, bank, tuple(a[1])), self._vals(an, _dim_arg(node, 2, "values")),
                            acc, inplace)
-        nd = len(bank.shape) if isinstance(bank, BankVal) else 2
+        nd = len(bank.shape)
         dim = _dim_arg(node, 1, "dim")
         if dim not in (nd - 2, -2):
             raise NotSymbolic(f"{k} along dim {dim}")
@@ -372,7 +438,7 @@ class TorchOps(_Base):
                 raise NotSymbolic("sum with a dtype")
             return A.reduce_sum(sp, x, dims, bool(_dim_arg(node, 2, "keepdim", False)))
         if k == "view":
-            return A.reshape(sp, self.sym(an, a[0]), self.out_shape(node))
+            return _reshape(an, self.sym(an, a[0]), self.out_shape(node))
         if k == "expand":
             return A.expand(sp, self.sym(an, a[0]), self.out_shape(node))
         if k == "permute":
@@ -400,6 +466,39 @@ class TorchOps(_Base):
         return None
 
 
+def _reshape(an, x: Sym, shape):
+    """Reshape in the algebra: size-1 dims, split dims (``rows.view(B, W, hd)``); a merge
+    of a bank-dependent value is kept whole (``Merged``, writable at a flat index)."""
+    try:
+        return A.reshape(an.space, x, shape)
+    except NotSymbolic:
+        if not x.depends_on_bank():
+            raise
+    try:
+        return A.split(an.space, x, shape, an.split_atom)
+    except NotSymbolic:
+        pass
+    lead = [n for n in x.shape[:-1]]
+    if len(shape) == 2 and shape[-1] == x.shape[-1] and math.prod(lead) == shape[0]:
+        return Merged(x, tuple(shape))
+    raise NotSymbolic(f"reshape {x.shape} -> {tuple(shape)} merges or splits dims")
+
+
+def _bank_plus_scattered(an, node, k):
+    """``M + upd`` (``M.add_(upd)``, ``upd + M``) for a bank state ``M`` and a zero buffer
+    ``upd`` holding rows ``idx`` of values: the write ``M.index_add(idx, vals)``."""
+    if k != "add" or len(node.args) < 2 or node.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = node.args[0], node.args[1]
+    va, vb = an.value(a), an.value(b)
+    inplace = node.op == "call_method" and _name(node.target).endswith("_")
+    if isinstance(va, BankVal) and isinstance(vb, Scattered) and tuple(vb.shape) == tuple(va.shape):
+        return WriteOp(a, vb.idx, vb.vals, True, inplace)
+    if isinstance(vb, BankVal) and isinstance(va, Scattered) and not inplace and tuple(va.shape) == tuple(vb.shape):
+        return WriteOp(b, va.idx, va.vals, True, False)
+    return None
+
+
 def _einsum(sp, eq: str, syms):
     eq = eq.replace(" ", "")
     if "..." in eq:
@@ -418,7 +517,7 @@ def bank_index(an, bank, idx) -> Sym:
     """The row index of ``bank[idx]``: one tensor for a flat ``[S, hd]`` bank (``[W]``, or
     ``[B, W]`` for B streams), or ``(arange(B)[:, None], idx [B, W])`` for a ``[B, S, hd]``
     bank indexed per batch. Returns the index as a Sym of the rows' leading shape."""
-    if not isinstance(bank, BankVal):
+    if not isinstance(bank, (BankVal, ZeroBuf)):
         raise NotSymbolic("not a bank")
     idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
     if not all(isinstance(i, fx.Node) and isinstance(an.value(i), Sym) for i in idx):
@@ -492,7 +591,8 @@ class AtenOps(TorchOps):
         return None
 
     def write_targets(self, graph) -> set:
-        return {n.args[0] for n in graph.nodes if n.op == "call_function" and self.kind(n) in _WRITE_KINDS}
+        return self.with_zero_sources(
+            {n.args[0] for n in graph.nodes if n.op == "call_function" and self.kind(n) in _WRITE_KINDS})
 
     def inplace_target(self, node):
         if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
@@ -532,8 +632,11 @@ class AtenOps(TorchOps):
             return None
         inplace = _name(t).split(".")[-2].endswith("_") if "." in _name(t) else False
         inplace = isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
+        added = _bank_plus_scattered(an, node, k)
+        if added is not None:
+            return added
         if k in _WRITE_KINDS:
-            if not isinstance(an.value(node.args[0]), BankVal):
+            if not isinstance(an.value(node.args[0]), (BankVal, ZeroBuf)):
                 return WriteOp(node.args[0], None, None, False, inplace)
             if k == "index_put":
                 acc = bool(_dim_arg(node, 3, "accumulate", False))

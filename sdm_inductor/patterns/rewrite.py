@@ -321,8 +321,29 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
         _later_uses_read_final(g, chain, erase, final)
     for user in done:
         g.erase_node(user)
+    _detach_metadata_uses(an, g, erase, aten_level)
     _erase(g, erase)
     return readings
+
+
+def _detach_metadata_uses(an: Analysis, g: fx.Graph, erase: set, aten_level: bool) -> None:
+    """Uses of the loop's values for their shape, dtype or device only (``zeros_like(M)``,
+    ``x.expand_as(rows)``) stay: they get an uninitialised tensor of that metadata in
+    place of the erased value (compilers drop it; only its metadata is read)."""
+    for n in list(erase):
+        for u in list(n.users):
+            if u in erase or n not in an.fe.metadata_inputs(u):
+                continue
+            v = meta_value(n)
+            if not isinstance(v, torch.Tensor):
+                raise RuntimeError(f"sdm rewrite: no metadata of {n.name} for its use by {u.name}")
+            em = Emitter(g, u, aten_level)
+            if aten_level:
+                empty = em._call(aten.empty.memory_format, list(v.shape), dtype=v.dtype, device=v.device)
+            else:
+                empty = em._call(torch.empty, list(v.shape), dtype=v.dtype, device=v.device)
+            empty.meta[an.fe.META] = v
+            u.replace_input_with(n, empty)
 
 
 def _build(em: Emitter, chain: Chain, needs_grad: bool):

@@ -69,8 +69,11 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
                 meta_use=r.random() < 0.3, mutation=mutation)
     if form == "scan" and spec.write in ("setitem", "zeros_add"):
         spec.write = "index_put"
-    if mutation in ("undecayed_retrieval", "gate_on_delta") and spec.gate == "none":
-        spec.gate = "TW"
+    if spec.layout.startswith("flat") and spec.W == 1:
+        spec.W = 2      # one slot per stream of a flat bank: left alone by design (see the corpus)
+    if mutation in ("undecayed_retrieval", "gate_on_delta"):
+        # a per-token gate there is a canonical step in disguise (beta * a, k / a)
+        spec.gate, spec.W = "TW", max(spec.W, 2)
     if mutation == "beta_on_v_only" and spec.beta == "none":
         spec.beta = "T"
     if mutation is not None and form == "scan" and mutation in ("feedback", "state_kept", "whole_bank_decay"):
