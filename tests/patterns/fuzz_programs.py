@@ -247,7 +247,7 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
     if mut == "other_write_rows":
         widx = "qidx" if R == W else ("idx.flip(-1)" if W > 1 else "idx")
         if widx == "idx":           # one slot: write the row of the next slot of the bank
-            widx = f"(idx + 1) % {S if lay in ('one', 'batched') else B * S}"
+            widx = f"((idx + 1) % {S if lay in ('one', 'batched') else B * S})"
     _write(spec, c, d, widx, long_)
     c(f"rd = {_read(spec, 'qidx', R, bank='mem_before' if mut == 'read_before_write' else 'mem')}", d)
     c(f"r = {_contract(spec, qv, 'rd', 'r')}", d)
