@@ -117,12 +117,14 @@ class Snapshot:
         for n in nodes:     # drop every edge first: a half-edited graph may be out of order
             n._update_args_kwargs(fx.node.map_arg(n.args, lambda _: None),
                                   fx.node.map_arg(n.kwargs, lambda _: None))
-        ns = getattr(g, "_graph_namespace", None)
         for n in reversed(nodes):
             g.erase_node(n)
-            used = getattr(ns, "_used_names", None)
-            if isinstance(used, set):
-                used.discard(n.name)
+        # the graph holds no node now: its names are free again (the copies keep theirs)
+        ns = getattr(g, "_graph_namespace", None)
+        for attr in ("_used_names", "_base_count", "_obj_to_name"):
+            table = getattr(ns, attr, None)
+            if hasattr(table, "clear"):
+                table.clear()
         env: dict = {}
         with g.inserting_after(None):     # at the end, in order
             for n in self.copy.nodes:

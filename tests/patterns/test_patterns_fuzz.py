@@ -89,25 +89,44 @@ def _issue_inputs(beta_shape, g_shape, T=6, S=24, hd=8, W=3, R=2, dtype=torch.fl
                 q_val=torch.randn(T, R, generator=gen).to(dtype))
 
 
-@pytest.mark.parametrize("beta_shape,g_shape,dtype,idx", [
-    ((6, 1), (6, 1), torch.float32, torch.int64),      # the 2.0.0 layout
-    ((6,), (6,), torch.float32, torch.int32),           # 0-d per token
-    ((6, 1), (6, 3), torch.bfloat16, torch.int32),      # per write gate, bf16 bank, fp32 gates
-    ((1,), (1,), torch.float32, torch.int64),          # one value broadcast to every token (T=1)
+def loop_per_token_scalars(mem, k_idx, k_val, v, beta, g, q_idx, q_val):      # beta, g: [T]
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = mem[k_idx[t]] * g[t].exp()
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * rows).sum(0))
+        mem = mem.index_put((k_idx[t],), rows + k_val[t][:, None] * delta[None])
+        outs.append((q_val[t][:, None] * mem[q_idx[t]]).sum(0))
+    return torch.stack(outs), mem
+
+
+def loop_per_write_gate(mem, k_idx, k_val, v, beta, g, q_idx, q_val):      # g: [T, W] fp32
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = (mem[k_idx[t]] * g[t].exp()[:, None]).to(mem.dtype)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * rows).sum(0))
+        mem = mem.index_put((k_idx[t],), (rows + k_val[t][:, None] * delta[None]).to(mem.dtype))
+        outs.append((q_val[t][:, None] * mem[q_idx[t]]).sum(0))
+    return torch.stack(outs), mem
+
+
+def loop_broadcast_scalars(mem, k_idx, k_val, v, beta, g, q_idx, q_val):      # beta, g: 0-d
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = mem[k_idx[t]] * torch.exp(g)
+        delta = beta * (v[t] - (k_val[t][:, None] * rows).sum(0))
+        mem = mem.index_put((k_idx[t],), rows + k_val[t][:, None] * delta[None])
+        outs.append((q_val[t][:, None] * mem[q_idx[t]]).sum(0))
+    return torch.stack(outs), mem
+
+
+@pytest.mark.parametrize("fn,beta_shape,g_shape,dtype,idx", [
+    (issue_loop, (6, 1), (6, 1), torch.float32, torch.int64),          # the 2.0.0 layout
+    (loop_per_token_scalars, (6,), (6,), torch.float32, torch.int32),   # 0-d per token
+    (loop_per_write_gate, (6, 1), (6, 3), torch.bfloat16, torch.int32),  # bf16 bank, fp32 gates
+    (loop_broadcast_scalars, (), (), torch.float32, torch.int64),       # one value for all tokens
 ], ids=["T1", "T", "TW-bf16", "broadcast"])
-def test_gate_and_beta_layouts_rewritten_and_equal(beta_shape, g_shape, dtype, idx):
-    T = 1 if beta_shape == (1,) else 6
-    d = _issue_inputs(beta_shape, g_shape, T=T, dtype=dtype, idx=idx)
-    fn = issue_loop
-    if g_shape[-1] == 3:
-        def fn(mem, k_idx, k_val, v, beta, g, q_idx, q_val):
-            outs = []
-            for t in range(k_idx.shape[0]):
-                rows = (mem[k_idx[t]] * g[t].exp()[:, None]).to(mem.dtype)
-                delta = beta[t] * (v[t] - (k_val[t][:, None] * rows).sum(0))
-                mem = mem.index_put((k_idx[t],), (rows + k_val[t][:, None] * delta[None]).to(mem.dtype))
-                outs.append((q_val[t][:, None] * mem[q_idx[t]]).sum(0))
-            return torch.stack(outs), mem
+def test_gate_and_beta_layouts_rewritten_and_equal(fn, beta_shape, g_shape, dtype, idx):
+    d = _issue_inputs(beta_shape, g_shape, dtype=dtype, idx=idx)
     ref = fn(**d)
     out, report = FC.explain_run(fn, d)
     torch._dynamo.reset()
@@ -130,7 +149,7 @@ def sparse_delta_reference(mem, idx, k, v, beta, g, q_idx, q):
     out = mem.new_empty(T, mem.shape[-1])
     for t in range(T):
         rows = mem[idx[t]]
-        decayed = rows * torch.exp(g[t])[:, None]
+        decayed = rows * torch.exp(g[t])[:, None]       # g: [T, 1]
         delta = beta[t] * (v[t] - k[t] @ decayed)
         upd = torch.zeros_like(mem)
         upd.scatter_add_(0, idx[t].unsqueeze(-1).expand_as(rows), decayed - rows + k[t][:, None] * delta)
@@ -169,7 +188,7 @@ def test_reported_forms_rewritten_and_equal(fn):
     if fn is flat_global_rows:
         d = _flat_inputs()
     else:
-        d = _issue_inputs((6,), (6,))
+        d = _issue_inputs((6,), (6, 1))
         d = dict(mem=d["mem"], idx=d["k_idx"], k=d["k_val"], v=d["v"], beta=d["beta"], g=d["g"],
                  q_idx=d["q_idx"], q=d["q_val"])
     ref = fn(**d)
