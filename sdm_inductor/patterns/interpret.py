@@ -239,9 +239,19 @@ class Analysis:
 
     # ---------------------------------------------------------------- the pass
     def run(self) -> "Analysis":
+        self.position = {n: i for i, n in enumerate(self.graph.nodes)}
         for node in self.graph.nodes:
             self.visit(node)
         return self
+
+    def last_use(self, x: fx.Node, node: fx.Node) -> bool:
+        """``node`` is the last use of ``x`` and of every tensor sharing its memory (an
+        in-place op there changes nothing seen later)."""
+        pos = self.position
+        for n in self._aliases(x):
+            if any(u is not node and pos.get(u, -1) > pos[node] for u in n.users):
+                return False
+        return True
 
     def _inputs(self, node):
         """The inputs whose values ``node`` uses (not those it takes only the shape,

@@ -11,10 +11,11 @@ import operator
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from . import algebra as A
 from .algebra import BankVal, NotSymbolic, Sym
-from .interpret import Merged, Scattered, WriteOp, ZeroBuf, drop_columns
+from .interpret import Merged, Opaque, Scattered, WriteOp, ZeroBuf, _deps, drop_columns
 
 __all__ = ["TorchOps", "AtenOps"]
 
@@ -61,6 +62,7 @@ _META_FIRST = {"zeros_like", "empty_like", "ones_like", "full_like", "new_zeros"
                "full_like.default", "new_zeros.default", "new_empty.default", "new_ones.default",
                "new_full.default"}
 _META_SECOND = {"expand_as", "view_as", "reshape_as", "type_as"}
+_ZEROS = ("zeros_like", "new_zeros", "zeros")
 
 
 class _Base:
@@ -125,28 +127,64 @@ class _Base:
             return {node.args[0]}
         return set()
 
-    @staticmethod
-    def with_zero_sources(targets: set) -> set:
-        """Write targets plus the tensors whose zeros_like a written buffer is (the bank
-        of ``upd = zeros_like(M); upd.index_add_(...); M = M + upd``)."""
+    def with_zero_sources(self, targets: set) -> set:
+        """Write targets plus the banks that a written zero buffer is added to (``upd =
+        zeros_like(M); upd.index_add_(...); M = M + upd``)."""
         out = set(targets)
         for n in targets:
-            if (isinstance(n, fx.Node) and n.op in ("call_function", "call_method") and n.args
-                    and _name(n.target).split(".")[0] in ("zeros_like", "new_zeros")
-                    and isinstance(n.args[0], fx.Node)):
+            if not self._zeros(n):
+                continue
+            if _name(n.target).split(".")[0] in ("zeros_like", "new_zeros") and isinstance(n.args[0], fx.Node):
                 out.add(n.args[0])
+            for u in self._adds_of_buffer(n) or ():
+                out.update(a for a in u.args[:2] if isinstance(a, fx.Node) and a is not n
+                           and not (a.args and a.args[0] is n))
         return out
 
+    def _zeros(self, node) -> bool:
+        return (isinstance(node, fx.Node) and node.op in ("call_function", "call_method")
+                and _name(node.target).split(".")[0] in _ZEROS)
+
+    def _adds_of_buffer(self, buf: fx.Node):
+        """The adds ``buf`` (after one write into it) reaches, when every use of ``buf``
+        is that write or such an add; else None (the zeros are a bank of their own)."""
+        writes = [u for u in buf.users if u.args and u.args[0] is buf and self._is_write(u)]
+        if len(writes) != 1:
+            return None
+        adds = []
+        for u in list(buf.users) + list(writes[0].users):
+            if u is writes[0]:
+                continue
+            if self.kind(u) != "add" or len(u.args) < 2:
+                return None
+            adds.append(u)
+        return adds or None
+
+    def _is_write(self, node) -> bool:
+        return self.kind(node) in _WRITE_KINDS or node.target is operator.setitem
+
     def zero_buffer(self, an, node: fx.Node):
-        """``ZeroBuf`` for a zero tensor of a bank's shape made from its metadata."""
-        if node.op not in ("call_function", "call_method") or not node.args:
+        """``ZeroBuf`` for zeros that a delta is written into and that are then added to a
+        bank: ``zeros_like(M)`` / ``M.new_zeros(M.shape)`` of a bank state, or zeros of
+        any spelling used only so."""
+        if not self._zeros(node) or not node.args and not node.kwargs:
+            return None
+        shape = self.shape(node)
+        if shape is None or len(shape) not in (2, 3):
             return None
         name = _name(node.target).split(".")[0]
-        if name not in ("zeros_like", "new_zeros"):
+        src = an.value(node.args[0]) if node.args else None
+        if name in ("zeros_like", "new_zeros") and isinstance(src, BankVal):
+            if shape == tuple(src.shape) and self.dtype(node) == self.dtype(node.args[0]):
+                return ZeroBuf(shape)
             return None
-        src = an.value(node.args[0])
-        shape = self.shape(node)
-        if isinstance(src, BankVal) and shape == tuple(src.shape) and self.dtype(node) == self.dtype(node.args[0]):
+        if name in ("zeros_like", "new_zeros") and _deps(src) and self._adds_of_buffer(node) is not None:
+            # the delta of a bank whose state went through a foreign op (``M = M * 0.9``)
+            why = f"the bank is altered by a foreign op before {self.describe(node)}"
+            for bid in _deps(src):
+                an._reject_bank(bid, why)
+            return Opaque(_deps(src), why)       # not a bank of its own
+        if self._adds_of_buffer(node) is not None and not _deps(src):
             return ZeroBuf(shape)
         return None
 
@@ -238,6 +276,7 @@ _T = {
     "scatter_add": {torch.scatter_add, "scatter_add", "scatter_add_"},
 }
 _TORCH_KIND = {t: k for k, ts in _T.items() for t in ts}
+_INPLACE_ARITH = {operator.iadd: "add", operator.isub: "sub", operator.imul: "mul"}
 _WRITE_KINDS = ("index_put", "index_copy", "index_add", "scatter", "scatter_add")
 
 
@@ -302,6 +341,10 @@ class TorchOps(_Base):
         added = _bank_plus_scattered(an, node, k)
         if added is not None:
             return added
+        if t in _INPLACE_ARITH:
+            return self._inplace_arith(an, node)
+        if t is F.embedding:
+            return self._embedding(an, node)
         if k is None:
             if t in (torch.exp, "exp"):
                 x = an.value(node.args[0])
@@ -317,6 +360,36 @@ class TorchOps(_Base):
 
     def _vals(self, an, x):
         return an.value(x) if isinstance(x, fx.Node) else Sym.scalar(x)
+
+    def _inplace_arith(self, an, node):
+        """``rows += delta`` on a bank-dependent value that nothing reads afterwards (its
+        last use, views included): the same value as ``rows + delta``."""
+        x = node.args[0]
+        xv = an.value(x)
+        if not (isinstance(x, fx.Node) and isinstance(xv, Sym) and xv.depends_on_bank()):
+            return None
+        v = x.meta.get(self.META)
+        if not isinstance(v, torch.Tensor) or v._is_view() or not an.last_use(x, node):
+            raise NotSymbolic("an in-place update of a value read again later")
+        y = self._vals(an, node.args[1])
+        if not isinstance(y, Sym):
+            raise NotSymbolic("operand outside the algebra")
+        if self.out_shape(node) != tuple(xv.shape):
+            raise NotSymbolic("an in-place update that broadcasts its target")
+        op = _INPLACE_ARITH[node.target]
+        if op == "mul":
+            return A.mul(an.space, xv, y)
+        return A.add(an.space, xv, y, 1.0 if op == "add" else -1.0)
+
+    def _embedding(self, an, node):
+        """``F.embedding(idx, M)`` with the defaults: rows ``M[idx]``."""
+        bank = an.value(_dim_arg(node, 1, "weight"))
+        if not isinstance(bank, BankVal):
+            return None
+        extra = list(node.args[2:]) + [v for k, v in node.kwargs.items() if k not in ("input", "weight")]
+        if any(a not in (None, False, 2.0) for a in extra) or len(bank.shape) != 2:
+            raise NotSymbolic("embedding with padding_idx, max_norm or sparse")
+        return Sym.rows(an.space, bank, self.sym(an, _dim_arg(node, 0, "input")))
 
     def _write(self, an, node, k, inplace):
         a = node.args
@@ -491,6 +564,9 @@ def _bank_plus_scattered(an, node, k):
         return None
     a, b = node.args[0], node.args[1]
     va, vb = an.value(a), an.value(b)
+    bank = a if isinstance(va, BankVal) else b
+    if isinstance(bank, fx.Node) and an.fe.dtype(node) != an.fe.dtype(bank):
+        return None         # the sum promotes the bank to another dtype
     inplace = node.op == "call_method" and _name(node.target).endswith("_")
     if isinstance(va, BankVal) and isinstance(vb, Scattered) and tuple(vb.shape) == tuple(va.shape):
         return WriteOp(a, vb.idx, vb.vals, True, inplace)

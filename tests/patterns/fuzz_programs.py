@@ -34,8 +34,9 @@ class Spec:
     gate: str           # none | T | T1 | TW (per write)
     gate_dtype: str     # float32 | bank
     beta: str           # none | T | T1 | scalar
-    read: str           # index | index_select | gather
-    write: str          # index_put | setitem | index_copy | scatter | index_add | scatter_add | zeros_add
+    read: str           # index | index_select | gather | embedding
+    write: str          # index_put | setitem | index_copy | scatter | index_add | scatter_add |
+    #                     zeros_add (a delta scattered into zeros, added) | setitem_add (M[idx] += delta)
     contract: str       # mulsum | matmul | einsum | bmm
     outer: str          # mul | outer | einsum
     form: str           # unrolled | scan
@@ -46,11 +47,12 @@ class Spec:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
 
 
-_WRITES = {"one": ("index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add", "zeros_add"),
+_WRITES = {"one": ("index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add", "zeros_add",
+                   "setitem_add"),
            "batched": ("index_put", "setitem", "scatter", "scatter_add", "zeros_add"),
-           "flat": ("index_put", "setitem"),
+           "flat": ("index_put", "setitem", "setitem_add"),
            "flat_global": ("index_put", "setitem", "index_copy", "index_add", "zeros_add")}
-_READS = {"one": ("index", "index_select", "gather"), "batched": ("index", "gather"),
+_READS = {"one": ("index", "index_select", "gather", "embedding"), "batched": ("index", "gather"),
           "flat": ("index",), "flat_global": ("index", "index_select")}
 
 
@@ -67,7 +69,7 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
                 contract=r.choice(("mulsum", "matmul", "einsum", "bmm")),
                 outer=r.choice(("mul", "outer", "einsum")), form=form,
                 meta_use=r.random() < 0.3, mutation=mutation)
-    if form == "scan" and spec.write in ("setitem", "zeros_add"):
+    if form == "scan" and spec.write in ("setitem", "zeros_add", "setitem_add"):
         spec.write = "index_put"
     if spec.layout.startswith("flat") and spec.W == 1:
         spec.W = 2      # one slot per stream of a flat bank: left alone by design (see the corpus)
@@ -150,7 +152,7 @@ def source(spec: Spec) -> str:
         c("bi = torch.arange(mem.shape[0])[:, None]")
     if layout == "flat":
         c(f"off = (torch.arange(k_idx.shape[0]) * (mem.shape[0] // k_idx.shape[0]))[:, None]")
-    if spec.write == "setitem":
+    if spec.write in ("setitem", "setitem_add"):
         c("mem = mem.clone()")
     c("outs = []")
     if spec.mutation == "feedback":
@@ -260,6 +262,8 @@ def _read(spec, idx, n, bank="mem"):
     if lay == "one":
         if spec.read == "index_select":
             return f"{bank}.index_select(0, {idx})" if spec.seed % 2 else f"torch.index_select({bank}, 0, {idx})"
+        if spec.read == "embedding":
+            return f"torch.nn.functional.embedding({idx}, {bank})"
         if spec.read == "gather":
             return f"{bank}.gather(0, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[:, None].expand(-1, {bank}.shape[-1]))"
         return f"{bank}[{idx}]"
@@ -328,6 +332,10 @@ def _write(spec, c, d, idx, long_):
             c(f"upd.index_add_(0, {idx}, {delta})", d)
             c("mem = mem + upd", d)
         return
+    if w == "setitem_add":
+        c(f"mem[{idx}] += new - rows", d)
+        return
+    zeros = "torch.zeros_like(mem)" if spec.seed % 3 else "torch.zeros(mem.shape, dtype=mem.dtype)"
     if lay == "batched":
         ex = f"{idx}{long_}[..., None].expand(-1, -1, {HD})"
         if w == "index_put":
@@ -339,7 +347,7 @@ def _write(spec, c, d, idx, long_):
         elif w == "scatter_add":
             c(f"mem = mem.scatter_add(1, {ex}, new - rows)", d)
         else:
-            c("upd = torch.zeros_like(mem)", d)
+            c(f"upd = {zeros}", d)
             c(f"upd.scatter_add_(1, {ex}, new - rows)", d)
             c("mem = mem + upd", d)
         return
@@ -356,7 +364,7 @@ def _write(spec, c, d, idx, long_):
     elif w == "scatter_add":
         c(f"mem = mem.scatter_add(0, {idx}{long_}.unsqueeze(-1).expand_as(rows), new - rows)", d)
     else:
-        c("upd = torch.zeros_like(mem)", d)
+        c(f"upd = {zeros}", d)
         c(f"upd.scatter_add_(0, {idx}{long_}.unsqueeze(-1).expand_as(rows), new - rows)", d)
         c("mem = mem + upd", d)
 

@@ -48,8 +48,8 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     assert seen["layout"] == {"one", "batched", "flat", "flat_global"}
     assert seen["W"] == {1, 2, 3} and seen["R"] == {1, 2}
     assert seen["write"] == {"index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add",
-                             "zeros_add"}
-    assert seen["read"] == {"index", "index_select", "gather"} and seen["form"] == {"unrolled", "scan"}
+                             "zeros_add", "setitem_add"}
+    assert seen["read"] == {"index", "index_select", "gather", "embedding"} and seen["form"] == {"unrolled", "scan"}
     assert seen["gate"] == {"none", "T", "T1", "TW"} and seen["beta"] == {"none", "T", "T1", "scalar"}
 
 
