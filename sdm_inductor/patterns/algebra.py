@@ -271,6 +271,59 @@ def reshape(space: LabelSpace, a: Sym, shape) -> Sym:
     return Sym(shape, axes, a.terms)
 
 
+def split(space: LabelSpace, a: Sym, shape, split_atom) -> Sym:
+    """A reshape that splits dims (``rows.view(B, W, hd)`` of ``[B*W, hd]`` rows): each
+    split label becomes several, and every factor along it is the same tensor viewed
+    with that dim split (``split_atom(atom, dim, sizes)``; for a bank factor, its row
+    index). Merges raise (a merged value is ``Merged``, kept whole)."""
+    shape = tuple(int(s) for s in shape)
+    old = [(s, lb) for s, lb in zip(a.shape, a.axes) if s != 1]
+    new = [s for s in shape if s != 1]
+    groups, j = [], 0
+    for s, _ in old:
+        grp, prod = [], 1
+        while prod < s and j < len(new):
+            grp.append(new[j])
+            prod *= new[j]
+            j += 1
+        if prod != s or not grp:
+            raise NotSymbolic(f"reshape {a.shape} -> {shape} merges dims")
+        groups.append(grp)
+    if j != len(new):
+        raise NotSymbolic(f"reshape {a.shape} -> {shape} merges dims")
+    terms, seq = list(a.terms), []
+    for (s, lb), grp in zip(old, groups):
+        if len(grp) == 1:
+            seq.append(lb)
+            continue
+        labels = tuple(space.fresh(x) for x in grp)
+        terms = [_split_term(t, lb, labels, tuple(grp), split_atom) for t in terms]
+        seq += list(labels)
+    it = iter(seq)
+    return Sym(shape, tuple(None if s == 1 else next(it) for s in shape), terms)
+
+
+def _split_term(t: Term, lb, labels, sizes, split_atom) -> Term:
+    fs = []
+    for f in t.factors:
+        if lb not in f.labels:
+            fs.append(f)
+            continue
+        p = f.labels.index(lb)
+        if f.labels.count(lb) > 1:
+            raise NotSymbolic("split of a diagonal")
+        new_labels = f.labels[:p] + labels + f.labels[p + 1:]
+        if f.kind == "atom":
+            fs.append(Factor("atom", split_atom(f.ref, p, sizes), new_labels))
+            continue
+        bid, ver, idx = f.ref
+        if p == len(f.labels) - 1:
+            raise NotSymbolic("split of the bank's columns")
+        dims = [i for i, n in enumerate(idx.shape) if n != 1]
+        fs.append(Factor("bank", (bid, ver, split_atom(idx, dims[p], sizes)), new_labels))
+    return Term(t.coef, tuple(fs), t.bound)
+
+
 def expand(space: LabelSpace, a: Sym, shape) -> Sym:
     shape = tuple(int(s) for s in shape)
     n = len(shape)

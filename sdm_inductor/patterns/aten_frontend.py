@@ -14,7 +14,8 @@ from torch._guards import detect_fake_mode
 from .driver import rewrite_graph
 from .optable import AtenOps
 from .rewrite import remove_dead_code
-from .report import Report
+from .report import RejectedChain, Report
+from .safety import guarded
 from .scan import rewrite_scans
 
 __all__ = ["rewrite_aten_graph", "rewrite_exported"]
@@ -39,12 +40,21 @@ def _fill_meta(graph: fx.Graph) -> None:
             n.meta["val"] = n.target(*args, **kwargs)
 
 
-def rewrite_aten_graph(graph: fx.Graph) -> Report:
+def _rewrite(graph: fx.Graph) -> Report:
     report = rewrite_scans(graph, AtenOps(), "aten")
     report.extend(rewrite_graph(graph, AtenOps(), "aten"))
-    report.graphs = 1
     if report.rewritten:
         _fill_meta(graph)
+    return report
+
+
+def rewrite_aten_graph(graph: fx.Graph) -> Report:
+    """Rewrite ``graph`` in place; on any error it is put back as it was."""
+    report, err = guarded(graph, "the aten-level rewrite pass", _rewrite, graph)
+    if err is not None:
+        report = Report(rejected=[RejectedChain("graph", 0, f"rewrite pass error, graph left as "
+                                                             f"written: {err!r}")])
+    report.graphs = 1
     return report
 
 

@@ -21,7 +21,7 @@ from . import algebra as A
 from .algebra import Atom, BankVal, NotSymbolic, Sym
 from .canonical import ReadRoles, Reject, WriteRoles, match_read, match_write
 
-__all__ = ["Opaque", "WriteOp", "Analysis", "Chain", "Rejected"]
+__all__ = ["Opaque", "WriteOp", "ZeroBuf", "Scattered", "Analysis", "Chain", "Rejected"]
 
 
 @dataclass
@@ -29,6 +29,31 @@ class Opaque:
     """A value that depends on banks ``deps`` in a way outside the algebra."""
     deps: frozenset
     why: str = ""
+
+
+@dataclass
+class ZeroBuf:
+    """A zero tensor made from a bank's metadata (``zeros_like(M)``, ``M.new_zeros(...)``):
+    a buffer that a delta is scattered into before it is added to the bank."""
+    shape: tuple
+
+
+@dataclass
+class Scattered:
+    """A ``ZeroBuf`` with ``vals`` written (or added) at rows ``idx``: ``M + upd`` is then
+    the write ``M.index_add(rows idx, vals)``."""
+    shape: tuple
+    idx: object
+    vals: object
+
+
+@dataclass
+class Merged:
+    """A bank-dependent value with leading dims merged (``new.reshape(-1, hd)`` of
+    ``[B, W, hd]`` rows): kept whole, it may only be written at rows whose index splits
+    the same way (``M.index_put((idx_flat,), new.reshape(-1, hd))``)."""
+    inner: Sym
+    shape: tuple
 
 
 @dataclass
@@ -108,6 +133,10 @@ def _deps(v) -> frozenset:
         return v.deps
     if isinstance(v, Sym):
         return frozenset(r[0] for r in v.bank_refs())
+    if isinstance(v, Scattered):
+        return _deps(v.vals)
+    if isinstance(v, Merged):
+        return _deps(v.inner)
     if isinstance(v, (list, tuple)):
         out = frozenset()
         for x in v:
@@ -154,7 +183,10 @@ class Analysis:
         key = self._keys.get(node)
         if key is None:
             raw = self.fe.value_key(node, self.atom_key)
-            key = self._intern.setdefault(raw, len(self._intern)) if raw is not None else ("unique", node.name)
+            if isinstance(raw, tuple) and len(raw) == 2 and raw[0] == "alias":
+                key = raw[1]        # the same values (an index cast between int32 and int64)
+            else:
+                key = self._intern.setdefault(raw, len(self._intern)) if raw is not None else ("unique", node.name)
             self._keys[node] = key
         return key
 
@@ -163,6 +195,26 @@ class Analysis:
         reshaping ``node`` (same elements, other size-1 dims)."""
         key = self._intern.setdefault(raw_key, len(self._intern))
         return Sym.atom(self.space, Atom(key, node, tuple(shape)))
+
+    def split_atom(self, atom: Atom, dim: int, sizes) -> Atom:
+        """``atom`` viewed with dim ``dim`` split into ``sizes`` (same elements, same node)."""
+        shape = tuple(atom.shape[:dim]) + tuple(sizes) + tuple(atom.shape[dim + 1:])
+        key = self._intern.setdefault(("split", atom.key, dim, tuple(sizes)), len(self._intern))
+        exp_of = self.split_atom(atom.exp_of, dim, sizes) if atom.exp_of is not None else None
+        return Atom(key, atom.node, shape, exp_of)
+
+    def unmerge(self, op: "WriteOp") -> "WriteOp":
+        """A write of ``Merged`` values at a flat index: the same write with the index
+        split like the values' leading dims (``[B*W]`` rows -> ``[B, W]``)."""
+        vals = op.vals
+        if not isinstance(vals, Merged):
+            return op
+        inner = vals.inner
+        if (not isinstance(op.idx, Sym) or len(vals.shape) != 2 or len(inner.shape) < 2
+                or vals.shape[-1] != inner.shape[-1] or tuple(op.idx.shape) != tuple(vals.shape[:1])):
+            raise NotSymbolic("the written rows are merged from other dims than the index's")
+        idx = A.split(self.space, op.idx, tuple(inner.shape[:-1]), self.split_atom)
+        return WriteOp(op.target, idx, inner, op.accumulate, op.inplace)
 
     def leaf(self, node: fx.Node) -> Sym | None:
         shape = self.fe.shape(node)
@@ -187,12 +239,25 @@ class Analysis:
 
     # ---------------------------------------------------------------- the pass
     def run(self) -> "Analysis":
+        self.position = {n: i for i, n in enumerate(self.graph.nodes)}
         for node in self.graph.nodes:
             self.visit(node)
         return self
 
+    def last_use(self, x: fx.Node, node: fx.Node) -> bool:
+        """``node`` is the last use of ``x`` and of every tensor sharing its memory (an
+        in-place op there changes nothing seen later)."""
+        pos = self.position
+        for n in self._aliases(x):
+            if any(u is not node and pos.get(u, -1) > pos[node] for u in n.users):
+                return False
+        return True
+
     def _inputs(self, node):
-        return [n for n in node.all_input_nodes]
+        """The inputs whose values ``node`` uses (not those it takes only the shape,
+        dtype or device of: ``zeros_like(M)``, ``x.expand_as(rows)``, ``M.new_empty(...)``)."""
+        meta = self.fe.metadata_inputs(node)
+        return [n for n in node.all_input_nodes if n not in meta]
 
     def visit(self, node: fx.Node):
         ins = self._inputs(node)
@@ -201,6 +266,10 @@ class Analysis:
             dep |= _deps(self.env.get(n))
         if node.op == "output":
             self._escape(node, ins)
+            return
+        zero = self.fe.zero_buffer(self, node)
+        if zero is not None:
+            self.env[node] = zero
             return
         if node in self.roots and not dep and node.op != "output":
             shape = self.fe.shape(node)
@@ -299,8 +368,27 @@ class Analysis:
         self._indexed = len(self.env)
         return [target] + [n for n in self._by_storage.get(st.cdata, []) if n is not target]
 
+    def _scatter_into_zeros(self, node, op: WriteOp, tv: ZeroBuf, dep):
+        """``upd.index_add_(0, idx, delta)`` on a zero buffer: ``upd`` is the rows ``idx``
+        holding ``delta`` (zero elsewhere)."""
+        if isinstance(op.vals, Sym) and isinstance(op.idx, Sym) and dep:
+            out = Scattered(tv.shape, op.idx, op.vals)
+        else:
+            out = Opaque(dep, "a zero buffer written by something else than rows of values")
+            self._escape(node, self._inputs(node))
+        if op.inplace:
+            self.env[op.target] = out
+        self._set(node, out if not op.inplace or self.fe.returns_self(node) else None)
+
     def _write(self, node, op: WriteOp, dep):
         tv = self.env.get(op.target)
+        if isinstance(op.vals, Merged):
+            try:
+                op = self.unmerge(op)
+            except NotSymbolic:
+                pass        # rejected below (not linear / not rows of values)
+        if isinstance(tv, ZeroBuf):
+            return self._scatter_into_zeros(node, op, tv, dep)
         if not isinstance(tv, BankVal):
             # a write into something that is not a tracked bank state
             if _deps(tv):

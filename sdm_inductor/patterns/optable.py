@@ -6,14 +6,16 @@ not depend on the bank and opaque when they do.
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from . import algebra as A
 from .algebra import BankVal, NotSymbolic, Sym
-from .interpret import WriteOp, drop_columns
+from .interpret import Merged, Opaque, Scattered, WriteOp, ZeroBuf, _deps, drop_columns
 
 __all__ = ["TorchOps", "AtenOps"]
 
@@ -54,6 +56,15 @@ def _hashable(x, key):
         return repr(x)
 
 
+# ops that use only the metadata (shape, dtype, device) of their first / second input
+_META_FIRST = {"zeros_like", "empty_like", "ones_like", "full_like", "new_zeros", "new_empty",
+               "new_ones", "new_full", "zeros_like.default", "empty_like.default", "ones_like.default",
+               "full_like.default", "new_zeros.default", "new_empty.default", "new_ones.default",
+               "new_full.default"}
+_META_SECOND = {"expand_as", "view_as", "reshape_as", "type_as"}
+_ZEROS = ("zeros_like", "new_zeros", "zeros")
+
+
 class _Base:
     """Shared parts: shapes from meta, value numbering, exp detection."""
     META = "val"
@@ -68,6 +79,21 @@ class _Base:
             return None
         return tuple(v.shape)
 
+    def _int_cast_of(self, node: fx.Node):
+        """The input of a cast between int32 and int64 (the same row indices), else None."""
+        if node.op not in ("call_function", "call_method") or not node.args:
+            return None
+        name = _name(node.target).split(".")[0]
+        if name not in ("long", "int", "to", "_to_copy", "convert_element_type"):
+            return None
+        x = node.args[0]
+        ints = (torch.int32, torch.int64)
+        if not isinstance(x, fx.Node) or self.dtype(x) not in ints or self.dtype(node) not in ints:
+            return None
+        if self.shape(x) is None or self.shape(x) != self.shape(node):
+            return None
+        return x
+
     def dtype(self, node: fx.Node):
         v = node.meta.get(self.META)
         return v.dtype if isinstance(v, torch.Tensor) else None
@@ -77,6 +103,9 @@ class _Base:
         return isinstance(v, torch.Tensor) and v.requires_grad
 
     def value_key(self, node: fx.Node, key):
+        src = self._int_cast_of(node)
+        if src is not None:
+            return ("alias", key(src))
         if node.op == "placeholder":
             return ("ph", node.target)
         if node.op == "get_attr":
@@ -86,6 +115,78 @@ class _Base:
         if node.target is operator.getitem:
             return getitem_key(node.args[0], node.args[1], key)
         return (node.op, _name(node.target), _hashable(node.args, key), _hashable(node.kwargs, key))
+
+    def metadata_inputs(self, node: fx.Node) -> set:
+        """Inputs of ``node`` whose shape, dtype and device only are used."""
+        if node.op not in ("call_function", "call_method"):
+            return set()
+        name = _name(node.target)
+        if node.op == "call_method" and name in _META_SECOND and len(node.args) > 1:
+            return {node.args[1]} if isinstance(node.args[1], fx.Node) else set()
+        if name in _META_FIRST and node.args and isinstance(node.args[0], fx.Node):
+            return {node.args[0]}
+        return set()
+
+    def with_zero_sources(self, targets: set) -> set:
+        """Write targets plus the banks that a written zero buffer is added to (``upd =
+        zeros_like(M); upd.index_add_(...); M = M + upd``)."""
+        out = set(targets)
+        for n in targets:
+            if not self._zeros(n):
+                continue
+            if _name(n.target).split(".")[0] in ("zeros_like", "new_zeros") and isinstance(n.args[0], fx.Node):
+                out.add(n.args[0])
+            for u in self._adds_of_buffer(n) or ():
+                out.update(a for a in u.args[:2] if isinstance(a, fx.Node) and a is not n
+                           and not (a.args and a.args[0] is n))
+        return out
+
+    def _zeros(self, node) -> bool:
+        return (isinstance(node, fx.Node) and node.op in ("call_function", "call_method")
+                and _name(node.target).split(".")[0] in _ZEROS)
+
+    def _adds_of_buffer(self, buf: fx.Node):
+        """The adds ``buf`` (after one write into it) reaches, when every use of ``buf``
+        is that write or such an add; else None (the zeros are a bank of their own)."""
+        writes = [u for u in buf.users if u.args and u.args[0] is buf and self._is_write(u)]
+        if len(writes) != 1:
+            return None
+        adds = []
+        for u in list(buf.users) + list(writes[0].users):
+            if u is writes[0]:
+                continue
+            if self.kind(u) != "add" or len(u.args) < 2:
+                return None
+            adds.append(u)
+        return adds or None
+
+    def _is_write(self, node) -> bool:
+        return self.kind(node) in _WRITE_KINDS or node.target is operator.setitem
+
+    def zero_buffer(self, an, node: fx.Node):
+        """``ZeroBuf`` for zeros that a delta is written into and that are then added to a
+        bank: ``zeros_like(M)`` / ``M.new_zeros(M.shape)`` of a bank state, or zeros of
+        any spelling used only so."""
+        if not self._zeros(node) or not node.args and not node.kwargs:
+            return None
+        shape = self.shape(node)
+        if shape is None or len(shape) not in (2, 3):
+            return None
+        name = _name(node.target).split(".")[0]
+        src = an.value(node.args[0]) if node.args else None
+        if name in ("zeros_like", "new_zeros") and isinstance(src, BankVal):
+            if shape == tuple(src.shape) and self.dtype(node) == self.dtype(node.args[0]):
+                return ZeroBuf(shape)
+            return None
+        if name in ("zeros_like", "new_zeros") and _deps(src) and self._adds_of_buffer(node) is not None:
+            # the delta of a bank whose state went through a foreign op (``M = M * 0.9``)
+            why = f"the bank is altered by a foreign op before {self.describe(node)}"
+            for bid in _deps(src):
+                an._reject_bank(bid, why)
+            return Opaque(_deps(src), why)       # not a bank of its own
+        if self._adds_of_buffer(node) is not None and not _deps(src):
+            return ZeroBuf(shape)
+        return None
 
     def describe(self, node: fx.Node) -> str:
         from .interpret import location
@@ -149,7 +250,7 @@ def _is_view_index(idx) -> bool:
 
 _T = {
     "mul": {operator.mul, torch.mul, "mul", operator.imul},
-    "add": {operator.add, torch.add, "add"},
+    "add": {operator.add, torch.add, "add", "add_"},
     "sub": {operator.sub, torch.sub, "sub"},
     "neg": {operator.neg, torch.neg, "neg"},
     "div": {operator.truediv, torch.div, "div", torch.true_divide},
@@ -161,6 +262,7 @@ _T = {
     "transpose": {torch.transpose, "transpose", torch.swapaxes, "swapaxes"},
     "t": {torch.t, "t"},
     "same": {"contiguous", torch.clone, "clone"},
+    "cast": {"to", "float", "bfloat16", "half", "double", "type_as"},
     "matmul": {operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm",
                torch.mv, "mv", torch.dot, "dot"},
     "outer": {torch.outer, "outer", torch.ger, "ger"},
@@ -174,6 +276,7 @@ _T = {
     "scatter_add": {torch.scatter_add, "scatter_add", "scatter_add_"},
 }
 _TORCH_KIND = {t: k for k, ts in _T.items() for t in ts}
+_INPLACE_ARITH = {operator.iadd: "add", operator.isub: "sub", operator.imul: "mul"}
 _WRITE_KINDS = ("index_put", "index_copy", "index_add", "scatter", "scatter_add")
 
 
@@ -202,7 +305,7 @@ class TorchOps(_Base):
                 out.add(n.args[0])
             elif self.kind(n) in _WRITE_KINDS:
                 out.add(n.args[0])
-        return out
+        return self.with_zero_sources(out)
 
     def _advanced(self, idx) -> bool:
         if isinstance(idx, fx.Node):
@@ -231,10 +334,17 @@ class TorchOps(_Base):
         if t is operator.setitem:
             if not self._advanced(node.args[1]):
                 return None
-            if not isinstance(an.value(node.args[0]), BankVal):
+            if not isinstance(an.value(node.args[0]), (BankVal, ZeroBuf)):
                 return WriteOp(node.args[0], None, None, False, True)
             return WriteOp(node.args[0], bank_index(an, an.value(node.args[0]), node.args[1]),
                            self._vals(an, node.args[2]), False, True)
+        added = _bank_plus_scattered(an, node, k)
+        if added is not None:
+            return added
+        if t in _INPLACE_ARITH:
+            return self._inplace_arith(an, node)
+        if t is F.embedding:
+            return self._embedding(an, node)
         if k is None:
             if t in (torch.exp, "exp"):
                 x = an.value(node.args[0])
@@ -251,17 +361,47 @@ class TorchOps(_Base):
     def _vals(self, an, x):
         return an.value(x) if isinstance(x, fx.Node) else Sym.scalar(x)
 
+    def _inplace_arith(self, an, node):
+        """``rows += delta`` on a bank-dependent value that nothing reads afterwards (its
+        last use, views included): the same value as ``rows + delta``."""
+        x = node.args[0]
+        xv = an.value(x)
+        if not (isinstance(x, fx.Node) and isinstance(xv, Sym) and xv.depends_on_bank()):
+            return None
+        v = x.meta.get(self.META)
+        if not isinstance(v, torch.Tensor) or v._is_view() or not an.last_use(x, node):
+            raise NotSymbolic("an in-place update of a value read again later")
+        y = self._vals(an, node.args[1])
+        if not isinstance(y, Sym):
+            raise NotSymbolic("operand outside the algebra")
+        if self.out_shape(node) != tuple(xv.shape):
+            raise NotSymbolic("an in-place update that broadcasts its target")
+        op = _INPLACE_ARITH[node.target]
+        if op == "mul":
+            return A.mul(an.space, xv, y)
+        return A.add(an.space, xv, y, 1.0 if op == "add" else -1.0)
+
+    def _embedding(self, an, node):
+        """``F.embedding(idx, M)`` with the defaults: rows ``M[idx]``."""
+        bank = an.value(_dim_arg(node, 1, "weight"))
+        if not isinstance(bank, BankVal):
+            return None
+        extra = list(node.args[2:]) + [v for k, v in node.kwargs.items() if k not in ("input", "weight")]
+        if any(a not in (None, False, 2.0) for a in extra) or len(bank.shape) != 2:
+            raise NotSymbolic("embedding with padding_idx, max_norm or sparse")
+        return Sym.rows(an.space, bank, self.sym(an, _dim_arg(node, 0, "input")))
+
     def _write(self, an, node, k, inplace):
         a = node.args
         kw = node.kwargs
         bank = an.value(a[0])
-        if not isinstance(bank, BankVal):
+        if not isinstance(bank, (BankVal, ZeroBuf)):
             return WriteOp(a[0], None, None, False, inplace)     # not a tracked bank: rejected there
         if k == "index_put":
             acc = bool(_dim_arg(node, 3, "accumulate", False))
             return WriteOp(a[0], bank_index(an, bank, tuple(a[1])), self._vals(an, _dim_arg(node, 2, "values")),
                            acc, inplace)
-        nd = len(bank.shape) if isinstance(bank, BankVal) else 2
+        nd = len(bank.shape)
         dim = _dim_arg(node, 1, "dim")
         if dim not in (nd - 2, -2):
             raise NotSymbolic(f"{k} along dim {dim}")
@@ -336,6 +476,17 @@ class TorchOps(_Base):
             if isinstance(x, (Sym, BankVal)) and not node.kwargs.get("memory_format"):
                 return x
             raise NotSymbolic("clone of an opaque value")
+        if k == "cast":
+            # a float-to-float cast of a bank-dependent value: the same value in the algebra
+            # (the op computes in its own precision); of an input, a tensor of its own
+            if not (isinstance(x, Sym) and x.depends_on_bank()):
+                return None
+            dt, src = self.dtype(node), an.fe.dtype(a[0])
+            if dt is None or src is None or not (dt.is_floating_point and src.is_floating_point):
+                raise NotSymbolic("a cast of a bank value to a non-float dtype")
+            if self.out_shape(node) != tuple(x.shape):
+                raise NotSymbolic("a cast that changes the shape")
+            return x
         if isinstance(x, BankVal):
             nd = len(x.shape)
             if k == "index_select":
@@ -360,7 +511,7 @@ class TorchOps(_Base):
                 raise NotSymbolic("sum with a dtype")
             return A.reduce_sum(sp, x, dims, bool(_dim_arg(node, 2, "keepdim", False)))
         if k == "view":
-            return A.reshape(sp, self.sym(an, a[0]), self.out_shape(node))
+            return _reshape(an, self.sym(an, a[0]), self.out_shape(node))
         if k == "expand":
             return A.expand(sp, self.sym(an, a[0]), self.out_shape(node))
         if k == "permute":
@@ -388,6 +539,42 @@ class TorchOps(_Base):
         return None
 
 
+def _reshape(an, x: Sym, shape):
+    """Reshape in the algebra: size-1 dims, split dims (``rows.view(B, W, hd)``); a merge
+    of a bank-dependent value is kept whole (``Merged``, writable at a flat index)."""
+    try:
+        return A.reshape(an.space, x, shape)
+    except NotSymbolic:
+        if not x.depends_on_bank():
+            raise
+    try:
+        return A.split(an.space, x, shape, an.split_atom)
+    except NotSymbolic:
+        pass
+    lead = [n for n in x.shape[:-1]]
+    if len(shape) == 2 and shape[-1] == x.shape[-1] and math.prod(lead) == shape[0]:
+        return Merged(x, tuple(shape))
+    raise NotSymbolic(f"reshape {x.shape} -> {tuple(shape)} merges or splits dims")
+
+
+def _bank_plus_scattered(an, node, k):
+    """``M + upd`` (``M.add_(upd)``, ``upd + M``) for a bank state ``M`` and a zero buffer
+    ``upd`` holding rows ``idx`` of values: the write ``M.index_add(idx, vals)``."""
+    if k != "add" or len(node.args) < 2 or node.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = node.args[0], node.args[1]
+    va, vb = an.value(a), an.value(b)
+    bank = a if isinstance(va, BankVal) else b
+    if isinstance(bank, fx.Node) and an.fe.dtype(node) != an.fe.dtype(bank):
+        return None         # the sum promotes the bank to another dtype
+    inplace = node.op == "call_method" and _name(node.target).endswith("_")
+    if isinstance(va, BankVal) and isinstance(vb, Scattered) and tuple(vb.shape) == tuple(va.shape):
+        return WriteOp(a, vb.idx, vb.vals, True, inplace)
+    if isinstance(vb, BankVal) and isinstance(va, Scattered) and not inplace and tuple(va.shape) == tuple(vb.shape):
+        return WriteOp(b, va.idx, va.vals, True, False)
+    return None
+
+
 def _einsum(sp, eq: str, syms):
     eq = eq.replace(" ", "")
     if "..." in eq:
@@ -406,7 +593,7 @@ def bank_index(an, bank, idx) -> Sym:
     """The row index of ``bank[idx]``: one tensor for a flat ``[S, hd]`` bank (``[W]``, or
     ``[B, W]`` for B streams), or ``(arange(B)[:, None], idx [B, W])`` for a ``[B, S, hd]``
     bank indexed per batch. Returns the index as a Sym of the rows' leading shape."""
-    if not isinstance(bank, BankVal):
+    if not isinstance(bank, (BankVal, ZeroBuf)):
         raise NotSymbolic("not a bank")
     idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
     if not all(isinstance(i, fx.Node) and isinstance(an.value(i), Sym) for i in idx):
@@ -453,6 +640,7 @@ _ATEN = {
     aten.squeeze.default: "view", aten.flatten.using_ints: "view",
     aten.expand.default: "expand", aten.permute.default: "permute", aten.transpose.int: "transpose",
     aten.t.default: "t", aten.clone.default: "same", aten.alias.default: "same",
+    aten._to_copy.default: "cast", torch.ops.prims.convert_element_type.default: "cast",
     aten.mm.default: "matmul", aten.bmm.default: "matmul", aten.matmul.default: "matmul",
     aten.mv.default: "matmul", aten.dot.default: "matmul", aten.outer.default: "outer",
     aten.einsum.default: "einsum",
@@ -479,7 +667,8 @@ class AtenOps(TorchOps):
         return None
 
     def write_targets(self, graph) -> set:
-        return {n.args[0] for n in graph.nodes if n.op == "call_function" and self.kind(n) in _WRITE_KINDS}
+        return self.with_zero_sources(
+            {n.args[0] for n in graph.nodes if n.op == "call_function" and self.kind(n) in _WRITE_KINDS})
 
     def inplace_target(self, node):
         if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
@@ -519,8 +708,11 @@ class AtenOps(TorchOps):
             return None
         inplace = _name(t).split(".")[-2].endswith("_") if "." in _name(t) else False
         inplace = isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
+        added = _bank_plus_scattered(an, node, k)
+        if added is not None:
+            return added
         if k in _WRITE_KINDS:
-            if not isinstance(an.value(node.args[0]), BankVal):
+            if not isinstance(an.value(node.args[0]), (BankVal, ZeroBuf)):
                 return WriteOp(node.args[0], None, None, False, inplace)
             if k == "index_put":
                 acc = bool(_dim_arg(node, 3, "accumulate", False))

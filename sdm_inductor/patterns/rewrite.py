@@ -16,8 +16,9 @@ from . import config
 from .canonical import Reject, RoleFactor
 from .distinct import proof
 from .interpret import Analysis, Chain
+from .safety import Checked, meta_value
 
-__all__ = ["rewrite_chain", "Emitter"]
+__all__ = ["rewrite_chain", "Emitter", "canonical_roles"]
 
 aten = torch.ops.aten
 
@@ -25,14 +26,18 @@ aten = torch.ops.aten
 class Emitter:
     """Builds nodes in front of ``before``; ``aten`` selects the op level."""
 
-    def __init__(self, graph: fx.Graph, before: fx.Node, aten_level: bool):
+    def __init__(self, graph: fx.Graph, before: fx.Node, aten_level: bool, check: Checked | None = None):
         self.g = graph
         self.before = before
         self.aten = aten_level
+        self.check = check
 
     def _call(self, fn, *args, **kwargs):
         with self.g.inserting_before(self.before):
-            return self.g.call_function(fn, args, kwargs)
+            node = self.g.call_function(fn, args, kwargs)
+        if self.check is not None:
+            self.check.record(node)
+        return node
 
     def reshape(self, x, shape):
         return self._call(aten.reshape.default if self.aten else torch.reshape, x, list(shape))
@@ -283,21 +288,21 @@ def check_chain(an: Analysis, chain: Chain):
 
 def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, needs_grad: bool):
     """Stack the roles in front of ``before``, call the op, point every surviving use of
-    the loop's values at its outputs, erase the loop."""
+    the loop's values at its outputs, erase the loop. The replacement is built and
+    checked on fake tensors first (the op's own argument rules); a refusal leaves the
+    graph as it was and raises ``Reject`` with the op's reason."""
     g = an.graph
+    check = Checked(g, an.fe.META)
     for n in move:
         before.prepend(n)
-    em = Emitter(g, before, aten_level)
-    roles, dims = _stacked_roles(em, chain)
-    groups = stream_split(chain, dims["dev"])
-    if groups > 1:
-        # p-major tokens of streams run one after the other -> [groups, T, *] streams
-        Tg = chain.length // groups
-        last = dict(k_idx=dims["W"], k_val=dims["W"], v=dims["hd"], g=dims["G"], q_idx=dims["R"], q_val=dims["R"])
-        for name, n in last.items():
-            roles[name] = em.reshape(roles[name], (groups, Tg, n))
-        roles["beta"] = em.reshape(roles["beta"], (groups, Tg))
-    readings, final, inplace = _call_op(em, chain, roles, dims, groups, needs_grad)
+    em = Emitter(g, before, aten_level, check)
+    try:
+        readings, final, inplace, groups, dims = _build(em, chain, needs_grad)
+    except Exception as e:
+        check.undo(g)
+        if isinstance(e, Reject):
+            raise
+        raise Reject(f"the replacement could not be built: {e!r}") from e
     erase = set(chain.nodes) - {chain.bank.root}
     done = _stacked_readings(em, g, chain, readings, groups)
     per_group = chain.length // groups if groups > 1 else 0
@@ -316,8 +321,90 @@ def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, ne
         _later_uses_read_final(g, chain, erase, final)
     for user in done:
         g.erase_node(user)
+    _detach_metadata_uses(an, g, erase, aten_level)
     _erase(g, erase)
     return readings
+
+
+def _detach_metadata_uses(an: Analysis, g: fx.Graph, erase: set, aten_level: bool) -> None:
+    """Uses of the loop's values for their shape, dtype or device only (``zeros_like(M)``,
+    ``x.expand_as(rows)``) stay: they get an uninitialised tensor of that metadata in
+    place of the erased value (compilers drop it; only its metadata is read)."""
+    for n in list(erase):
+        for u in list(n.users):
+            if u in erase or n not in an.fe.metadata_inputs(u):
+                continue
+            v = meta_value(n)
+            if not isinstance(v, torch.Tensor):
+                raise RuntimeError(f"sdm rewrite: no metadata of {n.name} for its use by {u.name}")
+            em = Emitter(g, u, aten_level)
+            if aten_level:
+                empty = em._call(aten.empty.memory_format, list(v.shape), dtype=v.dtype, device=v.device)
+            else:
+                empty = em._call(torch.empty, list(v.shape), dtype=v.dtype, device=v.device)
+            empty.meta[an.fe.META] = v
+            u.replace_input_with(n, empty)
+
+
+def _build(em: Emitter, chain: Chain, needs_grad: bool):
+    """The op call replacing ``chain``, its inputs in canonical form, nothing rewired yet."""
+    roles, dims = _stacked_roles(em, chain)
+    roles = canonical_roles(em, roles, dims["P"], chain.length, dims, chain.bank.dtype)
+    groups = stream_split(chain, dims["dev"])
+    if groups > 1:
+        # p-major tokens of streams run one after the other -> [groups, T, *] streams
+        Tg = chain.length // groups
+        for name, n in dict(k_idx=dims["W"], k_val=dims["W"], v=dims["hd"], g=dims["G"],
+                            q_idx=dims["R"], q_val=dims["R"]).items():
+            roles[name] = em.reshape(roles[name], (groups, Tg, n))
+        roles["beta"] = em.reshape(roles["beta"], (groups, Tg))
+    readings, final, inplace = _call_op(em, chain, roles, dims, groups, needs_grad)
+    return readings, final, inplace, groups, dims
+
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def canonical_roles(em: Emitter, roles: dict, P: int, T: int, dims: dict, dtype) -> dict:
+    """Each role in the op's canonical form (``validation.check_call``): indices
+    ``[P, T, W|R]`` int32/int64, ``k_val``/``v``/``q_val`` ``[P, T, *]`` in the bank's
+    dtype, ``beta`` ``[P, T]`` and ``g`` ``[P, T, 1|W]`` float32. Size-1 dims are dropped
+    or added (``[T, 1]`` gates), scalars broadcast, dtypes cast; a role whose live dims
+    do not line up is refused (never reshaped across dims)."""
+    want = dict(k_idx=([P, T, dims["W"]], None), k_val=([P, T, dims["W"]], dtype),
+                v=([P, T, dims["hd"]], dtype), beta=([P, T], torch.float32),
+                g=([P, T, dims["G"]], torch.float32), q_idx=([P, T, dims["R"]], None),
+                q_val=([P, T, dims["R"]], dtype))
+    out = {}
+    for name, (shape, dt) in want.items():
+        x = roles[name]
+        v = meta_value(x)
+        if not isinstance(v, torch.Tensor):
+            raise Reject(f"role {name} has no metadata")
+        have = list(v.shape)
+        if have != shape:
+            if [d for d in have if d != 1] == [d for d in shape if d != 1]:
+                x = em.reshape(x, shape)
+            elif _broadcasts(have, shape):
+                x = em.expand(x, shape)
+            else:
+                raise Reject(f"{name} would be {have}, the op takes {shape}")
+        if dt is None:
+            if v.dtype not in _INDEX_DTYPES:
+                if v.dtype.is_floating_point or v.dtype == torch.bool:
+                    raise Reject(f"{name} has dtype {v.dtype}, not integer rows")
+                x = em.cast(x, torch.int64)
+        elif v.dtype != dt:
+            x = em.cast(x, dt)
+        out[name] = x
+    return out
+
+
+def _broadcasts(have, shape) -> bool:
+    if len(have) > len(shape):
+        return False
+    have = [1] * (len(shape) - len(have)) + list(have)
+    return all(a in (1, b) for a, b in zip(have, shape))
 
 
 def _stacked_roles(em: Emitter, chain: Chain):

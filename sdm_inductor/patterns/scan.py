@@ -27,7 +27,8 @@ from .canonical import Reject
 from .distinct import proof
 from .interpret import Analysis, location
 from .report import RejectedChain, Report, RewrittenChain
-from .rewrite import remove_dead_code, Emitter
+from .rewrite import remove_dead_code, Emitter, canonical_roles
+from .safety import Checked, Snapshot
 
 __all__ = ["rewrite_scans"]
 
@@ -43,19 +44,32 @@ def rewrite_scans(graph: fx.Graph, frontend, level: str) -> Report:
             continue
         where = location(node)
         state = {"mutating": False}
+        snap = Snapshot(graph)
         try:
             _rewrite_scan(graph, node, frontend, level, report, state)
         except Reject as e:
+            if state["mutating"]:
+                _restore(snap, report, where, e)
+                break       # the nodes listed above are the ones before the restore
             report.rejected.append(RejectedChain(where, 0, f"scan: {e}"))
         except Exception as e:      # noqa: BLE001
             if state["mutating"]:
-                raise
+                _restore(snap, report, where, e)
+                break
             report.rejected.append(RejectedChain(where, 0, f"scan: recognizer error, left as written: {e!r}"))
     if report.rewritten and graph.owning_module is not None:
         remove_dead_code(graph)
         graph.lint()
         graph.owning_module.recompile()
     return report
+
+
+def _restore(snap, report, where, e):
+    """A scan whose replacement was refused or failed half-way: the graph is put back as
+    it was before this scan (scans rewritten before it stay rewritten)."""
+    snap.restore()
+    why = str(e) if isinstance(e, Reject) else f"rewrite error: {e!r}"
+    report.rejected.append(RejectedChain(where, 0, f"scan: left as written: {why}"))
 
 
 def _meta(n):
@@ -136,7 +150,7 @@ def _rewrite_scan(graph, node, fe, level, report, state):
     for a in atoms:
         src(a)
     k_src, k_tok = src(w.k_idx)
-    em = Emitter(graph, node, level == "aten")
+    em = Emitter(graph, node, level == "aten", Checked(graph, fe.META))
     root = init[0]
     hd = chain.bank.shape[1]
     dtype, dev = chain.bank.dtype, _meta(root).device
@@ -175,6 +189,11 @@ def _rewrite_scan(graph, node, fe, level, report, state):
         qs, qtok = src(r.q_idx)
         q_idx = em.unsqueeze(em.reshape(qs, (T, R)) if qtok else em.expand(em.reshape(qs, (1, R)), (T, R)), 0)
         q_val = em.unsqueeze(product(r.q, R, r.coef, dtype), 0)
+    G = W if (w.gate is not None and w.per_write_gate) else 1
+    roles = canonical_roles(em, dict(k_idx=k_idx, k_val=k_val, v=v, beta=beta, g=g, q_idx=q_idx,
+                                     q_val=q_val), 1, T, dict(W=W, R=R, G=G, hd=hd), dtype)
+    k_idx, k_val, v, beta, g, q_idx, q_val = (roles[n] for n in ("k_idx", "k_val", "v", "beta", "g",
+                                                                  "q_idx", "q_val"))
     if distinct is None:
         k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
                         f"the scan loop at {location(node)}")

@@ -1,0 +1,138 @@
+"""Differential check of generated token-loop programs (``fuzz_programs``) against eager,
+and the table of outcomes: ``python tests/patterns/fuzz_check.py [N] [SEED]``.
+
+Each program is traced by Dynamo, rewritten by the torch-level pass and the rewritten
+graph run eagerly (explain level: no Inductor codegen), then compared with the program
+run eagerly. Outcomes: rewritten or left alone (with the reason), crash (eager runs, the
+rewritten program raises), mismatch (results differ beyond the dtype's tolerance).
+"""
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+import sdm_inductor  # noqa: F401  (the rewrites)
+from sdm_inductor.patterns import Report
+from sdm_inductor.patterns.torch_frontend import rewrite_dynamo_graph
+
+import fuzz_programs as FP
+
+TOL = {"float32": dict(atol=2e-4, rtol=2e-4), "bfloat16": dict(atol=6e-2, rtol=6e-2)}
+
+
+@dataclass
+class Outcome:
+    spec: FP.Spec
+    rewritten: bool
+    reasons: list
+    crash: str | None = None
+    mismatch: str | None = None
+
+    @property
+    def positive(self) -> bool:
+        return self.spec.mutation is None
+
+
+def _tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def compare(out, ref, dtype: str):
+    for a, b in zip(_tuple(out), _tuple(ref)):
+        torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
+
+
+def explain_run(fn, kwargs):
+    """(result, report) of ``fn`` traced by Dynamo, rewritten, run eagerly."""
+    report = Report()
+
+    def backend(gm, example_inputs):
+        report.extend(rewrite_dynamo_graph(gm.graph))
+        return gm.forward
+
+    out = torch.compile(fn, backend=backend, fullgraph=False)(**kwargs)
+    return out, report
+
+
+def check(spec: FP.Spec, runner=explain_run) -> Outcome:
+    fn = FP.build(spec)
+    d = FP.inputs(spec)
+    ref = fn(**{k: t.clone() for k, t in d.items()})
+    try:
+        out, report = runner(fn, {k: t.clone() for k, t in d.items()})
+    except Exception:       # noqa: BLE001 - counted and shown with the program
+        return Outcome(spec, False, [], crash=traceback.format_exc(limit=-3))
+    o = Outcome(spec, bool(report.rewritten), [r.reason for r in report.rejected])
+    try:
+        compare(out, ref, spec.bank_dtype)
+    except AssertionError as e:
+        o.mismatch = str(e)
+    return o
+
+
+def reason_key(reason: str) -> str:
+    """A reason without its token number, locations and node names (for counting)."""
+    reason = re.sub(r"^token \d+: ", "", reason)
+    reason = re.sub(r"\(<?[^()]*:\d+>?\)", "", reason)
+    reason = re.sub(r"\b[a-z_]+_\d+\b", "#", reason)
+    return reason.strip()[:110]
+
+
+def failures(outcomes) -> list:
+    """Outcomes that break the contract: crashes, mismatches, rewritten mutants."""
+    return [o for o in outcomes if o.crash or o.mismatch or (not o.positive and o.rewritten)]
+
+
+def describe(o: Outcome) -> str:
+    what = ("crash" if o.crash else "mismatch" if o.mismatch else
+            "mutant rewritten" if o.rewritten else "positive left alone")
+    detail = o.crash or o.mismatch or "; ".join(o.reasons)
+    return f"{what}: {o.spec.short()}\n{FP.source(o.spec)}{detail}\n"
+
+
+def table(outcomes) -> str:
+    lines = []
+    for title, group in (("positives", [o for o in outcomes if o.positive]),
+                         ("mutations", [o for o in outcomes if not o.positive])):
+        n = len(group)
+        rw = sum(o.rewritten for o in group)
+        lines.append(f"{title}: generated {n}, rewritten {rw} ({100.0 * rw / max(n, 1):.1f}%), "
+                     f"left alone {n - rw}, crashes {sum(bool(o.crash) for o in group)}, "
+                     f"mismatches {sum(bool(o.mismatch) for o in group)}")
+        reasons = Counter(reason_key(o.reasons[0]) if o.reasons else "(no reason)"
+                          for o in group if not o.rewritten and not o.crash)
+        for why, k in reasons.most_common():
+            lines.append(f"    {k:4d}  left alone: {why}")
+        if title == "mutations":
+            by = Counter((o.spec.mutation, o.rewritten) for o in group)
+            for m in FP.MUTATIONS:
+                lines.append(f"    {m:24s} generated {by[(m, False)] + by[(m, True)]:3d}, "
+                             f"rewritten {by[(m, True)]}")
+    return "\n".join(lines)
+
+
+def main(argv):
+    n = int(argv[1]) if len(argv) > 1 else 500
+    seed = int(argv[2]) if len(argv) > 2 else 0
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    outcomes = []
+    for spec in FP.programs(n, seed):
+        outcomes.append(check(spec))
+        torch._dynamo.reset()
+    print(table(outcomes))
+    bad = failures(outcomes)
+    for o in bad[:10]:
+        print(describe(o))
+    left = [o for o in outcomes if o.positive and not o.rewritten and not o.crash]
+    for o in left[:int(argv[3]) if len(argv) > 3 else 0]:
+        print(describe(o))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,392 @@
+"""Token-loop programs generated from a grammar of spellings, for differential checks of
+the rewrites against eager.
+
+A ``Spec`` picks one spelling per part of a token step (how rows are read and written,
+how contractions are spelled, the layout of gates and beta, streams, dtypes, unrolled or
+``scan``); ``source(spec)`` writes the program as Python source, as a user would, and
+``build(spec)`` execs it. A spec with a ``mutation`` changes the step's meaning (read
+before write, other retrieval weights, clamps, feedback, ...): those programs must be
+left alone. Everything is drawn from ``random.Random(seed)``: a seed reproduces the
+program.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+import torch
+
+S, HD, T, B = 16, 8, 4, 2
+
+MUTATIONS = ("read_before_write", "other_retrieval_weights", "undecayed_retrieval", "clamp",
+             "feedback", "whole_bank_decay", "gate_on_delta", "no_delta", "beta_on_v_only",
+             "tanh_bank", "state_kept", "other_write_rows")
+
+
+@dataclass
+class Spec:
+    seed: int
+    layout: str         # one | batched | flat | flat_global
+    W: int
+    R: int
+    bank_dtype: str     # float32 | bfloat16
+    idx_dtype: str      # int32 | int64
+    gate: str           # none | T | T1 | TW (per write)
+    gate_dtype: str     # float32 | bank
+    beta: str           # none | T | T1 | scalar
+    read: str           # index | index_select | gather | embedding
+    write: str          # index_put | setitem | index_copy | scatter | index_add | scatter_add |
+    #                     zeros_add (a delta scattered into zeros, added) | setitem_add (M[idx] += delta)
+    contract: str       # mulsum | matmul | einsum | bmm
+    outer: str          # mul | outer | einsum
+    form: str           # unrolled | scan
+    meta_use: bool      # the bank's metadata used before the loop (new_empty, .shape, ...)
+    mutation: str | None = None
+
+    def short(self):
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+_WRITES = {"one": ("index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add", "zeros_add",
+                   "setitem_add"),
+           "batched": ("index_put", "setitem", "scatter", "scatter_add", "zeros_add"),
+           "flat": ("index_put", "setitem", "setitem_add"),
+           "flat_global": ("index_put", "setitem", "index_copy", "index_add", "zeros_add")}
+_READS = {"one": ("index", "index_select", "gather", "embedding"), "batched": ("index", "gather"),
+          "flat": ("index",), "flat_global": ("index", "index_select")}
+
+
+def draw(seed: int, mutation: str | None = None) -> Spec:
+    r = random.Random(seed)
+    layout = r.choice(("one", "one", "one", "batched", "flat", "flat_global"))
+    form = "scan" if layout == "one" and r.random() < 0.2 else "unrolled"
+    gate = r.choice(("none", "T", "T1", "TW"))
+    spec = Spec(seed=seed, layout=layout, W=r.choice((1, 2, 3)), R=r.choice((1, 2)),
+                bank_dtype=r.choice(("float32", "float32", "bfloat16")),
+                idx_dtype=r.choice(("int32", "int64")), gate=gate,
+                gate_dtype=r.choice(("float32", "bank")), beta=r.choice(("none", "T", "T1", "scalar")),
+                read=r.choice(_READS[layout]), write=r.choice(_WRITES[layout]),
+                contract=r.choice(("mulsum", "matmul", "einsum", "bmm")),
+                outer=r.choice(("mul", "outer", "einsum")), form=form,
+                meta_use=r.random() < 0.3, mutation=mutation)
+    if form == "scan" and spec.write in ("setitem", "zeros_add", "setitem_add"):
+        spec.write = "index_put"
+    if spec.layout.startswith("flat") and spec.W == 1:
+        spec.W = 2      # one slot per stream of a flat bank: left alone by design (see the corpus)
+    if mutation in ("undecayed_retrieval", "gate_on_delta"):
+        # a per-token gate there is a canonical step in disguise (beta * a, k / a)
+        spec.gate, spec.W = "TW", max(spec.W, 2)
+    if mutation == "beta_on_v_only" and spec.beta == "none":
+        spec.beta = "T"
+    if mutation is not None and form == "scan" and mutation in ("feedback", "state_kept", "whole_bank_decay"):
+        spec.form = "unrolled"
+    return spec
+
+
+# ---------------------------------------------------------------- inputs
+
+def inputs(spec: Spec, seed: int | None = None) -> dict:
+    gen = torch.Generator().manual_seed(spec.seed if seed is None else seed)
+    bdt = getattr(torch, spec.bank_dtype)
+    gdt = bdt if spec.gate_dtype == "bank" else torch.float32
+    idt = getattr(torch, spec.idx_dtype)
+    W, R = spec.W, spec.R
+    lead = () if spec.layout == "one" else (B,)
+
+    def slots(n, distinct):
+        def one():
+            return torch.randperm(S, generator=gen)[:n] if distinct else torch.randint(0, S, (n,), generator=gen)
+        if not lead:
+            return torch.stack([one() for _ in range(T)])
+        return torch.stack([torch.stack([one() for _ in range(T)]) for _ in range(B)])
+
+    k_idx, q_idx = slots(W, True), slots(R, False)
+    if spec.layout == "flat_global":       # global row ids of stream b's private range
+        off = (torch.arange(B) * S)[:, None, None]
+        k_idx, q_idx = k_idx + off, q_idx + off
+    bank_shape = {"one": (S, HD), "batched": (B, S, HD), "flat": (B * S, HD), "flat_global": (B * S, HD)}
+    d = dict(mem=torch.randn(bank_shape[spec.layout], generator=gen).to(bdt),
+             k_idx=k_idx.to(idt),
+             k_val=(torch.randn(*lead, T, W, generator=gen) * 0.5).to(bdt),
+             v=torch.randn(*lead, T, HD, generator=gen).to(bdt),
+             q_idx=q_idx.to(idt),
+             q_val=torch.randn(*lead, T, R, generator=gen).to(bdt))
+    bshape = {"T": (*lead, T), "T1": (*lead, T, 1), "scalar": ()}
+    if spec.beta != "none":
+        d["beta"] = (torch.rand(bshape[spec.beta], generator=gen) * 0.8 + 0.1).to(bdt)
+    gshape = {"T": (*lead, T), "T1": (*lead, T, 1), "TW": (*lead, T, W)}
+    if spec.gate != "none":
+        d["g"] = (-torch.rand(gshape[spec.gate], generator=gen) * 0.5).to(gdt)
+    return d
+
+
+# ---------------------------------------------------------------- source
+
+class _Code:
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, line, depth=1):
+        self.lines.append("    " * depth + line)
+
+
+def _tok(spec: Spec, name: str) -> str:
+    """Token t of a per-token input, in the program's layout."""
+    return f"{name}[t]" if spec.layout == "one" else f"{name}[:, t]"
+
+
+def source(spec: Spec) -> str:
+    if spec.form == "scan":
+        return _scan_source(spec)
+    args = ["mem", "k_idx", "k_val", "v"] + (["beta"] if spec.beta != "none" else []) + \
+        (["g"] if spec.gate != "none" else []) + ["q_idx", "q_val"]
+    c = _Code()
+    c(f"def prog({', '.join(args)}):", 0)
+    layout = spec.layout
+    if spec.meta_use:
+        c("n_tok = k_idx.shape[-2]")
+        c("outs_buf = mem.new_empty(n_tok, mem.shape[-1]) if mem.dim() == 2 else None")
+        c("dt, dev = mem.dtype, mem.device")
+        c("zero = torch.zeros((), dtype=dt, device=dev)")
+    if layout == "batched":
+        c("bi = torch.arange(mem.shape[0])[:, None]")
+    if layout == "flat":
+        c(f"off = (torch.arange(k_idx.shape[0]) * (mem.shape[0] // k_idx.shape[0]))[:, None]")
+    if spec.write in ("setitem", "setitem_add"):
+        c("mem = mem.clone()")
+    c("outs = []")
+    if spec.mutation == "feedback":
+        c(f"prev = torch.zeros_like({_tok(spec, 'v').replace('t]', '0]')})")
+    c(f"for t in range(k_idx.shape[{0 if layout == 'one' else 1}]):")
+    _step(spec, c, 2, ki=_tok(spec, "k_idx"), kv=_tok(spec, "k_val"), vt=_tok(spec, "v"),
+          b=_tok(spec, "beta") if spec.beta in ("T", "T1") else ("beta" if spec.beta == "scalar" else None),
+          gg=_tok(spec, "g") if spec.gate != "none" else None, qi=_tok(spec, "q_idx"), qv=_tok(spec, "q_val"))
+    c("outs.append(r)", 2)
+    if spec.mutation == "feedback":
+        c("prev = r", 2)
+    c(f"return torch.stack(outs, {0 if layout == 'one' else 1}), mem")
+    return "\n".join(c.lines) + "\n"
+
+
+def _scan_source(spec: Spec) -> str:
+    xs = ["k_idx", "k_val", "v"] + (["beta"] if spec.beta in ("T", "T1") else []) + \
+        (["g"] if spec.gate != "none" else []) + ["q_idx", "q_val"]
+    args = ["mem", "k_idx", "k_val", "v"] + (["beta"] if spec.beta != "none" else []) + \
+        (["g"] if spec.gate != "none" else []) + ["q_idx", "q_val"]
+    c = _Code()
+    c(f"def prog({', '.join(args)}):", 0)
+    c("from torch._higher_order_ops.scan import scan")
+    c("def body(mem, x):")
+    names = {"k_idx": "ki", "k_val": "kv", "v": "vt", "beta": "b", "g": "gg", "q_idx": "qi", "q_val": "qv"}
+    c(", ".join(names[x] for x in xs) + " = x", 2)
+    _step(spec, c, 2, ki="ki", kv="kv", vt="vt",
+          b="b" if spec.beta in ("T", "T1") else ("beta" if spec.beta == "scalar" else None),
+          gg="gg" if spec.gate != "none" else None, qi="qi", qv="qv")
+    c("return mem, r", 2)
+    c(f"mem, outs = scan(body, mem, ({', '.join(xs)},))")
+    c("return outs, mem")
+    return "\n".join(c.lines) + "\n"
+
+
+def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
+    lay, W, R, mut = spec.layout, spec.W, spec.R, spec.mutation
+    bat = lay != "one"
+    long_ = ".long()" if spec.idx_dtype == "int32" else ""
+    # row index of the token's writes and reads
+    if lay == "flat":
+        c(f"idx = {ki} + off", d)
+        c(f"qidx = {qi} + off", d)
+    elif lay == "flat_global":
+        c(f"idx = {ki}.reshape(-1)", d)
+        c(f"qidx = {qi}.reshape(-1)", d)
+    else:
+        c(f"idx = {ki}", d)
+        c(f"qidx = {qi}", d)
+    if mut == "whole_bank_decay":
+        c("mem = mem * 0.9", d)
+    c(f"rows = {_read(spec, 'idx', W)}", d)
+    # decay
+    if gg is None:
+        c("dec = rows", d)
+    else:
+        a = {"T": f"{gg}.exp()", "T1": f"torch.exp({gg})", "TW": f"{gg}.exp()"}[spec.gate]
+        if spec.gate == "T":
+            a = a if not bat else f"{a}[:, None, None]"
+        elif spec.gate == "T1":
+            a = a if not bat else f"{a}[:, :, None]"
+        else:
+            a = f"{a}[..., None]"
+        c(f"a = {a}", d)
+        mixed = spec.bank_dtype == "bfloat16" and spec.gate_dtype == "float32"
+        c("dec = (rows * a).to(rows.dtype)" if mixed else "dec = rows * a", d)
+    src = "rows" if mut == "undecayed_retrieval" else "dec"
+    kr = f"{kv}.sin()" if mut == "other_retrieval_weights" else kv
+    c(f"ret = {_contract(spec, kr, src, 'w')}", d)
+    vv = f"({vt} + 0.5 * prev)" if mut == "feedback" else vt
+    if mut == "no_delta":
+        c(f"delta = {vv}", d)
+    elif b is None:
+        c(f"delta = {vv} - ret", d)
+    else:
+        bb = b
+        if bat and spec.beta == "T":
+            bb = f"{b}[:, None]"
+        if mut == "beta_on_v_only":
+            c(f"delta = {bb} * {vv} - ret", d)
+        else:
+            c(f"delta = {bb} * ({vv} - ret)", d)
+    term = _outer(spec, kv, "delta")
+    if mut == "gate_on_delta":
+        term = f"a * {term}"
+    c(f"new = dec + {term}", d)
+    if mut == "clamp":
+        c("new = new.clamp(-0.5, 0.5)", d)
+    if mut == "tanh_bank":
+        c("new = torch.tanh(new)", d)
+    if mut == "gate_on_delta" and spec.bank_dtype == "bfloat16":
+        c("new = new.to(mem.dtype)", d)
+    widx = "idx"
+    if mut == "other_write_rows":
+        widx = "qidx" if R == W else ("idx.flip(-1)" if W > 1 else "idx")
+        if widx == "idx":           # one slot: write the row of the next slot of the bank
+            widx = f"((idx + 1) % {S if lay in ('one', 'batched') else B * S})"
+    _write(spec, c, d, widx, long_)
+    c(f"rd = {_read(spec, 'qidx', R, bank='mem_before' if mut == 'read_before_write' else 'mem')}", d)
+    c(f"r = {_contract(spec, qv, 'rd', 'r')}", d)
+    if mut == "state_kept":
+        c("r = r + mem.sum() * 0.0 + mem.mean()", d)
+
+
+def _read(spec, idx, n, bank="mem"):
+    lay = spec.layout
+    if lay == "one":
+        if spec.read == "index_select":
+            return f"{bank}.index_select(0, {idx})" if spec.seed % 2 else f"torch.index_select({bank}, 0, {idx})"
+        if spec.read == "embedding":
+            return f"torch.nn.functional.embedding({idx}, {bank})"
+        if spec.read == "gather":
+            return f"{bank}.gather(0, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[:, None].expand(-1, {bank}.shape[-1]))"
+        return f"{bank}[{idx}]"
+    if lay == "batched":
+        if spec.read == "gather":
+            return f"{bank}.gather(1, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[..., None].expand(-1, -1, {bank}.shape[-1]))"
+        return f"{bank}[bi, {idx}]"
+    if lay == "flat":
+        return f"{bank}[{idx}]"
+    inner = f"{bank}.index_select(0, {idx})" if spec.read == "index_select" else f"{bank}[{idx}]"
+    return f"{inner}.view({B}, {n}, {HD})"
+
+
+def _contract(spec, w, rows, letter):
+    """sum_w w[w] * rows[w, :] per stream."""
+    bat = spec.layout != "one"
+    k = spec.contract
+    if not bat:
+        if k == "mulsum":
+            return f"({w}[:, None] * {rows}).sum(0)"
+        if k == "matmul":
+            return f"{w} @ {rows}"
+        if k == "einsum":
+            return f"torch.einsum('{letter},{letter}d->d', {w}, {rows})"
+        return f"torch.bmm({w}[None, None, :], {rows}[None]).reshape({HD})"
+    if k == "mulsum":
+        return f"({w}[..., None] * {rows}).sum(-2)"
+    if k == "matmul":
+        return f"({w}[:, None, :] @ {rows}).squeeze(1)"
+    if k == "einsum":
+        return f"torch.einsum('b{letter},b{letter}d->bd', {w}, {rows})"
+    return f"torch.bmm({w}.unsqueeze(1), {rows}).squeeze(1)"
+
+
+def _outer(spec, k, delta):
+    bat = spec.layout != "one"
+    o = spec.outer
+    if not bat:
+        if o == "outer":
+            return f"torch.outer({k}, {delta})"
+        if o == "einsum":
+            return f"torch.einsum('w,d->wd', {k}, {delta})"
+        return f"{k}[:, None] * {delta}[None, :]"
+    if o == "einsum" or o == "outer":
+        return f"torch.einsum('bw,bd->bwd', {k}, {delta})"
+    return f"{k}[..., None] * {delta}[:, None, :]"
+
+
+def _write(spec, c, d, idx, long_):
+    lay, w = spec.layout, spec.write
+    if spec.mutation == "read_before_write":
+        c("mem_before = mem" if w != "setitem" else "mem_before = mem.clone()", d)
+    if lay == "flat_global":
+        flat = f"new.reshape(-1, {HD})"
+        delta = f"(new - rows).reshape(-1, {HD})"
+        if w == "index_put":
+            c(f"mem = mem.index_put(({idx},), {flat})", d)
+        elif w == "setitem":
+            c(f"mem[{idx}] = {flat}", d)
+        elif w == "index_copy":
+            c(f"mem = mem.index_copy(0, {idx}{long_}, {flat})", d)
+        elif w == "index_add":
+            c(f"mem = mem.index_add(0, {idx}, {delta})", d)
+        else:
+            c("upd = torch.zeros_like(mem)", d)
+            c(f"upd.index_add_(0, {idx}, {delta})", d)
+            c("mem = mem + upd", d)
+        return
+    if w == "setitem_add":
+        c(f"mem[{idx}] += new - rows", d)
+        return
+    zeros = "torch.zeros_like(mem)" if spec.seed % 3 else "torch.zeros(mem.shape, dtype=mem.dtype)"
+    if lay == "batched":
+        ex = f"{idx}{long_}[..., None].expand(-1, -1, {HD})"
+        if w == "index_put":
+            c(f"mem = mem.index_put((bi, {idx}), new)", d)
+        elif w == "setitem":
+            c(f"mem[bi, {idx}] = new", d)
+        elif w == "scatter":
+            c(f"mem = mem.scatter(1, {ex}, new)", d)
+        elif w == "scatter_add":
+            c(f"mem = mem.scatter_add(1, {ex}, new - rows)", d)
+        else:
+            c(f"upd = {zeros}", d)
+            c(f"upd.scatter_add_(1, {ex}, new - rows)", d)
+            c("mem = mem + upd", d)
+        return
+    if w == "index_put":
+        c(f"mem = mem.index_put(({idx},), new)", d)
+    elif w == "setitem":
+        c(f"mem[{idx}] = new", d)
+    elif w == "index_copy":
+        c(f"mem = mem.index_copy(0, {idx}{long_}, new)", d)
+    elif w == "scatter":
+        c(f"mem = mem.scatter(0, {idx}{long_}[:, None].expand(-1, {HD}), new)", d)
+    elif w == "index_add":
+        c(f"mem = mem.index_add(0, {idx}, new - rows)", d)
+    elif w == "scatter_add":
+        c(f"mem = mem.scatter_add(0, {idx}{long_}.unsqueeze(-1).expand_as(rows), new - rows)", d)
+    else:
+        c(f"upd = {zeros}", d)
+        c(f"upd.scatter_add_(0, {idx}{long_}.unsqueeze(-1).expand_as(rows), new - rows)", d)
+        c("mem = mem + upd", d)
+
+
+def build(spec: Spec):
+    """The program as a function, exec'd from its source (a file name per seed, so that
+    Dynamo's code cache and tracebacks tell programs apart)."""
+    src = source(spec)
+    name = f"<sdm-fuzz seed={spec.seed} mutation={spec.mutation}>"
+    ns = {"torch": torch}
+    exec(compile(src, name, "exec"), ns)
+    fn = ns["prog"]
+    fn.__sdm_source__ = src
+    return fn
+
+
+def programs(n: int, seed: int = 0, mutant_share: float = 0.3):
+    """``n`` specs: about ``mutant_share`` of them mutants, each mutation in turn."""
+    r = random.Random(seed)
+    out = []
+    for i in range(n):
+        s = r.randrange(1 << 30)
+        mut = MUTATIONS[i % len(MUTATIONS)] if r.random() < mutant_share else None
+        out.append(draw(s, mut))
+    return out
