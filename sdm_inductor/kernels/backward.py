@@ -538,11 +538,12 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     tokens = config["TRAIN_WINDOW_TOKENS"]
     step = step_walks(config, dB, (P, W, R, C))
     one_window = not step or tokens <= 0 or T <= tokens
-    # the step walk of one window reads the chunk-start rows from the final bank and the
-    # log (sources.py; SOURCES=1: a log of the bank's rows, 2: also fp8 / int4 logs, whose
-    # dequantization in the one-warp gather launch spills on sm_90); else the bank state,
-    # rebuilt chunk by chunk in reverse from the final bank and the log
-    by_source = step and one_window and uses_sources(snapshot_quant, config)
+    # the step walk of one window over a log of raw rows reads each chunk-start row from
+    # the final bank or the log (sources.py): no working copy of the bank, no restore
+    # launch per chunk. Otherwise (token windows, fp8 / int4 logs, whose dequantization in
+    # the one-warp gather launch would spill on sm_90) the walk rebuilds the bank state
+    # chunk by chunk in reverse from the final bank and the log
+    by_source = step and one_window and qmode == 0
     work = final_bank.contiguous() if by_source else final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
@@ -562,7 +563,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         from .. import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
-        groups, sources = _prelude_parts(kept, pl, S, by_source, config)
+        groups = entry_groups(pl, int(config["GROUP_PACK"]))
+        sources = chunk_start_sources(pl, S) if by_source else None
         dv, sums = _reverse(pl, groups, log, scales, v, dy, *ctx, dv_dtype=bank_dtype,
                             vmr=None if kept is None else kept.vmr, sources=sources)
         dk, dbeta, dg, dq = _phase1_grads(pl, sums, g.shape[2])
@@ -573,7 +575,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         torch.empty(P, T, hd, dtype=bank_dtype, device=dev), torch.empty(P, T, **f32),
         torch.empty(P, T, g.shape[2], **f32), torch.empty(P, T, R, dtype=bank_dtype, device=dev))
     wins = token_windows(T, C, tokens)
-    for (t0, t1), (pl, gr) in ahead(wins[::-1], make, dev, config["PLAN_AHEAD"]):
+    for (t0, t1), (pl, gr) in ahead(wins[::-1], make, dev):
         rows = slice(t0 // C * P * C, -(-t1 // C) * P * C)   # the window's chunks in the log
         dv_w, sums = _reverse(pl, gr, log[rows],
                               scales[rows] if saved_scales.numel() else scales,
@@ -582,55 +584,10 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         dv[:, t0:t1] = dv_w
         # the window's Phase 1 backward on the side stream too, after its walk: it needs
         # the walk's sums, not the bank, so the walk of the window before goes on meanwhile
-        with behind(dev, config["PLAN_AHEAD"], *sums.values()):
+        with behind(dev, *sums.values()):
             for o, x in zip((dk, dbeta, dg, dq), _phase1_grads(pl, sums, g.shape[2])):
                 o[:, t0:t1] = x
     return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
-
-
-@dataclasses.dataclass(frozen=True)
-class Prelude:
-    """What the backward's step walk needs of Phase 1 alone before its first launch (a
-    training forward can make it, beside its walk: ``host.CONFIG["PRELUDE"]``, off by
-    default): the groups
-    (``entry_groups`` in layout ``pack``) and, where the walk reads each entry's
-    chunk-start row by its source (``uses_sources``), the sources for a bank of ``S``
-    rows (else None)."""
-    groups: Groups
-    pack: int
-    S: int
-    sources: Tensor | None
-
-
-def uses_sources(snapshot_quant: str, config: dict) -> bool:
-    """Whether the step walk of one window reads chunk-start rows by their sources: logs
-    of raw rows at ``SOURCES >= 1``, fp8 / int4 logs only at 2 (``backward``)."""
-    return config["SOURCES"] >= (1 if _QMODE[snapshot_quant] == 0 else 2)
-
-
-def _make_prelude(pl, S: int, pack: int, with_sources: bool) -> Prelude:
-    return Prelude(entry_groups(pl, pack), pack, S,
-                   chunk_start_sources(pl, S) if with_sources else None)
-
-
-def prelude(pl, S: int, snapshot_quant: str, config: dict) -> Prelude:
-    """The ``Prelude`` of plan ``pl`` on a bank of ``S`` rows: shapes-only host code, no
-    bank row read, so it may run before the forward's walk has advanced the bank."""
-    return _make_prelude(pl, S, int(config["GROUP_PACK"]), uses_sources(snapshot_quant, config))
-
-
-def _prelude_parts(kept, pl, S: int, by_source: bool, config: dict):
-    """(groups, sources or None) for the step walk of one window: the forward's
-    ``Prelude`` where it fits this call (the same layout and bank), else made here."""
-    pack = int(config["GROUP_PACK"])
-    pre = getattr(kept, "prelude", None)
-    fits = (pre is not None and pre.S == S and pre.pack == pack
-            and (pre.sources is not None or not by_source))
-    from .. import ops
-    ops.record_dispatch(backward_prelude="forward" if fits else "backward")
-    if not fits:
-        pre = _make_prelude(pl, S, pack, by_source)
-    return pre.groups, (pre.sources if by_source else None)
 
 
 def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):

@@ -684,11 +684,6 @@ GROUPS_SPLIT_BLK = 1024
 # by them). The same values: bitwise the same plan.
 PAIR_SORTED = True
 
-# Group starts/sizes and the write runs by two scans over each segment's sorted keys
-# (``_groups_kernel``) instead of four ``searchsorted`` and a second sort (``_search_runs``);
-# ``False`` selects the searches (kept as the reference the tests compare against).
-SCAN_GROUPS = True
-
 
 def _pair_warps(C: int) -> int:
     return PAIR_WARPS if C <= 64 else PAIR_WARPS_128 if C <= 128 else PAIR_WARPS_WIDE
@@ -704,15 +699,6 @@ def _pair_launch_blocks(C: int, W: int, R: int, split: bool) -> tuple[int, int]:
     eb = min(_pair_block(C) if split else 32 if C <= 128 else PAIR_ENTRIES_WIDE,
              pow2(max(W, R) if split else W + R))
     return eb, PAIR_LIST * eb if split else 0
-
-
-def _search_groups(key: Tensor, skey: Tensor):
-    """``gs, nw, na`` (entry order) by binary searches of the sorted keys."""
-    even = key & ~1
-    gs = torch.searchsorted(skey, even)
-    nw = torch.searchsorted(skey, even, right=True) - gs
-    na = torch.searchsorted(skey, even + 1, right=True) - gs
-    return gs.to(torch.int32), nw.to(torch.int32), na.to(torch.int32)
 
 
 def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Tensor,
@@ -782,26 +768,8 @@ def _flat_span(S, B, C: int, E: int) -> int:
     return span if B * span < 2 ** 31 else 0
 
 
-def _search_runs(key: Tensor, slot: Tensor, C: int, W: int, R: int):
-    """The write runs' ``slot, length, tok`` and entry index (run order) by a second sort
-    of the write keys and a binary search (the reference of ``_groups_kernel``)."""
-    B, E = key.shape[0], W + R
-    wkey = key.view(B, C, E)[:, :, :W].reshape(B, C * W)
-    skey, wperm = torch.sort(wkey, dim=-1, stable=True)
-    start = torch.ones_like(skey, dtype=torch.bool)
-    start[:, 1:] = skey[:, 1:] != skey[:, :-1]
-    pos = torch.arange(C * W, device=key.device)
-    length = torch.searchsorted(skey, skey, right=True) - pos
-    ent = (wperm // W) * E + wperm % W
-    rslot = torch.where(start, slot.gather(1, ent), -1)
-    return (rslot.to(torch.int32), torch.where(start & (rslot >= 0), length, 0).to(torch.int32),
-            (wperm // W).to(torch.int32), ent.to(torch.int32))
-
-
-# positions per program of ``entry_groups``' two launches; GROUPS_KERNEL=0:
-# ``entry_groups`` takes the torch form (for measurements: ~15 torch ops over the plan)
+# positions per program of ``entry_groups``' two launches
 GROUPS_BLOCK = 1024
-GROUPS_KERNEL = True
 
 
 @triton.jit
@@ -910,11 +878,8 @@ def entry_groups(pl: "Plan", pack: int = 2) -> Groups:
     runs 13 and 22). Split (2), most tiles hold groups of one member only (~80 % of the
     groups at config A, C=128, ~95 % at B), which the launch sums without a second member's
     loads or the loop over long groups (the slower tiles of longer groups come first in
-    each segment: measured no faster or slower than last, NOTES.md run 23).
-    ``reference_groups`` is the same in torch ops."""
+    each segment: measured no faster or slower than last)."""
     pack = int(pack)
-    if not GROUPS_KERNEL:
-        return reference_groups(pl, pack)
     B, CE = pl.B, pl.C * pl.E
     dev = pl.perm.device
     i32 = dict(dtype=torch.int32, device=dev)
@@ -932,38 +897,6 @@ def entry_groups(pl: "Plan", pack: int = 2) -> Groups:
            out.tok0, out.ev0, CE, NB, E=pl.E, PACK=pack, BLOCK=GROUPS_BLOCK, NBP=pow2(NB),
            num_warps=4)
     return out
-
-
-def reference_groups(pl: "Plan", pack: int = 2) -> Groups:
-    """``entry_groups`` in torch ops (the tests' reference)."""
-    B, C, E = pl.B, pl.C, pl.E
-    CE = C * E
-    perm = pl.perm.long()
-    take = lambda x: x.reshape(B, CE).gather(1, perm)
-    at = torch.arange(CE, device=perm.device).expand(B, CE)
-    start = take(pl.gs) == at
-    slot = torch.where(start, take(pl.slot), -1)
-    length = torch.where(start, take(pl.na), 0)
-    n_w = torch.where(start, take(pl.nw), 0)
-    decay = torch.where(n_w > 0, take(pl.decay), 1.0)
-    pos = torch.where(start, at, -1)
-    tok, ev = perm // E, take(pl.ev)
-    tok0, ev0 = torch.where(start, tok, 0), torch.where(start, ev, 0.0)
-    if pack:
-        # a permutation of each row: the front groups to columns 0, 1, ..., the back
-        # groups (pack 2: those of one member) to columns CE - 1, CE - 2, ..., the other
-        # positions (whose headers are already the empty one) in between
-        front = start & (length > 1) if int(pack) == 2 else start
-        back = start & ~front
-        n_front = front.sum(1, keepdim=True)
-        rest = ~start
-        dst = torch.where(front, front.cumsum(1) - 1,
-                          torch.where(back, CE - back.cumsum(1), n_front + rest.cumsum(1) - 1))
-        slot, length, n_w, decay, pos, tok0, ev0 = (
-            torch.empty_like(x).scatter_(1, dst, x)
-            for x in (slot, length, n_w, decay, pos, tok0, ev0))
-    i32 = lambda x: x.to(torch.int32)
-    return Groups(i32(slot), i32(length), i32(n_w), decay, i32(tok), ev, i32(pos), i32(tok0), ev0)
 
 
 def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):
@@ -1024,15 +957,8 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
         skey, sperm = (x.view(B, C * E) for x in torch.sort(key.view(-1), stable=True))
     else:
         skey, sperm = torch.sort(key, dim=-1, stable=True)
-    srt = None
-    if SCAN_GROUPS:
-        perm, gs, nw, na, runs, srt = _scan_groups(skey, sperm, bool(span), slot.view(B, C * E),
-                                                   gate.view(B, C * E), val.view(B, C * E), C,
-                                                   W, R)
-    else:
-        perm = _local_perm(sperm, bool(span))
-        gs, nw, na = _search_groups(key, skey)
-        runs = _search_runs(key, slot.view(B, C * E), C, W, R)
+    perm, gs, nw, na, runs, srt = _scan_groups(skey, sperm, bool(span), slot.view(B, C * E),
+                                               gate.view(B, C * E), val.view(B, C * E), C, W, R)
     gam = torch.empty_like(val)
     ev = torch.empty_like(val)
     coef = torch.empty_like(val)

@@ -117,15 +117,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     scratch_ptr, log_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7,
-                    GATHER_STAGES: tl.constexpr = 0, ROWS_AHEAD: tl.constexpr = 0,
+                    SAVE: tl.constexpr, PREC: tl.constexpr, ROWS_AHEAD: tl.constexpr = 0,
                     KW: tl.constexpr = 1, HEAD_AHEAD: tl.constexpr = 0):
-    # PASSES (profiling only): bit 1 gathers, 2 matmuls, 4 row writes. GATHER_STAGES: 0 is
-    # the hand-pipelined gather (slots one tile ahead; with ROWS_AHEAD the rows of the next
-    # tile are in flight too, slots two tiles ahead); >= 2 hands the gather loop to Triton's
-    # software pipeliner (compiles to cp.async on sm_90). KW: run members gathered with the
-    # run header in the write pass; HEAD_AHEAD: the next write tile's headers load while
-    # this tile's rows are gathered.
+    # The gather is pipelined by hand: the slots load one tile ahead; with ROWS_AHEAD the
+    # rows of the next tile are in flight too, the slots two tiles ahead. KW: run members
+    # gathered with the run header in the write pass; HEAD_AHEAD: the next write tile's
+    # headers load while this tile's rows are gathered.
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -140,12 +137,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         b = p * NC + c
         seg = b.to(tl.int64) * C * E
         # pass A: r0 and inter from the chunk-start rows; u = beta (v - r0)
-        for t0 in range(0, C * (PASSES & 1), TB):
+        for t0 in range(0, C, TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             inter = tl.zeros([TB, BD], tl.float32)
-            if GATHER_STAGES == 0 and ROWS_AHEAD:
+            if ROWS_AHEAD:
                 # two tiles in flight: the next tile's rows load before this tile's are
                 # reduced, the slots of the tile after it before those rows are used
                 sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
@@ -161,7 +158,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + 2 * EW, E, EW)
                     r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
                     rows = rows_n
-            elif GATHER_STAGES == 0:
+            else:
                 # hand-pipelined: the next tile's slots load before this tile's rows are used
                 sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
                 for e0 in range(0, E, EW):
@@ -171,14 +168,6 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     w_cur = wt
                     sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
                     r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
-            else:
-                # left to Triton's software pipeliner (cp.async ring of GATHER_STAGES tiles)
-                for e0 in tl.range(0, E, EW, num_stages=GATHER_STAGES):
-                    ents = e0 + tl.arange(0, EW)
-                    sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0, E, EW)
-                    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                                   mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                    r0, inter = _accumulate(rows, wt, ents, r0, inter, W)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -189,7 +178,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             tl.store(scr_i + toks[:, None] * BD + sc[None, :], inter, mask=tm[:, None])
         tl.debug_barrier()
         # pass B: deltas and readings
-        for t0 in range(0, C * ((PASSES >> 1) & 1), TB):
+        for t0 in range(0, C, TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             y = tl.load(scr_i + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
@@ -211,23 +200,22 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         # pass C: each distinct written slot once, by the lane owning its run
         rb = b.to(tl.int64) * C * W
         lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
-        if (PASSES >> 2) & 1:
+        if HEAD_AHEAD:
+            sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                              run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
+        for f0 in range(0, C * W, NG):
             if HEAD_AHEAD:
+                # the next tile's headers are in flight while this tile gathers
+                sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
+                    run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
+                    f0 + NG, C * W, NG, KW)
+                _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
+                sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
+            else:
                 sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                                  run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
-            for f0 in range(0, C * W, NG):
-                if HEAD_AHEAD:
-                    # the next tile's headers are in flight while this tile gathers
-                    sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
-                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
-                        f0 + NG, C * W, NG, KW)
-                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
-                    sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
-                else:
-                    sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                                      run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
-                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
+                                                  run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
+                _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
         tl.debug_barrier()
         c += 1

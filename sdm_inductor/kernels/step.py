@@ -10,10 +10,7 @@ serialises the items of each program. Here the hardware schedules the items: a s
   token's ``W + R`` chunk-start row segments (``BD`` columns: 256 bytes at BD = 128),
   ``u = beta (v - r0)`` and ``inter`` to small fp32 buffers;
 - ``_step_mix_kernel``, one program per (stream, token block, column slice): the
-  block's ``delta = X u`` and readings ``inter + QKX u``. Or (``MIX``) no launch of its
-  own: the last gather program to finish a (stream, column block) -- an integer
-  ticket, acquire/release -- computes that block's products for all the chunk's
-  tokens (one program, a fixed order: the result does not depend on which came last);
+  block's ``delta = X u`` and readings ``inter + QKX u``;
 - ``_step_write_kernel``, one program per (stream, tile of ``NG`` positions of the
   slot-sorted write order, column block): each distinct written row once,
   ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the run's order (``phase2._write_tile``),
@@ -166,19 +163,6 @@ def _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0,
              y.to(out_ptr.dtype.element_ty), mask=(tm & (tg < T))[:, None] & cm[None, :])
 
 
-@triton.jit
-def _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb,
-         C: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-         CP: tl.constexpr, PREC: tl.constexpr):
-    """``_mix_block`` over a whole (stream, column block), in column slices of ``MB``."""
-    for m0 in range(0, BD, MB):
-        cols = cb * BD + m0 + tl.arange(0, MB)
-        cm = cols < hd
-        for t0 in range(0, CP, TB):
-            _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
-                       cm, C, MB, TB, CP, PREC)
-
-
 # the widest chunk (power of two) whose product launches load whole rows (``ROWS``): at
 # C = 256 the rows forms need 255 registers on sm_90 and spill (aot_compile_check.py)
 ROWS_MAX_CP = 128
@@ -234,16 +218,12 @@ def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
-def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_ptr, out_ptr,
-                        u_ptr, i_ptr, d_ptr, cnt_ptr, keep_ptr, c, P, T, hd, NC,
-                        C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                        WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                        MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
-                        MIX: tl.constexpr, PDL: tl.constexpr, EV_W: tl.constexpr = "",
-                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False):
+def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr,
+                        c, P, T, hd, NC, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                        BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
+                        PDL: tl.constexpr, EV_W: tl.constexpr = "", EV_R: tl.constexpr = "",
+                        KEEP: tl.constexpr = False):
     _grid_dependency(PDL == 1)
-    # MIX: the last program of each (stream, column block) computes its delta and
-    # readings (else ``_step_mix_kernel`` does, as a third launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
@@ -254,17 +234,6 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_
     inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd, EV_R)
     _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
                    cols, cm, C, CP, KEEP)
-    if MIX:
-        # every thread's stores are issued before the ticket is taken (release); the
-        # last taker sees them all (acquire, then .cg loads from L2)
-        tl.debug_barrier()
-        cb = tl.program_id(1)
-        ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1,
-                               sem="acq_rel", scope="gpu")
-        if ticket == C - 1:
-            tl.debug_barrier()
-            _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb, C, BD, MB,
-                 TB, CP, PREC)
 
 
 @triton.jit

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
 from . import graphs
-from .launch import EVICT, Relaunch, launch, pdl, pow2
+from .launch import Relaunch, launch, pdl, pow2
 from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
                    _grid_dependency, _launch_dependents, _token_program, _token_program_at,
                    _wait)
@@ -648,7 +648,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     TB = min(config["TB_MIX_B" + wide], CP)
     BD, BDW, NG = config["BD_STEP_B"], config["BD_STEP_W"], config["NG_STEP"]
     MB = config["MB_MIX_B" + wide]
-    BDD = config["BD_DW"] or BD
+    BDD = BD
     NCB, NCBW, NMB, NCBD = -(-hd // BD), -(-hd // BDW), -(-hd // MB), -(-hd // BDD)
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
     NBW = P * NCW
@@ -678,16 +678,15 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         # are bitwise those of a kept v - r0 (with BD_STEP_B == BD_STEP, the defaults)
         *([] if vmr_kept is not None else [Relaunch(
             _step_bwd_gather_kernel, g_rows, "c", *rows0, pl.slot, pl.ev, v, vmr, 0, T, hd,
-            width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
+            width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP,
             QMODE=qmode, SRC=src, num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
                  num_stages=1, ROWS=rows, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, *rows0, pl.slot, pl.coef, delta,
                  ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, C=C, W=W, R=R,
-                 BD=BDD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
-                 EV_DB=EVICT[config["EV_DB"]], CG=cg, QMODE=qmode, SRC=src,
-                 num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
+                 BD=BDD, WP=pow2(W), CP=CP, CG=cg, QMODE=qmode, SRC=src,
+                 num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,
