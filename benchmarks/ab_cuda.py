@@ -42,7 +42,7 @@ def module_keys(sides):
     for over in sides.values():
         for k in over:
             if "." in k:
-                mod_name, name = k.split(".")
+                mod_name, name = k.rsplit(".", 1)
                 mod = importlib.import_module(f"sdm_inductor.kernels.{mod_name}")
                 keys[(mod, name)] = getattr(mod, name)
     return keys

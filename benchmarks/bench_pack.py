@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import triton.testing
 
-from sdm_inductor.kernels import quantize
+from sdm_inductor.kernels.forward import quantize
 
 
 def main():

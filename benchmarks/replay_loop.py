@@ -14,7 +14,8 @@ import collections
 import torch
 
 import sdm_inductor  # noqa: F401
-from sdm_inductor.kernels import graphs, host
+from sdm_inductor.kernels import host
+from sdm_inductor.kernels.runtime import graphs
 from sdm_inductor.testing import FLOAT_INPUTS, make_inputs
 
 

@@ -23,7 +23,8 @@ import sys
 import torch
 from torch import nn
 
-from sdm_inductor.kernels import graphs, host
+from sdm_inductor.kernels import host
+from sdm_inductor.kernels.runtime import graphs
 from sdm_inductor.nn import SparseDeltaMemory
 
 

@@ -1,4 +1,5 @@
-"""Host side of the CUDA implementation: buffers, launch parameters, the IMPLS interface.
+"""Host side of the CUDA implementation: which path and walk a call takes, its buffers, the
+IMPLS interface.
 
 Everything here depends on shapes only: no ``.item()``, no host sync, no data-dependent
 Python, so the same functions serve the eager op (``IMPLS['cuda']``), CUDA-graph capture
@@ -10,7 +11,6 @@ traced calls launch one kernel for all chunks.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 from torch import Tensor
@@ -18,93 +18,25 @@ from torch._subclasses.fake_tensor import is_fake
 
 from .. import quant
 from . import backward as bwd
-from .decode import DECODE_MAX_T, _decode_kernel
-from .launch import Relaunch, direct_launches, launch, pdl, pow2, step_walks
-from .phase1 import plan, prep
-from . import graphs
-from .pipeline import ahead, token_windows
-from .quantize import pack_log
-from .phase2 import _forward_kernel
-from .step import ROWS_MAX_CP, _step_gather_kernel, _step_mix_kernel, _step_write_kernel
+from .config import CONFIG
+from .forward.column_walk import column_walk
+from .forward.decode import DECODE_MAX_T, decode
+from .forward.quantize import pack_log
+from .forward.step_walk import step_walk
+from .phase1 import plan
+from .runtime.launch import direct_launches, pow2, step_walks
+from .runtime.pipeline import ahead, token_windows
+
+__all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_once",
+           "raw_gate_layout", "saved_buffers", "walk_kind"]
 
 
 def _dummy(like: torch.Tensor) -> torch.Tensor:
     """A placeholder pointer argument for a kernel branch that is compiled out."""
     return torch.empty(1, dtype=like.dtype, device=like.device)
 
-NAME = "cuda-triton-chunked"
 
-# Launch parameters and the few switches a user or a test needs, in one dict: tests shrink
-# the tiles (the interpreter's shapes are tiny) and the benchmarks may override entries.
-# Every default is the measured-best form on an H200 (docs/performance.md).
-CONFIG = dict(
-    # --- which walk (eager step walk / traced column walk), and the eager call's extras
-    # WALK: "auto" (step walk when eager, except the small shapes of
-    # ``launch.column_suits``; column walk when traced), or "column" / "step" to force one
-    # (a traced call always takes the column walk). Environment: SDM_INDUCTOR_WALK.
-    WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"),
-    # WALK_GRAPHS: an eager step walk whose launches (kernels, grids, every argument) are
-    # those of an earlier call replays them from a CUDA graph (``graphs.py``); 0 makes every
-    # launch. Environment: SDM_INDUCTOR_WALK_GRAPHS.
-    WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")),
-    # WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this
-    # many tokens, so its working memory (Phase 1 of a window) does not grow with T.
-    # TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training
-    # calls; each window's Phase 1 then runs on a side stream one window ahead
-    # (``pipeline.py``). Off by default: Phase 1's kernels are latency-bound and each window
-    # costs host time, so one window is faster; windows bound the memory of long sequences.
-    WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0,
-    # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
-    # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather
-    # launch (0: the backward recomputes them, as it must after token windows).
-    KEEP=1,
-    # PDL: programmatic dependent launch of the step walks' launches on sm_90+
-    # (``launch.pdl``); 2: the row kernels also issue their early loads (Phase 1's arrays,
-    # inputs, the undo log) before waiting for the launch before them
-    # (``step._grid_dependency``); 3: the backward also does work that needs nothing of the
-    # launch just before (2-2.5 % faster than 2), up to chunks of PDL3_MAX_C (at C = 256, 2
-    # is 3 % faster); the forward treats 3 as 2. Environment: SDM_INDUCTOR_PDL.
-    PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "3")), PDL3_MAX_C=128,
-    # --- the column walk (phase2.py, backward.py's reverse kernel): BD bank columns per
-    # program (16 bf16 columns = one 32-byte sector per gathered row), TB tokens per tile,
-    # EW entries per gather tile, NG write positions per tile of the write pass, KW run
-    # members gathered with the run header (longer runs loop); ROWS_AHEAD / HEAD_AHEAD:
-    # the next gather tile's rows / write tile's headers load during this tile (AHEAD_BWD:
-    # the backward's next tile of chunk-start rows). BWD_WINDOWS: the backward runs the
-    # chunks in this many launches, so its per-column-block partial sums hold a window of
-    # chunks (2 against 4: as fast, half the partial sums' memory).
-    BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8, WARPS_BWD=8,
-    ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=2,
-    # --- the forward step walk (step.py): the gather launch (BD_STEP columns per program
-    # in WARPS_STEP warps: one warp sums a token's entries in registers and shuffles, where
-    # four crossed warps through shared memory with bank conflicts, 5-12 % slower), the
-    # product launch (MB_MIX columns x TB_MIX tokens, WARPS_MIX warps; blocks of 32 tokens
-    # give twice the programs of 64 at C = 128), the write launch (BD_STEP_W columns, NG_STEP
-    # positions, KW_STEP inline members, WARPS_STEP_W warps, CL_WRITE column blocks per
-    # program). MIX_ROWS: the product launch loads each token block's rows of X and QKX
-    # whole before waiting for the gather launch (``step._mix_block_rows``), up to C = 128
-    # (above it the rows forms spill); 0 takes the blocks form at every C.
-    BD_STEP=128, WARPS_STEP=1, BD_STEP_W=128, NG_STEP=32, KW_STEP=2, WARPS_STEP_W=4,
-    CL_WRITE=1, MB_MIX=32, TB_MIX=32, WARPS_MIX=4, MIX_ROWS=1,
-    # --- the backward step walk (step_backward.py): BD_STEP_B columns of its row passes in
-    # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
-    # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE
-    # above C = 128 (the blocks form, where 64 x 16 is 5 % slower); MIX_ROWS_B as MIX_ROWS.
-    # The dB launch: BD_GROUP columns, NG_GROUP positions, KW_GROUP inline members,
-    # WARPS_GROUP warps, CL_GROUP column blocks per program (the group headers load once:
-    # 3 is 2.5 % faster than 1). GROUP_PACK: the groups' header layout (``Groups``; 2, split:
-    # groups of several members at the front of each segment, those of one member from its
-    # end), GROUP_ONE: the dB tiles' one-member paths (2: also every column block's loads
-    # before the stores; 0 in tests: the general path on every tile). DEV_DB: the d ev and
-    # dB launches as one grid of both kinds of programs (1.2-2 % faster than two launches;
-    # environment SDM_INDUCTOR_DEV_DB), in WARPS_DEV_DB warps, registers capped at
-    # MAXNREG_DEV_DB (the dB launch's own 64: four programs of 8 warps per SM, not three).
-    BD_STEP_B=128, WARPS_STEP_B=4, MB_MIX_B=64, TB_MIX_B=16, WARPS_MIX_B=4,
-    MB_MIX_B_WIDE=32, TB_MIX_B_WIDE=32, MIX_ROWS_B=1,
-    BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8, CL_GROUP=3, GROUP_PACK=2,
-    GROUP_ONE=2, DEV_DB=int(os.environ.get("SDM_INDUCTOR_DEV_DB", "1")), WARPS_DEV_DB=8,
-    MAXNREG_DEV_DB=64,
-)
+NAME = "cuda-triton-chunked"
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -114,22 +46,6 @@ def _prec(dtype: torch.dtype) -> str:
 
 def _contig(*xs):
     return tuple(x.contiguous() for x in xs)
-
-
-def decode_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val,
-                   gate_params=None) -> Tensor:
-    """Token loop for short sequences (no backward): advances ``bank``, returns readings.
-    With ``gate_params`` the prep kernel computes the gates (see ``phase1.prep``)."""
-    P, T, W = k_idx.shape
-    R = q_idx.shape[2]
-    S, hd = bank.shape
-    # one chunk of T tokens: the padded per-token beta of prep is [P, T]
-    slot, val, gate, _, _, _, beta = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
-    out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
-    BD = CONFIG["BD_DECODE"]
-    launch(_decode_kernel, (P, -(-hd // BD)), bank, slot, val, gate, v, beta, out, T, hd,
-           W=W, R=R, WP=pow2(W), RP=pow2(R), BD=BD, num_warps=CONFIG["WARPS"])
-    return out
 
 
 def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
@@ -147,19 +63,8 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    if walk_kind(C, bank, P, W, R) == "step":
-        _step_walk(bank, pl, v, out, saved_arg, saved is not None)
-        return out
-    BD, CP = CONFIG["BD"], pow2(C)
-    NCB = -(-hd // BD)
-    scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
-    ru = pl.runs
-    launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
-           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved_arg, P, T, hd,
-           pl.NC, C=C, W=W, R=R, BD=BD,
-           TB=min(CONFIG["TB"], CP), EW=CONFIG["EW"], NG=CONFIG["NG"], CP=CP,
-           SAVE=saved is not None, PREC=_prec(bank.dtype), ROWS_AHEAD=CONFIG["ROWS_AHEAD"], KW=CONFIG["KW"],
-           HEAD_AHEAD=CONFIG["HEAD_AHEAD"], num_warps=CONFIG["WARPS"])
+    walk = step_walk if walk_kind(C, bank, P, W, R) == "step" else column_walk
+    walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype))
     return out
 
 
@@ -170,53 +75,6 @@ def walk_kind(C: int, bank: Tensor, P: int, W: int, R: int) -> str:
     loop over the chunks on the host: the step walk, except for the small shapes where the
     column walk measured faster (``launch.step_walks``, the backward's rule too)."""
     return "step" if step_walks(CONFIG, bank, (P, W, R, C)) else "column"
-
-
-def _step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
-               keep: Tensor | None = None):
-    """The step walk (``step.py``): two or three launches per chunk, in chunk order.
-    ``keep`` (``[NC, P, CP, hd]`` fp32): receives ``v - r0`` for the backward."""
-    P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
-    hd = bank.shape[1]
-    CP = pow2(C)
-    BD, BDW, NG = CONFIG["BD_STEP"], CONFIG["BD_STEP_W"], CONFIG["NG_STEP"]
-    NCB, NCBW = -(-hd // BD), -(-hd // BDW)
-    nrt = -(-C * W // NG)
-    f32 = dict(dtype=torch.float32, device=bank.device)
-    u, inter = (torch.empty(P, CP, hd, **f32) for _ in range(2))
-    # the write launch reads delta for every run member: in bf16 for a bf16 bank, half the
-    # L2 traffic (the written rows are stored in bf16 anyway; the sums over a run stay fp32)
-    low = bank.dtype == torch.bfloat16
-    delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
-                        device=bank.device)
-    ru = pl.runs
-    MBM, TBM = CONFIG["MB_MIX"], min(CONFIG["TB_MIX"], CP)
-    prec = _prec(bank.dtype)
-    pd = pdl(CONFIG, bank)
-    gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
-                      u, inter, u if keep is None else keep, 0, P, pl.T, hd, NC, C=C, W=W,
-                      R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
-                      KEEP=keep is not None, num_warps=CONFIG["WARPS_STEP"], num_stages=1, **pd)
-    mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
-                   inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
-                   ROWS=bool(CONFIG["MIX_ROWS"]) and CP <= ROWS_MAX_CP,
-                   num_warps=CONFIG["WARPS_MIX"], num_stages=1, **pd)
-    CLW = min(CONFIG["CL_WRITE"], NCBW)   # column blocks per write program
-    write = Relaunch(_step_write_kernel, (P * nrt, -(-NCBW // CLW)), "c", bank, delta, ru.slot,
-                     ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,
-                     NG=NG, KW=CONFIG["KW_STEP"], CP=CP, SAVE=save,
-                     CL=CLW,
-                     num_warps=CONFIG["WARPS_STEP_W"],
-                     num_stages=1, **pd)
-    def body():
-        for c in range(NC):   # kernel boundaries order the chunks
-            gather(c)
-            mix(c)
-            write(c)
-
-    # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
-    graphs.run(("forward", NC, gather.key, mix.key, write.key), body,
-               bank.device, CONFIG["WALK_GRAPHS"])
 
 
 def saved_buffers(bank: Tensor, P: int, T: int, W: int, C: int, mode: str, save: bool):
@@ -261,7 +119,7 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     if T == 0:
         out = bank.new_empty(P, 0, bank.shape[1])
     elif not save and T <= DECODE_MAX_T:
-        out = decode_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, gate_params)
+        out = decode(bank, k_idx, k_val, v, beta, g, q_idx, q_val, CONFIG, gate_params)
     else:
         out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw,
                               gate_params)
@@ -335,8 +193,8 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
                                         device=bank.device))
-        _step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save,
-                   None if keep is None else keep.vmr)
+        step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save, CONFIG,
+                  _prec(bank.dtype), None if keep is None else keep.vmr)
         if not whole:
             readings[:, t0:t1] = out
     if rows is None:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from sdm_inductor.kernels.phase1 import Groups
-from sdm_inductor.kernels.sources import key_dtype as source_key_dtype
+from sdm_inductor.kernels.backward.sources import key_dtype as source_key_dtype
 
 
 def reference_groups(pl, pack: int = 2) -> Groups:

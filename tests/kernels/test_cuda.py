@@ -209,7 +209,7 @@ def test_auto_walk_follows_the_shape_rule(shape):
     <= 4096, C <= 64), the step walks elsewhere; the backward follows the same rule (it
     finds the forward's kept values only after a step walk)."""
     from sdm_inductor.kernels import host
-    from sdm_inductor.kernels.launch import column_suits
+    from sdm_inductor.kernels.runtime.launch import column_suits
     host.CONFIG["WALK"] = "auto"
     ins = _inputs(torch.float32, slots_per_stream=64, **shape)
     dy = torch.randn(2, 200, shape["hd"], device="cuda")
@@ -313,7 +313,7 @@ def test_pairs_term_lists(C):
                     ins.q_val, C)
             got = {}
             for split, run in ((True, 0), (True, 1), (False, 0)):
-                phase1.PAIR_SPLIT = split
+                phase1.pairs.PAIR_SPLIT = split
                 got[split, run] = phase1.plan(*args)
             for f in ("gam", "gend", "ev", "coef", "decay", "A", "QK"):
                 a, b, c = (getattr(got[k], f) for k in ((True, 0), (True, 1), (False, 0)))
@@ -324,7 +324,7 @@ def test_pairs_term_lists(C):
                 else:
                     assert torch.equal(a, c), (slots, f)
     finally:
-        phase1.PAIR_SPLIT = True
+        phase1.pairs.PAIR_SPLIT = True
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -351,7 +351,7 @@ def test_blocked_solve_in_two_launches():
     """``solve.inverse`` at 64 < C <= 128 in two launches (``BLOCKED_SPLIT``: the diagonal
     blocks, then the off-diagonal ones) gives the one-launch form's X and QK X, and
     torch's triangular solve's to fp32 accuracy, with padded tokens (beta = 0)."""
-    from sdm_inductor.kernels import solve
+    from sdm_inductor.kernels.phase1 import solve
     gen = torch.Generator(device="cuda").manual_seed(3)
     for C in (128, 96):
         A = torch.randn(64, C, C, device="cuda", generator=gen) * 0.3
@@ -393,7 +393,8 @@ def test_dense_sources_are_the_sorted_ones(C):
     torch's ``searchsorted`` (``reference_sources``), with the default scan tiles and with
     tiles of a few chunks and columns (19 chunks at C=16: tiles that carry, a ragged last)."""
     from references import reference_sources
-    from sdm_inductor.kernels import phase1, sources
+    from sdm_inductor.kernels import phase1
+    from sdm_inductor.kernels.backward import sources
     ins, _, _ = _training_case(torch.bfloat16)
     S = ins.bank.shape[0]
     pl = phase1.plan(S, *(x.contiguous() for x in (
@@ -445,7 +446,8 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     launch, in a training loop as benchmarks and training run it (the same leaves, each
     result dropped: the allocator hands out the same blocks); a call on other data gives
     its own results (a replay reads whatever its pointers hold now)."""
-    from sdm_inductor.kernels import graphs, host
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.runtime import graphs
     ins, dy, dM = _training_case(dtype)
     leaves = ins.leaves()
 
@@ -516,10 +518,12 @@ def test_launch_overlap_modes_are_bitwise_equal(keep):
 
 
 def test_cuda_graph_capture_and_no_recompile():
-    from sdm_inductor.kernels import backward, phase1, phase2, step
-    kernels = (phase1._prep_kernel, phase1._pairs_kernel, phase2._forward_kernel,
-               step._step_gather_kernel, step._step_mix_kernel, step._step_write_kernel,
-               backward._reverse_kernel)
+    from sdm_inductor.kernels.backward import reverse_walk
+    from sdm_inductor.kernels.forward import column_walk, step_walk
+    from sdm_inductor.kernels.phase1 import entries, pairs
+    kernels = (entries._prep_kernel, pairs._pairs_kernel, column_walk._forward_kernel,
+               step_walk._step_gather_kernel, step_walk._step_mix_kernel,
+               step_walk._step_write_kernel, reverse_walk._reverse_kernel)
 
     def n_compiled():
         return sum(len(c[0]) for k in kernels for c in k.device_caches.values())

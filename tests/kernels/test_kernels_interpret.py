@@ -149,7 +149,7 @@ def _pack_log_bytes():
     their neighbours, subnormals and random values of both signs."""
     import torch
     from sdm_inductor import quant
-    from sdm_inductor.kernels.quantize import pack_log
+    from sdm_inductor.kernels.forward.quantize import pack_log
     gen = torch.Generator().manual_seed(0)
     for mode in ("fp8", "int4"):
         for hd in (17, 18):
@@ -415,7 +415,7 @@ def case_chunk_start_sources():
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.phase1 import plan
-    from sdm_inductor.kernels.sources import chunk_start_sources
+    from sdm_inductor.kernels.backward.sources import chunk_start_sources
     sys.path.insert(0, HERE)
     from references import reference_sources
     from sdm_inductor.testing import make_inputs, reference_outputs
@@ -430,7 +430,7 @@ def case_chunk_start_sources():
     rows = log.view(-1, log.shape[-1])   # [segments * C, W, hd]: one row per write position
     pl = plan(S, *(x.contiguous() for x in (ins.k_idx, ins.k_val, ins.beta, ins.g,
                                              ins.q_idx, ins.q_val)), C)
-    from sdm_inductor.kernels import sources
+    from sdm_inductor.kernels.backward import sources
     ref = reference_sources(pl, S)
     # the launches = torch's searchsorted: the sorted form, and the dense table in one
     # scan tile and in tiles of 2 chunks (4 here: the carry between tiles), of 16 columns
@@ -494,7 +494,7 @@ def case_entry_groups():
     sys.path.insert(0, HERE)
     from references import reference_groups
     from test_groups import random_plan
-    phase1.GROUPS_BLOCK = 16
+    phase1.headers.GROUPS_BLOCK = 16
     ins = make_inputs(P=2, T=37, W=4, R=3, hd=8, slots_per_stream=10, repeats=True, seed=31)
     real = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 16)
@@ -514,7 +514,7 @@ def case_window_sums():
     and the dQK / dL partials (stored on and below the diagonal only: NaN above it here)
     read only on and below it, their sums zero above it."""
     import torch
-    from sdm_inductor.kernels import step_backward as sb
+    from sdm_inductor.kernels.backward import step_walk as sb
     sb.SUM_BLOCK, sb.SUM_ROWS = 64, 4
     gen = torch.Generator().manual_seed(5)
     P, NC, NCW, C, W, E = 2, 7, 3, 6, 2, 5
@@ -580,9 +580,10 @@ def case_phase1_scans():
         ins.q_idx[0, 2, 0] = ins.bank.shape[0] + 3   # an out-of-range read
         S = ins.bank.shape[0]
         args = (S, ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val, C)
-        phase1._key_dtype = lambda S, C, E, dt=key_dtype: dt
-        phase1.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
-        phase1.FLAT_SORT, phase1.PAIR_SPLIT, phase1.GROUPS_SPLIT = False, False, False
+        phase1.entries._key_dtype = lambda S, C, E, dt=key_dtype: dt
+        phase1.groups.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
+        phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = False, False
+        phase1.groups.GROUPS_SPLIT = False
         want = phase1.plan(*args)
         P, T, W = ins.k_idx.shape
         R = ins.q_idx.shape[2]
@@ -600,9 +601,9 @@ def case_phase1_scans():
             y = getattr(want.runs, f)
             assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
         # blocks of 16 / 64 positions: groups that cross one or several block edges
-        phase1.GROUPS_SPLIT, phase1.GROUPS_SPLIT_BLK = True, 16 if C == 8 else 64
-        phase1.FLAT_SORT, phase1.PAIR_SPLIT = True, True
-        assert phase1._flat_span(S, B, C, E) > 0
+        phase1.groups.GROUPS_SPLIT, phase1.groups.GROUPS_SPLIT_BLK = True, 16 if C == 8 else 64
+        phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = True, True
+        assert phase1.entries._flat_span(S, B, C, E) > 0
         flat = phase1.plan(*args)
         for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
             assert torch.equal(getattr(flat, f), getattr(want, f)), f
@@ -613,7 +614,7 @@ def case_phase1_scans():
             x, y = getattr(flat, f), getattr(want, f)
             torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7, msg=f)
             assert x.abs().sum() > 0, f
-        lmax = phase1._pair_launch_blocks(C, W, R, True)[1]
+        lmax = phase1.pairs._pair_launch_blocks(C, W, R, True)[1]
         terms = _gram_terms(flat)
         print(f"C={C}: up to {terms.max()} Gram terms in a program, lists of {lmax}")
         overflowed = overflowed or bool(terms.max() > lmax)
@@ -627,7 +628,7 @@ def case_solve_blocks():
     the diagonal blocks, then the off-diagonal ones), gives torch's triangular solve's X
     and QK X."""
     import torch
-    from sdm_inductor.kernels import solve
+    from sdm_inductor.kernels.phase1 import solve
     gen = torch.Generator().manual_seed(5)
     for C in (128, 96):
         B = 3

@@ -1,5 +1,5 @@
 """Phase 2 of the chunked form: the sequential walk over the chunks, in one launch (the
-column walk: what traced calls launch; eager calls take ``step.py``'s launches per chunk).
+column walk: what traced calls launch; eager calls take ``step_walk``'s launches per chunk).
 
 Every quantity of Phase 2 is separable by bank column (SDM_SPEC section 3), so one
 program owns (stream ``p``, column block ``cb``) and walks all chunks of its stream
@@ -23,8 +23,13 @@ what the backward needs besides the final bank, at no extra gather.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+
+from ..common.tiles import _write_head, _write_tile
+from ..runtime.launch import launch, pow2
 
 
 @triton.jit
@@ -34,71 +39,6 @@ def _entry_tile(slot_ptr, w_ptr, seg, toks, tm, e0, E: tl.constexpr, EW: tl.cons
     em = tm[:, None] & (ents < E)[None, :]
     off = seg + toks[:, None] * E + ents[None, :]
     return tl.load(slot_ptr + off, mask=em, other=-1), tl.load(w_ptr + off, mask=em, other=0.0)
-
-
-@triton.jit
-def _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm, cols, cm, hd):
-    """A tile of positions of the slot-sorted write order (``phase1.Runs``): the slot,
-    run length and chunk decay at run starts (slot -1 elsewhere), the row offsets and the
-    mask of the rows written."""
-    sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-    ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
-    dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
-    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-    wm = (sl >= 0)[:, None] & cm[None, :]
-    return sl, ln, dec, ro, wm
-
-
-@triton.jit
-def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb, f0,
-                CW: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
-    """Everything a write tile needs before its gathers, in loads that depend on nothing:
-    the run headers of positions [f0, f0 + NG) and the first ``KW`` members of each run
-    (token and coefficient; members past a run's end are masked when used)."""
-    pos = f0 + tl.arange(0, NG)
-    fm = pos < CW
-    sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-    ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
-    dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
-    mpos = pos[:, None] + tl.arange(0, KW)[None, :]
-    mm = fm[:, None] & (mpos < CW)
-    tk = tl.load(run_tok_ptr + rb + mpos, mask=mm, other=0)
-    cf = tl.load(run_coef_ptr + rb + mpos, mask=mm, other=0.0)
-    return sl, ln, dec, tk, cf
-
-
-@triton.jit
-def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
-                cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
-                BD: tl.constexpr, SAVE: tl.constexpr, DS, EV: tl.constexpr):
-    """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
-    run's order. The old rows and the first ``KW`` members' deltas are gathered in one
-    round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
-    ``SAVE`` the old rows go to the undo log at the run's start position (``lb``: the
-    segment's first log row; the log is chunk-major, the run arrays stream-major).
-    ``scr_d + tok * DS + sc`` holds token ``tok``'s delta for the tile's columns."""
-    pos = f0 + tl.arange(0, NG)
-    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-    wm = (sl >= 0)[:, None] & cm[None, :]
-    old = tl.load(bank_ptr + ro, mask=wm, other=0.0, eviction_policy=EV)
-    if SAVE:
-        tl.store(log_ptr + (lb + pos).to(tl.int64)[:, None] * hd + cols[None, :],
-                 old.to(log_ptr.dtype.element_ty), mask=wm)
-    ks = tl.arange(0, KW)
-    km = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
-    dd = tl.load(scr_d + tk[:, :, None] * DS + sc[None, None, :], mask=km[:, :, None], other=0.0)
-    acc = tl.sum(cf[:, :, None] * dd, axis=1)
-    m = KW
-    n_max = tl.max(ln, axis=0)  # longest run of the tile
-    while m < n_max:  # data-dependent trip count
-        mm = m < ln
-        tkm = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
-        cfm = tl.load(run_coef_ptr + rb + pos + m, mask=mm, other=0.0)
-        acc += cfm[:, None] * tl.load(scr_d + tkm[:, None] * DS + sc[None, :], mask=mm[:, None],
-                                      other=0.0)
-        m += 1
-    new = dec[:, None] * old.to(tl.float32) + acc
-    tl.store(bank_ptr + ro, new.to(bank_ptr.dtype.element_ty), mask=wm)
 
 
 @triton.jit
@@ -219,3 +159,23 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                             cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
         tl.debug_barrier()
         c += 1
+
+
+def column_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
+                config: dict, prec: str):
+    """The column walk of plan ``pl``: one launch, one program per (stream, column block);
+    advances ``bank``, writes the readings to ``out`` and with ``save`` the undo log to
+    ``saved``."""
+    P, T, W, R, C = pl.P, pl.T, pl.W, pl.R, pl.C
+    hd = bank.shape[1]
+    BD, CP = config["BD"], pow2(C)
+    NCB = -(-hd // BD)
+    scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
+    ru = pl.runs
+    launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
+           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved, P, T, hd,
+           pl.NC, C=C, W=W, R=R, BD=BD,
+           TB=min(config["TB"], CP), EW=config["EW"], NG=config["NG"], CP=CP,
+           SAVE=save, PREC=prec, ROWS_AHEAD=config["ROWS_AHEAD"], KW=config["KW"],
+           HEAD_AHEAD=config["HEAD_AHEAD"], num_warps=config["WARPS"])
+

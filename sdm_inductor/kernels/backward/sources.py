@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import launch
-from .phase1 import _min_fn
+from ..common.tiles import _min_fn
+from ..runtime.launch import launch
 
 BLOCK = 1024   # positions / entries per program of the launches over them
 

@@ -34,12 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
-from . import graphs
-from .launch import Relaunch, launch, pdl, pow2
-from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
-                   _grid_dependency, _launch_dependents, _token_program, _token_program_at,
-                   _wait)
+from ..common.tiles import (ROWS_MAX_CP, _block_program, _column_block, _gather_index,
+                            _gather_rows, _grid_dependency, _group_cols, _group_headers,
+                            _group_members, _launch_dependents, _load_log, _qkt_dy,
+                            _token_program, _token_program_at, _wait)
+from ..runtime import graphs
+from ..runtime.launch import Relaunch, launch, pdl, pow2
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])

@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .. import quant
-from .launch import launch, pow2
+from ... import quant
+from ..runtime.launch import launch, pow2
 
 _MODE = {"fp8": 1, "int4": 2}
 # measured on the H200 at config A's log (benchmarks/bench_pack.py): 2 rows x 2 warps
