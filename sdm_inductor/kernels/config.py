@@ -10,18 +10,18 @@ import os
 CONFIG = dict(
     # --- which walk (eager step walk / traced column walk), and the eager call's extras
     # WALK: "auto" (step walk when eager, except the small shapes of
-    # ``launch.column_suits``; column walk when traced), or "column" / "step" to force one
+    # ``runtime.launch.column_suits``; column walk when traced), or "column" / "step" to force one
     # (a traced call always takes the column walk). Environment: SDM_INDUCTOR_WALK.
     WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"),
     # WALK_GRAPHS: an eager step walk whose launches (kernels, grids, every argument) are
-    # those of an earlier call replays them from a CUDA graph (``graphs.py``); 0 makes every
+    # those of an earlier call replays them from a CUDA graph (``runtime/graphs.py``); 0 makes every
     # launch. Environment: SDM_INDUCTOR_WALK_GRAPHS.
     WALK_GRAPHS=int(os.environ.get("SDM_INDUCTOR_WALK_GRAPHS", "1")),
     # WINDOW_TOKENS: the eager no-grad forward runs the sequence in windows of about this
     # many tokens, so its working memory (Phase 1 of a window) does not grow with T.
     # TRAIN_WINDOW_TOKENS (0: the whole sequence): the same for the step walks' training
     # calls; each window's Phase 1 then runs on a side stream one window ahead
-    # (``pipeline.py``). Off by default: Phase 1's kernels are latency-bound and each window
+    # (``runtime/pipeline.py``). Off by default: Phase 1's kernels are latency-bound and each window
     # costs host time, so one window is faster; windows bound the memory of long sequences.
     WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0,
     # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
@@ -29,13 +29,13 @@ CONFIG = dict(
     # launch (0: the backward recomputes them, as it must after token windows).
     KEEP=1,
     # PDL: programmatic dependent launch of the step walks' launches on sm_90+
-    # (``launch.pdl``); 2: the row kernels also issue their early loads (Phase 1's arrays,
+    # (``runtime.launch.pdl``); 2: the row kernels also issue their early loads (Phase 1's arrays,
     # inputs, the undo log) before waiting for the launch before them
-    # (``step._grid_dependency``); 3: the backward also does work that needs nothing of the
+    # (``tiles._grid_dependency``); 3: the backward also does work that needs nothing of the
     # launch just before (2-2.5 % faster than 2), up to chunks of PDL3_MAX_C (at C = 256, 2
     # is 3 % faster); the forward treats 3 as 2. Environment: SDM_INDUCTOR_PDL.
     PDL=int(os.environ.get("SDM_INDUCTOR_PDL", "3")), PDL3_MAX_C=128,
-    # --- the column walk (phase2.py, backward.py's reverse kernel): BD bank columns per
+    # --- the column walks (forward/column_walk.py, backward/reverse_walk.py): BD bank columns per
     # program (16 bf16 columns = one 32-byte sector per gathered row), TB tokens per tile,
     # EW entries per gather tile, NG write positions per tile of the write pass, KW run
     # members gathered with the run header (longer runs loop); ROWS_AHEAD / HEAD_AHEAD:
@@ -45,18 +45,18 @@ CONFIG = dict(
     # chunks (2 against 4: as fast, half the partial sums' memory).
     BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8, WARPS_BWD=8,
     ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=2,
-    # --- the forward step walk (step.py): the gather launch (BD_STEP columns per program
+    # --- the forward step walk (forward/step_walk.py): the gather launch (BD_STEP columns per program
     # in WARPS_STEP warps: one warp sums a token's entries in registers and shuffles, where
     # four crossed warps through shared memory with bank conflicts, 5-12 % slower), the
     # product launch (MB_MIX columns x TB_MIX tokens, WARPS_MIX warps; blocks of 32 tokens
     # give twice the programs of 64 at C = 128), the write launch (BD_STEP_W columns, NG_STEP
     # positions, KW_STEP inline members, WARPS_STEP_W warps, CL_WRITE column blocks per
     # program). MIX_ROWS: the product launch loads each token block's rows of X and QKX
-    # whole before waiting for the gather launch (``step._mix_block_rows``), up to C = 128
+    # whole before waiting for the gather launch (``_mix_block_rows``), up to C = 128
     # (above it the rows forms spill); 0 takes the blocks form at every C.
     BD_STEP=128, WARPS_STEP=1, BD_STEP_W=128, NG_STEP=32, KW_STEP=2, WARPS_STEP_W=4,
     CL_WRITE=1, MB_MIX=32, TB_MIX=32, WARPS_MIX=4, MIX_ROWS=1,
-    # --- the backward step walk (step_backward.py): BD_STEP_B columns of its row passes in
+    # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE
     # above C = 128 (the blocks form, where 64 x 16 is 5 % slower); MIX_ROWS_B as MIX_ROWS.

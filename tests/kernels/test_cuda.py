@@ -4,8 +4,8 @@ fp32 banks: relative error <= 1e-4; bf16 banks: <= 2e-2. Gradients against autog
 through the oracle. Plus: every snapshot mode, grad_bank_fp32, P > 1, shared bank,
 per-write gates, T not a multiple of C, repeated slots, the decode path, bitwise
 determinism, CUDA-graph capture and no kernel recompilation for a new T. The Phase 2
-walks: eager calls take the step walk (``kernels/step.py``) except for small shapes
-(``launch.column_suits``), traced ones the column walk (``kernels/phase2.py``); the tests
+walks: eager calls take the step walk (``kernels/forward/step_walk.py``) except for small shapes
+(``launch.column_suits``), traced ones the column walk (``kernels/forward/column_walk.py``); the tests
 run the step walks unless they ask for another, and the oracle and determinism tests run
 both in eager.
 """
@@ -277,7 +277,7 @@ def test_dev_and_groups_as_one_launch(dtype, C):
     bitwise reproducible, and the gradients of the two launches. The dB programs run in
     the same warps either way, so the bank gradient is bitwise theirs; the ``d ev``
     programs run in 8 warps instead of 4, so their sums over a row's columns go in another
-    (fixed) order. Measured (NOTES.md run 27): fp32 all bitwise; bf16 the bank, k_val, v
+    (fixed) order. Measured: fp32 all bitwise; bf16 the bank, k_val, v
     and beta gradients bitwise, the decay gradient's largest difference 4e-6."""
     from sdm_inductor.kernels import host
     for slots, keep in ((256, 1), (8192, 0)):
@@ -331,7 +331,7 @@ def test_pairs_term_lists(C):
 @pytest.mark.parametrize("sparse", [True, False])
 def test_one_member_path_is_bitwise_equal(dtype, sparse):
     """The dB launch's one-member path over split groups (``GROUP_ONE=2``) gives bitwise the
-    gradients of session 22's launch over packed headers: the same terms in the same
+    gradients of the launch over packed headers (``GROUP_PACK=1``, ``GROUP_ONE=0``): the same terms in the same
     order. Sparse slots: most tiles take the one-member path."""
     from sdm_inductor.kernels import host
     slots = 8192 if sparse else 256
@@ -417,7 +417,7 @@ def test_dense_sources_are_the_sorted_ones(C):
                                               (torch.bfloat16, "fp8", 1)])
 def test_chunk_start_sources_match_the_column_walk(dtype, mode, keep):
     """The backward step walk reading its chunk-start rows from the final bank and a raw
-    undo log (``kernels/sources.py``), or restoring a working copy from an fp8 log, with
+    undo log (``kernels/backward/sources.py``), or restoring a working copy from an fp8 log, with
     the forward's ``v - r0`` kept or gathered again: the column walk's gradients to the
     oracle's tolerance, and the final bank as the forward returned it."""
     from sdm_inductor.kernels import host
@@ -441,7 +441,7 @@ def test_chunk_start_sources_match_the_column_walk(dtype, mode, keep):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_walk_graph_replays_are_bitwise_the_launches(dtype):
-    """Eager step walks replayed from CUDA graphs (``kernels/graphs.py``, from the second
+    """Eager step walks replayed from CUDA graphs (``kernels/runtime/graphs.py``, from the second
     time the same launches come) give bitwise the outputs and gradients of making every
     launch, in a training loop as benchmarks and training run it (the same leaves, each
     result dropped: the allocator hands out the same blocks); a call on other data gives
@@ -464,7 +464,7 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     # the allocator's cache as earlier tests left it may take many calls to settle into
     # handing out the same blocks every call: start from an empty one. Even so, after the
     # whole CUDA suite the fp32 loop once had not repeated its forward's pointers by its
-    # sixth call (benchmarks/NOTES.md run 23; alone it replays from the third, run 24), so
+    # sixth call (alone it replays from the third), so
     # the loop runs until both walks replayed a graph recorded in an earlier call, at most
     # 16 calls, every call checked
     torch.cuda.synchronize()
@@ -499,7 +499,7 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
 @pytest.mark.parametrize("keep", [1, 0])
 def test_launch_overlap_modes_are_bitwise_equal(keep):
     """``PDL`` 2 and 3 (launches that load or work before waiting for the one before,
-    ``step._grid_dependency``) give bitwise the outputs and gradients of ``PDL=1`` (every
+    ``tiles._grid_dependency``) give bitwise the outputs and gradients of ``PDL=1`` (every
     launch waits before anything), with the forward's ``v - r0`` kept or gathered again."""
     from sdm_inductor.kernels import host
     ins = _inputs(torch.bfloat16, P=3, T=700, W=32, R=16, hd=192, slots_per_stream=512,

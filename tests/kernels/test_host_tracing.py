@@ -1,7 +1,7 @@
 """The CUDA implementation's host code, traced with symbolic shapes on CPU (no GPU needed:
 ``wrap_triton`` records the launches without running them): a graph traced at one
-length must serve other lengths without a recompile (issue 3, "a new T needs no new
-kernel compilation"), which is what a compiled model with ``dynamic=True`` relies on.
+length must serve other lengths without a recompile (a new T needs no new kernel
+compilation), which is what a compiled model with ``dynamic=True`` relies on.
 
 A length that is a multiple of the chunk size (no padded tail) is among those asked.
 """
@@ -101,8 +101,8 @@ def test_static_shapes_trace_the_flat_sort():
 
 def test_traced_phase1_keeps_the_earlier_kernel_forms():
     """Traced calls launch the pairs kernel as one program per token and the prep kernel
-    without its repeat branch (``phase1.PAIR_SPLIT`` / ``PREP_REPEAT_BRANCH`` are for eager
-    calls: an AOTInductor CUDA test failed with them on, cause not found, NOTES.md run 14)."""
+    without its repeat branch (``phase1.pairs.PAIR_SPLIT`` / ``entries.PREP_REPEAT_BRANCH``
+    are for eager calls: an AOTInductor CUDA test failed with them on, cause not found)."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     from sdm_inductor.kernels import phase1
     assert phase1.pairs.PAIR_SPLIT and phase1.entries.PREP_REPEAT_BRANCH

@@ -2,13 +2,16 @@
 
 The interpreter must be switched on before the kernels are decorated, and must not leak
 into other test files that use Triton in the same pytest process, so each check runs
-in a subprocess: ``python tests/kernels/test_kernels_interpret.py <case>``. Sizes are tiny (the
-interpreter runs every program in numpy) but cover several chunks, T not a multiple of
-C, several token tiles per chunk, partial column blocks, P > 1, shared and private
-banks, per-write gates, repeated slots, out-of-range indices and every snapshot mode.
+in a subprocess: ``python tests/kernels/test_kernels_interpret.py <case>``. The selected
+cases' subprocesses start together on first use, as many at a time as this process may use
+cores, the longest first; each test waits for its own. Sizes are tiny (the interpreter runs
+every program in numpy) but cover several chunks, T not a multiple of C, several token
+tiles per chunk, partial column blocks, P > 1, shared and private banks, per-write gates,
+repeated slots, out-of-range indices and every snapshot mode.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -21,20 +24,31 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not an installed copy
 
 
-def _run(case: str):
+def _run(case: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env,
-                         capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    """The selected cases' subprocesses, started in the parametrize order (longest first)."""
+    cases = [item.callspec.params["case"] for item in request.session.items
+             if item.module is request.module and hasattr(item, "callspec")]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(cases), cores or 1)))
+    yield {case: pool.submit(_run, case) for case in cases}
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("case", ["step_walk", "step_walk_windows", "step_walk_kept",
+                                  "column_walk", "phase1_scans", "chunk_start_sources",
+                                  "train_fp32", "snapshots", "train_bf16_shared",
+                                  "decode_and_masking", "windows_and_tiles", "entry_groups",
+                                  "solve_blocks", "window_sums"])
+def test_kernels_under_interpreter(case, runs):
+    res = runs[case].result()
     assert res.returncode == 0, f"case {case} failed:\n{res.stdout}\n{res.stderr[-4000:]}"
-
-
-@pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
-                                  "decode_and_masking", "windows_and_tiles",
-                                  "column_walk", "step_walk", "step_walk_windows",
-                                  "step_walk_kept", "chunk_start_sources", "entry_groups",
-                                  "phase1_scans", "solve_blocks", "window_sums"])
-def test_kernels_under_interpreter(case):
-    _run(case)
 
 
 # ---------------------------------------------------------------- cases (subprocess side)
@@ -78,7 +92,7 @@ def case_train_fp32():
     ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
                       repeats=True, seed=11)
     _train(ins, 16)
-    # one chunk, P > 1: the windowed backward's sums narrow to a strided view (was a bug)
+    # one chunk, P > 1: the windowed backward's sums narrow to a strided view
     _train(make_inputs(P=3, T=9, W=4, R=3, hd=18, slots_per_stream=24, seed=21), 16)
 
 
@@ -232,7 +246,7 @@ def case_windows_and_tiles():
 
 
 def case_column_walk():
-    """The column walk of ``phase2.py`` (one program per stream and 16-column block)."""
+    """The column walk (``forward/column_walk.py``, one program per stream and 16-column block)."""
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs
     host.CONFIG["WALK"] = "column"
@@ -254,7 +268,7 @@ def case_column_walk():
 
 
 def case_step_walk():
-    """The step walks of ``step.py`` and ``step_backward.py`` (launches per chunk):
+    """The step walks of ``forward/step_walk.py`` and ``backward/step_walk.py`` (launches per chunk):
     several column blocks of every launch (the last partial), several write and group
     tiles per chunk, runs and groups longer than the inline members, token blocks of the
     products, the backward's windows of partial sums, the undo log; write and dB programs of one and of
@@ -507,7 +521,7 @@ def case_entry_groups():
 
 
 def case_window_sums():
-    """``step_backward.window_sums`` (the backward step walk's cross-column sums of a
+    """``backward.step_walk.window_sums`` (the backward step walk's cross-column sums of a
     window) gives the column-block sums of the window's rows, in their slice of the
     whole-sequence sums and nowhere else: full and partial windows, P > 1, a number of
     column blocks that is not a multiple of the load tile, a chunk that is no power of 2,

@@ -115,10 +115,8 @@ def _gate_grads_kernel(perm_ptr, gs_ptr, nw_ptr, na_ptr, dgam_ptr, dgend_ptr, dg
 # warps of ``_pair_grads_kernel`` / ``_gate_grads_kernel`` (one program per token, blocks
 # of 32 entries; no float sums across lanes, so any count gives bitwise the same results).
 # One warp holds a block's 32 lanes; four only duplicated them: 121 -> 56 us and 43 -> 24
-# us at A C=128, autograd 0.990 (A) / 0.996 (B) against four (NOTES.md run 29)
+# us at A C=128, autograd 0.990 (A) / 0.996 (B) against four
 PAIR_GRADS_WARPS = 1
-
-
 GATE_GRADS_WARPS = 1
 
 

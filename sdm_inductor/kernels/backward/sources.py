@@ -40,7 +40,7 @@ BLOCK = 1024   # positions / entries per program of the launches over them
 # plan (``_dense_fits``): the table's fill and scan move ~12 bytes a place, the sorted
 # form's sort and searches ~200 bytes of scattered traffic a write position. At config A
 # the table is 4.5 places a position (19 MB), at B 18 (38 MB); a bank of millions of rows
-# takes the sorted form. NOTES.md run 29 (CUDA graph): 0.214 -> 0.068 ms at A C=128,
+# takes the sorted form. Measured (CUDA graph): 0.214 -> 0.068 ms at A C=128,
 # 0.132 -> 0.061 at B; autograd, the sorted form against the dense: 1.020 (A), 1.010 (B).
 # The scan's tiles barely matter (0.067-0.075 ms over six shapes at A).
 DENSE_MAX = 32

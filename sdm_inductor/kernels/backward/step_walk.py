@@ -1,12 +1,12 @@
 """The backward's chunk walk in steps: launches per chunk over the whole GPU, in reverse.
 
-The same computation as ``backward._reverse_kernel`` (whose docstring numbers the
+The same computation as ``reverse_walk._reverse_kernel`` (whose docstring numbers the
 passes), cut where one pass needs another's results for all the chunk's tokens, so each
-piece is one launch with many programs (as the forward's ``step.py``):
+piece is one launch with many programs (as the forward's step walk):
 
 1. ``_step_restore_kernel`` (write positions x column blocks): the rows chunk c wrote
    get their chunk-start values back from the undo log, in the working bank. Not with
-   the sources (``sources.py``, ``host.CONFIG["SOURCES"]``): the row launches then read
+   the sources of a raw log (``sources.py``): the row launches then read
    each entry's chunk-start row from the final bank or the undo log itself, both
    immutable during the walk, and there is no working copy;
 2. ``_step_bwd_gather_kernel`` (tokens x column blocks): ``v - r0``;
@@ -18,7 +18,7 @@ piece is one launch with many programs (as the forward's ``step.py``):
    ``dv``, ``d r0``, and the ``dL``, ``dQK``, ``d beta`` partial sums;
 6. ``_step_bwd_dev_kernel`` (tokens x column blocks): the ``d ev`` partial sums;
 7. ``_step_bwd_group_kernel`` (entry positions x column blocks): the new ``dB`` of every
-   distinct touched slot, once, in its group's order (``backward._group_tile``).
+   distinct touched slot, once, in its group's order (``reverse_walk._group_tile``).
 
 With ``DEV_DB`` (the default) 6 and 7 are one launch, ``_step_bwd_dev_group_kernel``.
 
@@ -287,7 +287,7 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
                           CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
                           ROWS: tl.constexpr = False):
     # (With PDL == 3 and the forward's v - r0 kept, this launch could run whole before its
-    # wait; measured 2 % slower in autograd calls, NOTES.md run 19, so it waits as with 2.)
+    # wait; measured 2 % slower in autograd calls, so it waits as with 2.)
     if ROWS:
         _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
                    C, MB, TB, CP, PREC, PDL)
@@ -476,7 +476,7 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                            ONE: tl.constexpr = 0):
     """dB of one tile of ``NG`` groups (``phase1.Groups``), in ``CL`` column blocks of ``BD``
     (one after the other): the tile's headers load once for all of them. The launch
-    measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
+    measured issue-bound (Nsight Compute), and the headers' loads, masks and
     offsets were most of each program's instructions at one block per program. With
     packed headers, the tiles past a segment's last group skip the blocks. ``ONE``: a tile
     whose groups all have one member (most of them, with the split layout) loads one
@@ -545,7 +545,7 @@ def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, 
                                CG: tl.constexpr = "",
                                QMODE: tl.constexpr = 0, SRC: tl.constexpr = False,
                                ONE: tl.constexpr = 0):
-    """The ``d ev`` and dB launches of a chunk step as one grid (``host.CONFIG["DEV_DB"]``):
+    """The ``d ev`` and dB launches of a chunk step as one grid (``CONFIG["DEV_DB"]``):
     both need only ``d r0`` of the product launch before them and neither reads what the
     other writes, but as two launches the dB programs could start only once every ``d ev``
     program had started, so they shared the SMs for the last wave of ``d ev`` alone. Here

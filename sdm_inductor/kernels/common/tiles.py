@@ -38,7 +38,7 @@ def _grid_dependency(PDL: tl.constexpr):
     then overlaps the previous kernel's tail instead of following it (kernels without a
     ``PDL == 3`` form of their own treat 3 as 2).
 
-    ``PDL == 3`` goes further in the backward walk (``step_backward``): launches whose work
+    ``PDL == 3`` goes further in the backward step walk: launches whose work
     needs nothing of the launch just before them do it before waiting, and loads of what
     the walk itself wrote two or more launches back go before the wait through L2 (``.cg``).
     Each such kernel says why its early work is safe where it does it."""
@@ -73,7 +73,7 @@ def _token_program(NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr
 def _token_program_at(pid, cb, NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr):
     """``_token_program`` of grid position (``pid`` = p * C + i, column block ``cb``): also
     for a launch that runs two kinds of programs in one grid
-    (``step_backward._step_bwd_dev_group_kernel``)."""
+    (``backward.step_walk._step_bwd_dev_group_kernel``)."""
     p = pid // C
     i = pid % C
     cols = cb * BD + tl.arange(0, BD)
@@ -115,7 +115,7 @@ def _gather_index(slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr):
 @triton.jit
 def _gather_rows(bank_ptr, sl, wt, cols, cm, hd, EV: tl.constexpr):
     """sum_e wt_e M0[sl_e, cols] (slot -1: nothing); ``EV``: the L2 eviction policy of the
-    row loads (``launch.EVICT``)."""
+    row loads (``""``: none)."""
     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
                    mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, eviction_policy=EV)
     return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)

@@ -123,13 +123,12 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
 
 # warps of ``_prep_kernel`` (one program per token). One: its W x W slot comparisons
 # and sums stay in one warp's registers and shuffles, 2.4 k instructions per token
-# against 4 x 1.5 k for four warps (an issue-bound kernel, run 13); NOTES.md run 15:
+# against 4 x 1.5 k for four warps (an issue-bound kernel):
 # no-grad 1-2.5 % faster at A and B (the plan alone: 0.92 at A C=128, 1.07 at C=64)
 PREP_WARPS = 1
 
-
-# the prep kernel sums repeated slots' weights only in tokens that repeat a slot (run 14;
-# eager calls only, see PAIR_SPLIT)
+# the prep kernel sums repeated slots' weights only in tokens that repeat a slot (eager
+# calls only, see ``pairs.PAIR_SPLIT``)
 PREP_REPEAT_BRANCH = True
 
 

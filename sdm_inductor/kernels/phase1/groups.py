@@ -140,7 +140,7 @@ def _group_bounds_kernel(skey_ptr, cnt_ptr, wex_ptr, gsp_ptr, gep_ptr, CE, NB,
     ``BLK`` positions per program (grid ``(B * NB,)``): in-block scans, with the two groups
     that cross the block's edges found by binary searches and the write ranks carried by
     ``_block_writes_kernel``'s counts. ``_groups_kernel`` does the same in one program per
-    segment, a chain of dependent blocks (NOTES.md run 16)."""
+    segment, a chain of dependent blocks."""
     b = (tl.program_id(0) // NB).to(tl.int64)
     blk = tl.program_id(0) % NB
     seg = b * CE
@@ -195,26 +195,19 @@ def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 
 # ``_groups_kernel`` (one program per segment): positions per block of its two scans, warps
 GROUPS_BLK = 2048
-
-
 GROUPS_WARPS = 8
-
 
 # The groups in three launches over blocks of GROUPS_SPLIT_BLK sorted positions
 # (``_block_writes_kernel``, ``_group_bounds_kernel``, ``_group_sizes_kernel``: every block
 # at once) instead of ``_groups_kernel``'s one program per segment: 132 against 166 us at
-# A C=128 (NOTES.md run 16). Both are bound by the scattered stores to entry order, which
-# the split form keeps in a small region of L2. Eager calls only, like PAIR_SPLIT.
+# A C=128. Both are bound by the scattered stores to entry order, which
+# the split form keeps in a small region of L2. Eager calls only, like ``pairs.PAIR_SPLIT``.
 GROUPS_SPLIT = True
-
-
 GROUPS_SPLIT_BLK = 1024
-
 
 # With the split groups, ``_block_writes_kernel`` also writes each sorted write position's
 # gate, weight and token, and the pairs kernel reads a group's members there (one round trip)
-# instead of through ``perm`` (two dependent ones: NOTES.md run 16 found the kernel bound
-# by them). The same values: bitwise the same plan.
+# instead of through ``perm`` (two dependent ones, which bound the kernel). The same values: bitwise the same plan.
 PAIR_SORTED = True
 
 

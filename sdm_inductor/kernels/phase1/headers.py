@@ -116,8 +116,7 @@ def entry_groups(pl: "Plan", pack: int = 2) -> Groups:
     then the headers after the counts of the blocks before). ``pack``
     (``Groups``' layouts): packed headers let the dB launch's tiles hold only groups (at
     config A, C=128, ~13 k of a stream's 16 k positions start one), and its programs past
-    the last group skip their work: the launch is bound by instruction issue (NOTES.md
-    runs 13 and 22). Split (2), most tiles hold groups of one member only (~80 % of the
+    the last group skip their work: the launch is bound by instruction issue. Split (2), most tiles hold groups of one member only (~80 % of the
     groups at config A, C=128, ~95 % at B), which the launch sums without a second member's
     loads or the loop over long groups (the slower tiles of longer groups come first in
     each segment: measured no faster or slower than last)."""

@@ -236,53 +236,38 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs
         tl.store(QK_ptr + row, qk_row, mask=cm)
 
 
-# The split ``_pairs_kernel``'s Gram terms through a per-program term list of PAIR_LIST
-# entry blocks (``_list_add``; 0: one-hot sums over every (entry, member) lane, ``PAIR_ACC``).
-# Eager calls only, like PAIR_SPLIT.
+# places of the split ``_pairs_kernel``'s per-program term list, in entry blocks
+# (``_list_add``): the few Gram terms of a row summed one-hot over the list, not over
+# every (entry, member) lane
 PAIR_LIST = 2
-
 
 # Write members per group that ``_pairs_kernel`` loads as one tile (a power of 2); longer
 # groups loop over the rest. PAIR_ENTRIES / _128 / _WIDE: entries per block of the split
 # kernel at C <= 64, <= 128, > 128 (the single form keeps 32 up to 128); the Gram
 # rows' one-hot sums are [entries, C]: 255 registers at 32 x 256, 149 at 16 x 256.
 PAIR_MEMBERS = 4
-
-
 PAIR_ENTRIES = 32
-
-
 PAIR_ENTRIES_128 = 16
-
-
 PAIR_ENTRIES_WIDE = 16
-
 
 # Gram rows summed over the entry lanes once per token (``_gram_add``'s ``ACC``)
 PAIR_ACC = True
 
-
-# the pairs kernel as two programs per token, write entries / A and read entries / QK
-# (run 14). Eager calls only, like PREP_REPEAT_BRANCH: traced calls (torch.compile, export,
-# AOTInductor) keep the earlier kernel forms. With both on, the AOTInductor CUDA test with a
-# dynamic length (tests/test_export_aoti.py) failed once on the H200 (relative error 0.24);
-# its cause was not found before the session's device time ran out, and the earlier forms
-# are the ones that passed it (NOTES.md run 14).
+# the pairs kernel as two programs per token, write entries / A and read entries / QK.
+# Eager calls only, like ``entries.PREP_REPEAT_BRANCH``: traced calls (torch.compile,
+# export, AOTInductor) keep the single-program forms, the ones the AOTInductor CUDA test
+# with a dynamic length (tests/test_export_aoti.py) passes on the H200; with both split
+# forms it failed once there (relative error 0.24), cause not found.
 PAIR_SPLIT = True
-
 
 # warps of the split ``_pairs_kernel`` at C <= 64, 64 < C <= 128 and C > 128; the single
 # form (traced calls) keeps four. One warp at C=64 (128 registers): the kernel 193 -> 121
-# us at A (NOTES.md run 16). At C=128 one warp over blocks of 32 entries measured 354
+# us at A. At C=128 one warp over blocks of 32 entries measured 354
 # against 342 us for four, over blocks of 16 (PAIR_ENTRIES_128: no shared-memory layout
-# conversions at all) 326 us; 8 warps need more registers per thread, not fewer (run 14);
+# conversions at all) 326 us; 8 warps need more registers per thread, not fewer;
 # one warp would spill at C > 128
 PAIR_WARPS = 1
-
-
 PAIR_WARPS_128 = 1
-
-
 PAIR_WARPS_WIDE = 4
 
 

@@ -6,7 +6,7 @@ Phase 1 (``phase1.plan``: sort, groups, Gram matrices, the solve) depends on the
 and gates alone, never on the bank, so window ``k + 1``'s plan can run while the step
 walk of window ``k`` advances the bank. The walk's launches are short and latency-bound
 (one wave of small programs, then a dependent launch): the side stream's kernels fill
-the SMs they leave idle. Measured in benchmarks/NOTES.md (run 8).
+the SMs they leave idle.
 """
 from __future__ import annotations
 
