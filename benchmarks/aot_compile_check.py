@@ -200,7 +200,7 @@ def main(dtype="bf16"):
                          stok_ptr=i32, gs_ptr=i32, nw_ptr=i32, gam_ptr=f32, gend_ptr=f32,
                          ev_ptr=f32, coef_ptr=f32, decay_ptr=f32, A_ptr=f32, QK_ptr=f32,
                          lx_ptr=f32, lt_ptr=i32),
-                    dict(W=W, R=R, CP=CC, KM=pairs.PAIR_MEMBERS, ACC=pairs.PAIR_ACC,
+                    dict(W=W, R=R, CP=CC, KM=pairs.PAIR_MEMBERS,
                          SPLIT=split, SORTED=split and groups.PAIR_SORTED,
                          **dict(zip(("EB", "LMAX"),
                                     pairs._pair_launch_blocks(CC, W, R, split)))),

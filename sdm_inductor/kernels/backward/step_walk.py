@@ -70,10 +70,10 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
 @triton.jit
 def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
                 n: tl.constexpr, NP: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr,
-                CG: tl.constexpr, EV: tl.constexpr):
+                CG: tl.constexpr):
     """The chunk-start rows ``M0[sl_e, cols]`` (fp32) of the ``n`` entries from ``base``.
     Without ``SRC``: the working bank, which the restore launch brought back to the chunk's
-    start (``CG`` / ``EV``: the loads' cache modifier and eviction policy). With ``SRC``
+    start (``CG``: the loads' cache modifier). With ``SRC``
     (``sources.py``): ``work_ptr`` is the final bank, and an entry whose slot is written at
     or after this chunk reads the undo-log row ``src_ptr[base + e]`` instead, dequantized
     and rounded to the bank's dtype as the restore launch stores it (bitwise its rows)."""
@@ -94,7 +94,7 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
             fin = tl.load(work_ptr + ro, mask=m2 & (src < 0)[:, None], other=0.0)
             rows = tl.where((src >= 0)[:, None], lg.to(work_ptr.dtype.element_ty), fin)
     else:
-        rows = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV, cache_modifier=CG)
+        rows = tl.load(work_ptr + ro, mask=m2, other=0.0, cache_modifier=CG)
     return rows.to(tl.float32)
 
 
@@ -102,18 +102,18 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
 def _step_bwd_gather_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
                             vmr_ptr, c, T, hd, width, NC, C: tl.constexpr, W: tl.constexpr,
                             R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
-                            CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
-                            QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
+                            CP: tl.constexpr, PDL: tl.constexpr, QMODE: tl.constexpr = 0,
+                            SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     sl, wt = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     _grid_dependency(PDL >= 2)
     if SRC:
         r0 = tl.sum(wt[:, None] * _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl,
-                                              cols, cm, hd, width, W, WP, QMODE, SRC, "", EV),
+                                              cols, cm, hd, width, W, WP, QMODE, SRC, ""),
                     axis=0)
     else:
-        r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd, EV)
+        r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd)
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
@@ -300,12 +300,9 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
                         dd_ptr, pc_ptr, pm_ptr, c, hd, width, NC, NB, NCW, C: tl.constexpr,
                         W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
-                        CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
-                        EV_DB: tl.constexpr = "", CG: tl.constexpr = "",
+                        CP: tl.constexpr, PDL: tl.constexpr, CG: tl.constexpr = "",
                         QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
-    # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
-    # launch) and of the dB rows (read again by the dB launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     cb = tl.program_id(1)
     w = tl.arange(0, WP)
@@ -319,11 +316,10 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
     # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
-    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
-                 cache_modifier=CG).to(tl.float32)
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, cache_modifier=CG).to(tl.float32)
     # (SRC: the log and the final bank, which no launch of the walk writes)
     M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width, W,
-                     WP, QMODE, SRC, CG, EV)
+                     WP, QMODE, SRC, CG)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
     _grid_dependency(PDL == 3)
@@ -387,9 +383,9 @@ def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_pt
     # walk writes) load before the wait,
     # through L2, and the read entries' partials need nothing of the launch before
     rw = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, slw, cols, cm, hd, width, W, WP,
-                     QMODE, SRC, CG, "")
+                     QMODE, SRC, CG)
     rr = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base + W, slr, cols, cm, hd, width,
-                     R, RP, QMODE, SRC, CG, "")
+                     R, RP, QMODE, SRC, CG)
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
     _grid_dependency(PDL == 3)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)

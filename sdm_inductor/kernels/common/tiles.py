@@ -113,11 +113,10 @@ def _gather_index(slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr):
 
 
 @triton.jit
-def _gather_rows(bank_ptr, sl, wt, cols, cm, hd, EV: tl.constexpr):
-    """sum_e wt_e M0[sl_e, cols] (slot -1: nothing); ``EV``: the L2 eviction policy of the
-    row loads (``""``: none)."""
+def _gather_rows(bank_ptr, sl, wt, cols, cm, hd):
+    """sum_e wt_e M0[sl_e, cols] (slot -1: nothing)."""
     rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, eviction_policy=EV)
+                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0)
     return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
 
 
@@ -142,7 +141,7 @@ def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_
 @triton.jit
 def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
                 cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
-                BD: tl.constexpr, SAVE: tl.constexpr, DS, EV: tl.constexpr):
+                BD: tl.constexpr, SAVE: tl.constexpr, DS):
     """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
     run's order. The old rows and the first ``KW`` members' deltas are gathered in one
     round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
@@ -152,7 +151,7 @@ def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec,
     pos = f0 + tl.arange(0, NG)
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
-    old = tl.load(bank_ptr + ro, mask=wm, other=0.0, eviction_policy=EV)
+    old = tl.load(bank_ptr + ro, mask=wm, other=0.0)
     if SAVE:
         tl.store(log_ptr + (lb + pos).to(tl.int64)[:, None] * hd + cols[None, :],
                  old.to(log_ptr.dtype.element_ty), mask=wm)

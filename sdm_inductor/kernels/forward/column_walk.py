@@ -150,13 +150,13 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
                     f0 + NG, C * W, NG, KW)
                 _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
+                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
                 sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
             else:
                 sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
                                                   run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
                 _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
+                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
         tl.debug_barrier()
         c += 1
 

@@ -132,17 +132,14 @@ def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
 def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr,
                         c, P, T, hd, NC, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                         BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                        PDL: tl.constexpr, EV_W: tl.constexpr = "", EV_R: tl.constexpr = "",
-                        KEEP: tl.constexpr = False):
+                        PDL: tl.constexpr, KEEP: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
     _grid_dependency(PDL >= 2)
-    # EV_W / EV_R: the write rows are read again by this step's write launch, the read
-    # rows are not
-    r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd, EV_W)
-    inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd, EV_R)
+    r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd)
+    inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd)
     _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
                    cols, cm, C, CP, KEEP)
 
@@ -151,7 +148,7 @@ def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_pt
 def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                        run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
                        BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
-                       SAVE: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
+                       SAVE: tl.constexpr, PDL: tl.constexpr,
                        CL: tl.constexpr = 1):
     """The runs of one tile of ``NG`` write positions, in ``CL`` column blocks of ``BD`` one
     after the other: the run headers load once for all of them (as the dB launch)."""
@@ -170,7 +167,7 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
     for j in tl.static_range(CL):
         cols, cm, scr_d = _column_block(d_ptr, p, tl.program_id(1), j, sc, hd, BD, CP, CL)
         _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
-                    cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)
+                    cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd)
 
 
 def step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,

@@ -15,17 +15,13 @@ from ..runtime.launch import launch, pow2
 
 
 @triton.jit
-def _gram_add(acc, x, tf, ok, cols, ACC: tl.constexpr):
-    """``row[tf] += x`` for the lanes in ``ok`` by a one-hot sum over the lanes (no two
-    writers, a fixed order). ``ACC``: ``acc`` is ``[lanes, CP]`` and keeps each lane's
-    one-hot terms; the caller sums the lanes once at the end (one cross-warp reduction
-    per token instead of one per member and entry block). Otherwise ``acc`` is the row."""
+def _gram_add(acc, x, tf, ok, cols):
+    """``row[tf] += x`` for the lanes in ``ok`` by one-hot terms (no two writers, a fixed
+    order): ``acc`` is ``[lanes, CP]`` and keeps each lane's terms; the caller sums the
+    lanes once at the end (one cross-warp reduction per token instead of one per member
+    and entry block)."""
     t = tl.where(ok, tf, -1)
-    hot = tl.where(t[:, None] == cols[None, :], x[:, None], 0.0)
-    if ACC:
-        return acc + hot
-    else:
-        return acc + tl.sum(hot, axis=0)
+    return acc + tl.where(t[:, None] == cols[None, :], x[:, None], 0.0)
 
 
 @triton.jit
@@ -64,7 +60,7 @@ def _list_add(lx_ptr, lt_ptr, n, row, x, tf, ok, cols, LB: tl.constexpr, LMAX: t
 
 
 @triton.jit
-def _add_terms(row, n, x, tf, ok, cols, lst, ACC: tl.constexpr, LB: tl.constexpr,
+def _add_terms(row, n, x, tf, ok, cols, lst, LB: tl.constexpr,
                LMAX: tl.constexpr):
     """The lanes in ``ok`` (``x`` at column ``tf``) into a Gram row: through the term list
     ``lst`` if ``LMAX`` > 0 (``_list_add``; ``n`` terms in it), else by one-hot sums over
@@ -72,7 +68,7 @@ def _add_terms(row, n, x, tf, ok, cols, lst, ACC: tl.constexpr, LB: tl.constexpr
     if LMAX > 0:
         n, row = _list_add(lst[0], lst[1], n, row, x, tf, ok, cols, LB, LMAX)
     else:
-        row = _gram_add(row, x, tf, ok, cols, ACC)
+        row = _gram_add(row, x, tf, ok, cols)
     return n, row
 
 
@@ -96,7 +92,7 @@ def _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, pos, mask, E: tl.cons
 def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_ptr, gend_ptr,
                   ev_ptr, coef_ptr, decay_ptr, seg, i, cols, E0: tl.constexpr,
                   E1: tl.constexpr, W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr,
-                  CP: tl.constexpr, KM: tl.constexpr, ACC: tl.constexpr,
+                  CP: tl.constexpr, KM: tl.constexpr,
                   BUILD_A: tl.constexpr, BUILD_QK: tl.constexpr, SORTED: tl.constexpr,
                   lst=None, LMAX: tl.constexpr = 0):
     """Entries ``[E0, E1)`` of token ``i``: their cumulative decays and per-entry weights
@@ -108,7 +104,7 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
 
     ``LMAX`` > 0 (one Gram row built: the split kernel): the row's terms go to the
     program's term list ``lst`` (``_list_add``) and one-hot sums run over that list
-    only, instead of over every (entry, member) lane; ``ACC`` is then unused."""
+    only, instead of over every (entry, member) lane."""
     km = tl.arange(0, KM)[None, :]
     COMPACT: tl.constexpr = LMAX > 0
     LB: tl.constexpr = EB
@@ -117,12 +113,9 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
     if COMPACT:
         a_row = tl.zeros([CP], tl.float32)
         qk_row = tl.zeros([CP], tl.float32)
-    elif ACC:
+    else:
         a_row = tl.zeros([EB, CP], tl.float32)
         qk_row = tl.zeros([EB, CP], tl.float32)
-    else:
-        a_row = tl.zeros([CP], tl.float32)
-        qk_row = tl.zeros([CP], tl.float32)
     # entry blocks unrolled: a block of only write (read) entries builds only A (QK) rows
     for e0 in tl.static_range(E0, E1, EB):
         e = e0 + tl.arange(0, EB)
@@ -158,10 +151,10 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
                 mm = k < nw
                 if BUILD_A and e0 < W:
                     n, a_row = _add_terms(a_row, n, x, tf, mm & is_w & (tf < i), cols, lst,
-                                          ACC, LB, LMAX)
+                                          LB, LMAX)
                 if BUILD_QK and e0 + EB > W:
                     n, qk_row = _add_terms(qk_row, n, x, tf, mm & (~is_w) & (tf <= i), cols,
-                                           lst, ACC, LB, LMAX)
+                                           lst, LB, LMAX)
         run = tl.sum(gt, axis=1)
         m = KM
         while m < n_max:  # data-dependent trip count
@@ -171,11 +164,11 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
             run += gf
             x = val * kf * tl.exp(gam - run)
             if BUILD_A and e0 < W:
-                n, a_row = _add_terms(a_row, n, x, tf, mm & is_w & (tf < i), cols, lst, ACC,
+                n, a_row = _add_terms(a_row, n, x, tf, mm & is_w & (tf < i), cols, lst,
                                       LB, LMAX)
             if BUILD_QK and e0 + EB > W:
                 n, qk_row = _add_terms(qk_row, n, x, tf, mm & (~is_w) & (tf <= i), cols, lst,
-                                       ACC, LB, LMAX)
+                                       LB, LMAX)
             m += 1
         tl.store(gam_ptr + off, gam, mask=em)
         tl.store(gend_ptr + off, gend, mask=em)
@@ -187,7 +180,7 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
             a_row = _list_flush(lst[0], lst[1], n, a_row, cols, LB)
         if BUILD_QK:
             qk_row = _list_flush(lst[0], lst[1], n, qk_row, cols, LB)
-    elif ACC:
+    else:
         a_row = tl.sum(a_row, axis=0)
         qk_row = tl.sum(qk_row, axis=0)
     return a_row, qk_row
@@ -197,7 +190,7 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
 def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs_ptr, nw_ptr,
                   gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr, lx_ptr, lt_ptr,
                   C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
-                  KM: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
+                  KM: tl.constexpr, SPLIT: tl.constexpr,
                   SORTED: tl.constexpr = False, LMAX: tl.constexpr = 0):
     """One program per (segment, token i), or with ``SPLIT`` two (grid ``(B * C, 2)``):
     one for the write entries and ``A[i, :]``, one for the read entries and ``QK[i, :]``.
@@ -221,17 +214,17 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs
         if tl.program_id(1) == 0:
             a_row, _ = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, W,
-                                     W, E, EB, CP, KM, ACC, True, False, SORTED, lst, LMAX)
+                                     W, E, EB, CP, KM, True, False, SORTED, lst, LMAX)
             tl.store(A_ptr + row, a_row, mask=cm)
         else:
             _, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                       gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, W, E,
-                                      W, E, EB, CP, KM, ACC, False, True, SORTED, lst, LMAX)
+                                      W, E, EB, CP, KM, False, True, SORTED, lst, LMAX)
             tl.store(QK_ptr + row, qk_row, mask=cm)
     else:
         a_row, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
                                       gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, E,
-                                      W, E, EB, CP, KM, ACC, True, True, SORTED)
+                                      W, E, EB, CP, KM, True, True, SORTED)
         tl.store(A_ptr + row, a_row, mask=cm)
         tl.store(QK_ptr + row, qk_row, mask=cm)
 
@@ -250,8 +243,6 @@ PAIR_ENTRIES = 32
 PAIR_ENTRIES_128 = 16
 PAIR_ENTRIES_WIDE = 16
 
-# Gram rows summed over the entry lanes once per token (``_gram_add``'s ``ACC``)
-PAIR_ACC = True
 
 # the pairs kernel as two programs per token, write entries / A and read entries / QK.
 # Eager calls only, like ``entries.PREP_REPEAT_BRANCH``: traced calls (torch.compile,
@@ -307,6 +298,6 @@ def pair_terms(val: Tensor, gate: Tensor, perm: Tensor, srt, gs: Tensor, nw: Ten
     lt = torch.empty(lx.shape, dtype=torch.int32, device=dev)
     launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, *(srt or (perm,) * 3),
            gs, nw, gam, gend, ev, coef, decay, A, QK, lx, lt, C, W=W, R=R,
-           SORTED=srt is not None, EB=EB, CP=pow2(C), KM=PAIR_MEMBERS, ACC=PAIR_ACC,
+           SORTED=srt is not None, EB=EB, CP=pow2(C), KM=PAIR_MEMBERS,
            SPLIT=split, LMAX=lmax, num_warps=_pair_warps(C) if split else 4)
     return gam, gend, ev, coef, decay, A, QK
