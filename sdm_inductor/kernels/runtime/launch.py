@@ -140,7 +140,7 @@ class Relaunch:
         lead = (*self.grid3, self.stream, self.function)
         rest = (self.packed, None, None, None, *self.ptrs[:self.var])
         runner = self.run
-        if DIRECT and _direct_ok(runner):
+        if _direct_ok(runner):
             # the launcher's C entry point itself: its Python wrapper (CudaLauncher.__call__)
             # only allocates the scratch buffers, which this kernel does not have, and
             # repacks ~35 arguments, a few us per launch on the host
@@ -159,10 +159,6 @@ def _arg_key(a):
     if isinstance(a, torch.Tensor):
         return ("tensor", a.data_ptr(), a.dtype, a.device)
     return a
-
-
-# Relaunch calls the compiled launcher's C entry point directly where it can (``_direct_ok``)
-DIRECT = True
 
 
 def _direct_ok(runner) -> bool:
