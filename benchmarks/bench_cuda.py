@@ -38,11 +38,11 @@ TARGET = {"A": dict(fwd=2.5, fwdbwd=8.0), "B": dict(fwd=1.5, fwdbwd=5.0)}
 
 def set_knob(kv: str):
     """``KEY=INT`` sets ``kernels.host.CONFIG[KEY]``; ``module.NAME=INT`` the constant
-    ``NAME`` of ``sdm_inductor.kernels.module`` (e.g. ``phase1.PAIR_WARPS=1``)."""
+    ``NAME`` of ``sdm_inductor.kernels.module`` (e.g. ``phase1.pairs.PAIR_WARPS=1``)."""
     import importlib
     key, value = kv.split("=")
     if "." in key:
-        mod, name = key.split(".")
+        mod, name = key.rsplit(".", 1)
         module = importlib.import_module(f"sdm_inductor.kernels.{mod}")
         if not hasattr(module, name):   # a misspelt or removed knob would change nothing
             raise SystemExit(f"no constant {name} in sdm_inductor.kernels.{mod}")
@@ -253,7 +253,7 @@ def main():
     ap.add_argument("--walks", default=host.CONFIG["WALK"],
                     help="forward walks to compare, e.g. grid,column (kernels/walk.py, phase2.py)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=INT",
-                    help="override kernels.host.CONFIG entries, e.g. STAGES_WALK=2 NG_WALK=128")
+                    help="override kernels.host.CONFIG entries, e.g. NG_STEP=64 WARPS_STEP_W=8")
     ap.add_argument("--no-extras", action="store_true",
                     help="skip the fp8 / BD_BWD rows, the no-grad memory and the decode step")
     ap.add_argument("--warmup", type=float, default=5.0, metavar="S",
@@ -310,7 +310,7 @@ def eager_plan(S, k_idx, k_val, beta, g, q_idx, q_val, C):
     """``phase1.plan`` launched as the eager op launches it (``wrap_triton`` off: through
     the higher-order op each launch costs ~100 us of host time, and a timing of it would
     be the host's)."""
-    from sdm_inductor.kernels.launch import set_wrap_triton_enabled
+    from sdm_inductor.kernels.runtime.launch import set_wrap_triton_enabled
     from sdm_inductor.kernels.phase1 import plan
     with set_wrap_triton_enabled(False):
         return plan(S, k_idx, k_val, beta, g, q_idx, q_val, C)

@@ -21,10 +21,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sdm_inductor.kernels import (backward, decode, phase1, phase2, quantize, solve, sources,
-                                  step, step_backward)
-from sdm_inductor.kernels.host import CONFIG as CFG
-from sdm_inductor.kernels.launch import EVICT
+from sdm_inductor.kernels.backward import phase1_grads, reverse_walk, sources
+from sdm_inductor.kernels.backward import step_walk as step_reverse
+from sdm_inductor.kernels.common.tiles import ROWS_MAX_CP
+from sdm_inductor.kernels.config import CONFIG as CFG
+from sdm_inductor.kernels.forward import column_walk, decode, quantize, step_walk
+from sdm_inductor.kernels.phase1 import entries, groups, headers, pairs, solve
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -93,36 +95,31 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
     f32, i32 = "*fp32", "*i32"
     W = R = 64
     BDB, wg = CFG["BD_STEP_B"], CFG["WARPS_STEP_B"]
-    # the backward's chunk-start rows from the final bank and a raw undo log (SOURCES)
-    src = bool(CFG["SOURCES"])
+    # the backward's chunk-start rows from the final bank and a raw undo log
+    src = True
     src_ptrs = dict(log_ptr=bank, scale_ptr=f32, src_ptr=i32)
     return {
-        "gather": (step._step_gather_kernel,
+        "gather": (step_walk._step_gather_kernel,
                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
-                        X_ptr=f32, QKX_ptr=f32, out_ptr=bank, u_ptr=f32, i_ptr=f32, d_ptr=f32,
-                        cnt_ptr=i32, keep_ptr=f32),
+                        u_ptr=f32, i_ptr=f32, keep_ptr=f32),
                    dict(C=C, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=C,
-                        MB=CFG["MB_STEP"], TB=64, PREC=prec, MIX=CFG["MIX_STEP"],
-                        EV_W=EVICT[CFG["EV_GW"]], EV_R=EVICT[CFG["EV_GR"]],
                         KEEP=bool(CFG["KEEP"])),
                    CFG["WARPS_STEP"]),
-        "write": (step._step_write_kernel,
+        "write": (step_walk._step_write_kernel,
                   dict(bank_ptr=bank, d_ptr=f32, run_slot_ptr=i32, run_len_ptr=i32,
                        run_decay_ptr=f32, run_tok_ptr=i32, run_coef_ptr=f32, log_ptr=bank),
                   dict(C=C, W=W, BD=CFG["BD_STEP_W"], NG=CFG["NG_STEP"], KW=CFG["KW_STEP"],
-                       CP=C, SAVE=save, EV=EVICT[CFG["EV_WO"]], CL=CFG["CL_WRITE"]),
+                       CP=C, SAVE=save, CL=CFG["CL_WRITE"]),
                   CFG["WARPS_STEP_W"]),
-        "dw": (step_backward._step_bwd_dw_kernel,
+        "dw": (step_reverse._step_bwd_dw_kernel,
                dict(dB_ptr=bank, work_ptr=bank, **src_ptrs, slot_ptr=i32, coef_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
-               dict(C=C, W=W, R=R, BD=CFG["BD_DW"] or BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]],
-                    EV_DB=EVICT[CFG["EV_DB"]], CG="", SRC=src, QMODE=0),
-               CFG["WARPS_DW"] or wg),
-        "dev": (step_backward._step_bwd_dev_kernel,
+               dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C, CG="", SRC=src, QMODE=0), wg),
+        "dev": (step_reverse._step_bwd_dev_kernel,
                 dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, dr_ptr=f32, dy_ptr=bank,
                      pe_ptr=f32),
                 dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, CG="", SRC=src, QMODE=0), wg),
-        "group": (step_backward._step_bwd_group_kernel,
+        "group": (step_reverse._step_bwd_group_kernel,
                   dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
                        g_pos_ptr=i32, g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32,
                        g_ev0_ptr=f32, dr_ptr=f32, dy_ptr=bank),
@@ -131,7 +128,7 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                        ONE=int(CFG["GROUP_ONE"])),
                   CFG["WARPS_GROUP"]),
         # the two as one grid (DEV_DB; at A / B, C = 128: periods of 3 and 8 programs)
-        "dev_group": (step_backward._step_bwd_dev_group_kernel,
+        "dev_group": (step_reverse._step_bwd_dev_group_kernel,
                       dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, pe_ptr=f32, dB_ptr=bank,
                            g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
                            g_pos_ptr=i32, g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32,
@@ -149,41 +146,41 @@ def main(dtype="bf16"):
     f32, i32, i64 = "*fp32", "*i32", "*i64"
     W, R, C = 64, 64, 64
     for gated in (False, True):   # gated: beta and g from the raw projections (bf16)
-        compile_one(phase1._prep_kernel,
+        compile_one(entries._prep_kernel,
                     dict(kidx_ptr=i64, kval_ptr=bank, g_ptr=bank if gated else f32,
                          qidx_ptr=i64, qval_ptr=bank, beta_ptr=bank if gated else f32,
                          alog_ptr=f32, dtb_ptr=f32, slot_ptr=i32, val_ptr=f32, gate_ptr=f32,
                          key_ptr=i32 if gated else i64, first_ptr=i32, bout_ptr=f32),
                     dict(W=W, R=R, G=1, WP=64, RP=64, GATED=gated))
     for kt in (i32, i64):   # sort keys: int32 when they fit, else int64
-        compile_one(phase1._groups_kernel,
+        compile_one(groups._groups_kernel,
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
-                         wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=phase1.GROUPS_BLK),
-                    phase1.GROUPS_WARPS)
-        blk = phase1.GROUPS_SPLIT_BLK
-        compile_one(phase1._block_writes_kernel,
+                         wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=groups.GROUPS_BLK),
+                    groups.GROUPS_WARPS)
+        blk = groups.GROUPS_SPLIT_BLK
+        compile_one(groups._block_writes_kernel,
                     dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32, gate_ptr=f32,
                          val_ptr=f32, sgate_ptr=f32, sval_ptr=f32, stok_ptr=i32),
-                    dict(E=W + R, BLK=blk, FLAT=kt == i32, SORTED=phase1.PAIR_SORTED))
-        compile_one(phase1._group_bounds_kernel,
+                    dict(E=W + R, BLK=blk, FLAT=kt == i32, SORTED=groups.PAIR_SORTED))
+        compile_one(groups._group_bounds_kernel,
                     dict(skey_ptr=kt, cnt_ptr=i32, wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32),
                     dict(BLK=blk, NBP=16))
-        compile_one(phase1._group_sizes_kernel,
+        compile_one(groups._group_sizes_kernel,
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32), dict(E=W + R, BLK=blk))
     for pack in (2, 1, 0):
         if pack:
-            compile_one(phase1._group_counts_kernel,
+            compile_one(headers._group_counts_kernel,
                         dict(perm_ptr=i32, gs_ptr=i32, na_ptr=i32, cnt_ptr=i32),
-                        dict(PACK=pack, BLOCK=phase1.GROUPS_BLOCK), 4)
-        compile_one(phase1._entry_groups_kernel,
+                        dict(PACK=pack, BLOCK=headers.GROUPS_BLOCK), 4)
+        compile_one(headers._entry_groups_kernel,
                     dict(perm_ptr=i32, gs_ptr=i32, slot_ptr=i32, na_ptr=i32, nw_ptr=i32,
                          decay_ptr=f32, ev_ptr=f32, cnt_ptr=i32, o_slot_ptr=i32, o_len_ptr=i32,
                          o_nw_ptr=i32, o_decay_ptr=f32, o_pos_ptr=i32, o_tok_ptr=i32,
                          o_ev_ptr=f32, o_tok0_ptr=i32, o_ev0_ptr=f32),
-                    dict(E=W + R, PACK=pack, BLOCK=phase1.GROUPS_BLOCK, NBP=16), 4)
+                    dict(E=W + R, PACK=pack, BLOCK=headers.GROUPS_BLOCK, NBP=16), 4)
     compile_one(solve._inverse_kernel, dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32,
                                             QKX_ptr=f32),
                 dict(C=64, CP=64, PREC="tf32x3", LOG=6))
@@ -198,25 +195,25 @@ def main(dtype="bf16"):
     for CC, split in ((64, True), (128, True), (128, False), (256, True)):
         # the split form as eager calls launch it (sorted members, its entry blocks and
         # warps); the single form as traced calls do
-        compile_one(phase1._pairs_kernel,
+        compile_one(pairs._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, sgate_ptr=f32, sval_ptr=f32,
                          stok_ptr=i32, gs_ptr=i32, nw_ptr=i32, gam_ptr=f32, gend_ptr=f32,
                          ev_ptr=f32, coef_ptr=f32, decay_ptr=f32, A_ptr=f32, QK_ptr=f32,
                          lx_ptr=f32, lt_ptr=i32),
-                    dict(W=W, R=R, CP=CC, KM=phase1.PAIR_MEMBERS, ACC=phase1.PAIR_ACC,
-                         SPLIT=split, SORTED=split and phase1.PAIR_SORTED,
+                    dict(W=W, R=R, CP=CC, KM=pairs.PAIR_MEMBERS,
+                         SPLIT=split, SORTED=split and groups.PAIR_SORTED,
                          **dict(zip(("EB", "LMAX"),
-                                    phase1._pair_launch_blocks(CC, W, R, split)))),
-                    phase1._pair_warps(CC) if split else 4)
+                                    pairs._pair_launch_blocks(CC, W, R, split)))),
+                    pairs._pair_warps(CC) if split else 4)
     for CC in (64, 128, 256):
-        compile_one(phase2._forward_kernel,
+        compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
                          run_coef_ptr=f32, scratch_ptr=f32, log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=CFG["BD"], TB=64, EW=CFG["EW"], NG=CFG["NG"], CP=CC,
-                         SAVE=CC != 64, PREC="tf32", PASSES=7, GATHER_STAGES=CFG["GATHER_STAGES"],
-                         ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"], HEAD_AHEAD=CFG["HEAD_AHEAD"]),
+                         SAVE=CC != 64, PREC="tf32", ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"],
+                         HEAD_AHEAD=CFG["HEAD_AHEAD"]),
                     num_warps=CFG["WARPS"])
     prec = "tf32" if dtype == "bf16" else "ieee"
     for CC in (64, 128, 256):   # the step walk: a gather and a write launch per chunk
@@ -224,10 +221,10 @@ def main(dtype="bf16"):
         compile_one(*specs["gather"])
         # the product launch as host._step_forward makes it: whole rows before the wait
         # (MIX_ROWS) up to C = 128, blocks after it above
-        compile_one(step._step_mix_kernel,
+        compile_one(step_walk._step_mix_kernel,
                     dict(X_ptr=f32, QKX_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=f32, out_ptr=bank),
                     dict(C=CC, MB=CFG["MB_MIX"], TB=min(CFG["TB_MIX"], CC), CP=CC, PREC=prec,
-                         ROWS=bool(CFG["MIX_ROWS"]) and CC <= step.ROWS_MAX_CP,
+                         ROWS=bool(CFG["MIX_ROWS"]) and CC <= ROWS_MAX_CP,
                          PDL=CFG["PDL"]), CFG["WARPS_MIX"])
         compile_one(*specs["write"])
     for mode in (1, 2):
@@ -237,7 +234,7 @@ def main(dtype="bf16"):
                 dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
                      beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))
     for q in (0, 1, 2):
-        compile_one(backward._reverse_kernel,
+        compile_one(reverse_walk._reverse_kernel,
                     dict(dB_ptr=bank, work_ptr=bank, log_ptr=(bank if q == 0 else "*u8"),
                          scale_ptr=f32, run_slot_ptr=i32, slot_ptr=i32, ev_ptr=f32, coef_ptr=f32, g_slot_ptr=i32, g_len_ptr=i32,
                          g_nw_ptr=i32, g_decay_ptr=f32, g_pos_ptr=i32, g_tok_ptr=i32,
@@ -249,18 +246,17 @@ def main(dtype="bf16"):
                     dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
                          CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"], AHEAD=CFG["AHEAD_BWD"]),
                     num_warps=CFG["WARPS_BWD"])
-    sb = step_backward
+    sb = step_reverse
     BDB, BDW, NGS = CFG["BD_STEP_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]
     wg, ww = CFG["WARPS_STEP_B"], CFG["WARPS_STEP_W"]
     for q in (0, 1):
         compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
                     scale_ptr=f32, run_slot_ptr=i32), dict(C=C, W=W, BD=BDW, NG=NGS, QMODE=q), ww)
-    for q in (0, 1):   # the fp8 log read by the row launches themselves (SOURCES)
+    for q in (0, 1):   # the row launches reading a raw log and an fp8 log themselves
         lg = dict(log_ptr=bank if q == 0 else "*u8", scale_ptr=f32, src_ptr=i32)
         compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
                     ev_ptr=f32, v_ptr=bank, vmr_ptr=f32),
-                    dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C, EV=EVICT[CFG["EV_BW"]], QMODE=q,
-                         SRC=bool(CFG["SOURCES"])), CFG["WARPS_STEP"])
+                    dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C, QMODE=q, SRC=True), CFG["WARPS_STEP"])
         if q:
             compile_one(sb._step_bwd_dev_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
                         dr_ptr=f32, dy_ptr=bank, pe_ptr=f32),
@@ -269,7 +265,7 @@ def main(dtype="bf16"):
     compile_one(*specs["dw"])
     for CC in (64, 128, 256):   # the two products as step_reverse launches them: whole
         # rows before the wait (MIX_ROWS_B) up to C = 128, blocks (*_WIDE) above
-        rows = bool(CFG["MIX_ROWS_B"]) and CC <= sb.ROWS_MAX_CP
+        rows = bool(CFG["MIX_ROWS_B"]) and CC <= ROWS_MAX_CP
         wide = "" if rows else "_WIDE"
         shape = dict(C=CC, MB=CFG["MB_MIX_B" + wide], TB=min(CFG["TB_MIX_B" + wide], CC), CP=CC,
                      PREC="tf32", ROWS=rows,
@@ -284,7 +280,7 @@ def main(dtype="bf16"):
     cap = CFG["MAXNREG_DEV_DB"]
     compile_one(*specs["dev_group"])
     compile_one(*specs["dev_group"], maxnreg=cap)
-    for kt in (i32, "*i64"):   # the backward's chunk-start sources (sources.py)
+    for kt in (i32, "*i64"):   # the backward's chunk-start sources
         compile_one(sources._run_keys_kernel, dict(run_slot_ptr=i32, key_ptr=kt),
                     dict(CW=C * W, BLOCK=sources.BLOCK))
         compile_one(sources._ranges_kernel, dict(skey_ptr=kt, lo_ptr=i32, hi_ptr=i32),
@@ -298,16 +294,16 @@ def main(dtype="bf16"):
                 dict(NONE=sources.NONE, SB=sources.SCAN_SLOTS, CB=sources.SCAN_CHUNKS))
     compile_one(sources._table_gather_kernel, dict(slot_ptr=i32, table_ptr=i32, src_ptr=i32),
                 dict(NONE=sources.NONE, CE=C * (W + R), BLOCK=sources.BLOCK))
-    compile_one(backward._pair_grads_kernel,
+    compile_one(phase1_grads._pair_grads_kernel,
                 dict(val_ptr=f32, gam_ptr=f32, gend_ptr=f32, perm_ptr=i32, gs_ptr=i32,
                      nw_ptr=i32, na_ptr=i32, slot_ptr=i32, decay_ptr=f32, beta_ptr=f32,
                      dev_ptr=f32, dcoef_ptr=f32, dm_ptr=f32, dL_ptr=f32, dQK_ptr=f32,
                      dval_ptr=f32, dgam_ptr=f32, dgend_ptr=f32),
-                dict(W=W, R=R, EB=32), backward.PAIR_GRADS_WARPS)
-    compile_one(backward._gate_grads_kernel,
+                dict(W=W, R=R, EB=32), phase1_grads.PAIR_GRADS_WARPS)
+    compile_one(phase1_grads._gate_grads_kernel,
                 dict(perm_ptr=i32, gs_ptr=i32, nw_ptr=i32, na_ptr=i32, dgam_ptr=f32,
                      dgend_ptr=f32, dgate_ptr=f32), dict(W=W, R=R, WB=32),
-                backward.GATE_GRADS_WARPS)
+                phase1_grads.GATE_GRADS_WARPS)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench_cuda
 from bench_cuda import autograd_step, bench, make_inputs
 from sdm_inductor.kernels import host
-from sdm_inductor.kernels.launch import column_suits
+from sdm_inductor.kernels.runtime.launch import column_suits
 
 SHAPES = [  # P, T, hd, sph, W(=R), C
     (16, 2048, 128, 4096, 32, 64),    # the 4-layer model of bench_compile.py

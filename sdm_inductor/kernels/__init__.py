@@ -7,14 +7,21 @@ Importing this package registers, when Triton is importable (no GPU needed to im
   ``sdm::triton_write_read_`` and ``sdm::triton_write_read_backward`` that the lowerings
   put into Inductor's code.
 
-Modules: ``phase1`` (dense keys, groups of equal slots, decays, Gram matrices, solve),
-``step`` / ``step_backward`` (the walks over the chunks as launches per chunk: eager
-calls), ``phase2`` (the forward walk in one launch: traced calls), ``walk`` (the grid
-walk, opt-in), ``decode`` (short sequences), ``backward`` (the reverse column walk and
-Phase 1 backwards), ``solve`` (the chunks' triangular inverses), ``pipeline`` (Phase 1
-of token windows on a side stream), ``plan_graph`` (Phase 1 replayed from CUDA graphs,
-opt-in), ``quantize`` (the undo log's packing), ``launch`` (traceable launches,
-``Relaunch``), ``host`` (buffers, launch parameters, the IMPLS interface), ``triton_ops``.
+Layout, in the order a call runs:
+
+- ``host``: dispatch (path, walk, token windows, buffers; the IMPLS interface);
+  ``config``: ``CONFIG``, launch parameters and the few switches;
+- ``phase1/``: what needs no bank (``plan``): ``entries`` (dense and sort keys),
+  ``groups`` (groups and write runs), ``pairs`` (decays, Gram matrices), ``solve`` (the
+  chunks' triangular inverses), ``headers`` (the backward's dB groups), ``layout``;
+- ``forward/``: ``step_walk`` (launches per chunk: eager calls), ``column_walk`` (one
+  launch: traced calls), ``decode`` (short sequences), ``quantize`` (the undo log's packing);
+- ``backward/``: ``dispatch``, ``step_walk`` (eager), ``reverse_walk`` (traced),
+  ``sources`` (chunk-start rows from the final bank and the log), ``phase1_grads``;
+- ``runtime/``: ``launch`` (traceable launches, ``Relaunch``, the walk rule), ``graphs``
+  (CUDA-graph replay of repeated eager walks), ``pipeline`` (side-stream Phase 1);
+- ``common/tiles``: the Triton helpers several stages inline;
+- ``triton_ops``: the ``triton_op`` definitions.
 """
 try:
     import triton  # noqa: F401

@@ -15,7 +15,7 @@ Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules`
 3. Otherwise (CPU; CUDA under ``torch.compile`` by default) the op stays one extern call
    of the eager implementation per op call: on CUDA the step walks, launches per chunk
    that a graph of fixed launches cannot hold (benchmarks/NOTES.md run 11), or for small
-   shapes the column walks (``kernels.launch.column_suits``). A functional
+   shapes the column walks (``kernels.runtime.launch.column_suits``). A functional
    call that saves nothing for a backward becomes ``clone`` + ``sdm::write_read_``:
    Inductor reinplaces the clone, so the copy of the bank that the eager op makes
    internally fuses with whatever produced the bank (e.g. the ``expand_bank`` of a

@@ -4,8 +4,8 @@ fp32 banks: relative error <= 1e-4; bf16 banks: <= 2e-2. Gradients against autog
 through the oracle. Plus: every snapshot mode, grad_bank_fp32, P > 1, shared bank,
 per-write gates, T not a multiple of C, repeated slots, the decode path, bitwise
 determinism, CUDA-graph capture and no kernel recompilation for a new T. The Phase 2
-walks: eager calls take the step walk (``kernels/step.py``) except for small shapes
-(``launch.column_suits``), traced ones the column walk (``kernels/phase2.py``); the tests
+walks: eager calls take the step walk (``kernels/forward/step_walk.py``) except for small shapes
+(``launch.column_suits``), traced ones the column walk (``kernels/forward/column_walk.py``); the tests
 run the step walks unless they ask for another, and the oracle and determinism tests run
 both in eager.
 """
@@ -181,49 +181,6 @@ def test_long_sequence_windows_and_chunk_sizes():
         host.CONFIG["WINDOW_TOKENS"] = old
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_plan_graphs_match_eager_plans(gated):
-    """No-grad windows whose Phase 1 replays from CUDA graphs (``PLAN_GRAPH``, two buffer
-    slots, ``plan_graph.py``) give bitwise the eager plans' readings and final bank: on
-    the capturing call, on calls that replay (new inputs of the same shapes), for a new
-    length (new keys), and with the gates computed from raw inputs."""
-    from sdm_inductor.kernels import host, plan_graph
-    old = dict(host.CONFIG)
-    host.CONFIG.update(WINDOW_TOKENS=128)
-    P, hd = 2, 64
-
-    def call(ins, graphs):
-        host.CONFIG["PLAN_GRAPH"] = graphs
-        bank = ins.bank.clone()
-        if gated:
-            gen = torch.Generator(device="cuda").manual_seed(ins.k_idx.shape[1])
-            raw = [torch.randn(P, ins.k_idx.shape[1], device="cuda", generator=gen)
-                   for _ in range(2)]
-            gp = [torch.randn(P, device="cuda", generator=gen) for _ in range(2)]
-            return torch.ops.sdm.write_read_gated(bank, ins.k_idx, ins.k_val, ins.v, *raw, *gp,
-                                                  ins.q_idx, ins.q_val, chunk_size=64,
-                                                  slots_per_stream=64,
-                                                  save_for_backward=False)[:2]
-        else:
-            y = torch.ops.sdm.write_read_(bank, *ins[1:], 64, 64, False)
-        return y, bank
-    try:
-        plan_graph.clear()
-        for T, seed in ((600, 1), (600, 2), (600, 3), (300, 4)):
-            ins = _inputs(torch.bfloat16, P=P, T=T, W=8, R=8, hd=hd, slots_per_stream=64,
-                          seed=seed, per_write_gate=not gated)
-            want = call(ins, 0)
-            got = call(ins, 1)
-            assert ops.last_dispatch()["windows"] == -(-T // 128)
-            for n, a, b in zip(("readings", "final bank"), got, want):
-                assert torch.equal(a, b), f"T={T} seed={seed}: {n}"
-        assert len(plan_graph._CACHE) == 4 and not plan_graph._FAILED   # 2 lengths x 2 slots
-    finally:
-        host.CONFIG.clear()
-        host.CONFIG.update(old)
-        plan_graph.clear()
-
-
 def test_out_of_range_indices_are_masked():
     """Inside compiled graphs no host check runs: bad rows must touch nothing."""
     ins = _inputs(torch.float32, P=2, T=80, W=6, R=6, hd=32, slots_per_stream=64)
@@ -252,7 +209,7 @@ def test_auto_walk_follows_the_shape_rule(shape):
     <= 4096, C <= 64), the step walks elsewhere; the backward follows the same rule (it
     finds the forward's kept values only after a step walk)."""
     from sdm_inductor.kernels import host
-    from sdm_inductor.kernels.launch import column_suits
+    from sdm_inductor.kernels.runtime.launch import column_suits
     host.CONFIG["WALK"] = "auto"
     ins = _inputs(torch.float32, slots_per_stream=64, **shape)
     dy = torch.randn(2, 200, shape["hd"], device="cuda")
@@ -281,21 +238,16 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
     from sdm_inductor.kernels import host
     ins, dy, dM = _training_case(dtype)
     got = {}
-    prelude0 = host.CONFIG["PRELUDE"]
-    # PRELUDE 2 / 1: the backward's groups and sources made beside / before the forward's
-    # walk; 0: by the backward, as a recomputing backward does
     try:
-        for keep, prelude in ((1, 2), (1, 1), (1, 0), (0, 2)):
-            host.CONFIG.update(KEEP=keep, PRELUDE=prelude)
-            got[keep, prelude] = _grads(ins, 64, dy, dM)[2]
+        for keep in (1, 0):
+            host.CONFIG.update(KEEP=keep)
+            got[keep] = _grads(ins, 64, dy, dM)[2]
             d = ops.last_dispatch()
             assert d["phase1_backward"] == ("kept" if keep else "recomputed")
-            assert d["backward_prelude"] == ("forward" if keep and prelude else "backward")
     finally:
-        host.CONFIG.update(KEEP=1, PRELUDE=prelude0)
-    for other in ((1, 1), (1, 0), (0, 2)):
-        for n, a, b in zip(NAMES, got[1, 2], got[other]):
-            assert torch.equal(a, b), (other, n)
+        host.CONFIG.update(KEEP=1)
+    for n, a, b in zip(NAMES, got[1], got[0]):
+        assert torch.equal(a, b), n
 
 
 @pytest.mark.parametrize("walk", ["step", "column"])
@@ -325,7 +277,7 @@ def test_dev_and_groups_as_one_launch(dtype, C):
     bitwise reproducible, and the gradients of the two launches. The dB programs run in
     the same warps either way, so the bank gradient is bitwise theirs; the ``d ev``
     programs run in 8 warps instead of 4, so their sums over a row's columns go in another
-    (fixed) order. Measured (NOTES.md run 27): fp32 all bitwise; bf16 the bank, k_val, v
+    (fixed) order. Measured: fp32 all bitwise; bf16 the bank, k_val, v
     and beta gradients bitwise, the decay gradient's largest difference 4e-6."""
     from sdm_inductor.kernels import host
     for slots, keep in ((256, 1), (8192, 0)):
@@ -348,12 +300,11 @@ def test_dev_and_groups_as_one_launch(dtype, C):
 
 @pytest.mark.parametrize("C", [64, 128, 256])
 def test_pairs_term_lists(C):
-    """The split pairs kernel's Gram terms through per-program term lists
-    (``phase1.PAIR_LIST``, the default) against its one-hot sums over every lane: the
-    same per-entry weights bitwise, A and QK to rounding, bitwise reproducible; dense
-    slots (lists that overflow and fold early) and sparse ones."""
+    """The split pairs kernel (two programs per token, the Gram terms through per-program
+    term lists: the eager form) against the single one (one-hot sums over every lane: the
+    traced form): the same per-entry weights bitwise, A and QK to rounding, bitwise
+    reproducible; dense slots (lists that overflow and fold early) and sparse ones."""
     from sdm_inductor.kernels import phase1
-    old = phase1.PAIR_LIST
     try:
         for slots in (64, 8192):
             ins = _inputs(torch.float32, P=2, T=300, W=16, R=8, hd=32, slots_per_stream=slots,
@@ -361,11 +312,11 @@ def test_pairs_term_lists(C):
             args = (ins.bank.shape[0], ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx,
                     ins.q_val, C)
             got = {}
-            for lst, run in ((2, 0), (2, 1), (0, 0)):
-                phase1.PAIR_LIST = lst
-                got[lst, run] = phase1.plan(*args)
+            for split, run in ((True, 0), (True, 1), (False, 0)):
+                phase1.pairs.PAIR_SPLIT = split
+                got[split, run] = phase1.plan(*args)
             for f in ("gam", "gend", "ev", "coef", "decay", "A", "QK"):
-                a, b, c = (getattr(got[k], f) for k in ((2, 0), (2, 1), (0, 0)))
+                a, b, c = (getattr(got[k], f) for k in ((True, 0), (True, 1), (False, 0)))
                 assert torch.equal(a, b), ("not reproducible", slots, f)
                 if f in ("A", "QK"):
                     torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6, msg=f)
@@ -373,14 +324,14 @@ def test_pairs_term_lists(C):
                 else:
                     assert torch.equal(a, c), (slots, f)
     finally:
-        phase1.PAIR_LIST = old
+        phase1.pairs.PAIR_SPLIT = True
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("sparse", [True, False])
 def test_one_member_path_is_bitwise_equal(dtype, sparse):
     """The dB launch's one-member path over split groups (``GROUP_ONE=2``) gives bitwise the
-    gradients of session 22's launch over packed headers: the same terms in the same
+    gradients of the launch over packed headers (``GROUP_PACK=1``, ``GROUP_ONE=0``): the same terms in the same
     order. Sparse slots: most tiles take the one-member path."""
     from sdm_inductor.kernels import host
     slots = 8192 if sparse else 256
@@ -400,7 +351,7 @@ def test_blocked_solve_in_two_launches():
     """``solve.inverse`` at 64 < C <= 128 in two launches (``BLOCKED_SPLIT``: the diagonal
     blocks, then the off-diagonal ones) gives the one-launch form's X and QK X, and
     torch's triangular solve's to fp32 accuracy, with padded tokens (beta = 0)."""
-    from sdm_inductor.kernels import solve
+    from sdm_inductor.kernels.phase1 import solve
     gen = torch.Generator(device="cuda").manual_seed(3)
     for C in (128, 96):
         A = torch.randn(64, C, C, device="cuda", generator=gen) * 0.3
@@ -425,12 +376,13 @@ def test_entry_groups_kernel_is_the_torch_form():
     """``phase1.entry_groups`` (a program per block of a segment's positions, two launches)
     gives exactly ``reference_groups``, in its three layouts, on a plan with repeated slots
     and several blocks per segment."""
+    from references import reference_groups
     from sdm_inductor.kernels import phase1
     ins, _, _ = _training_case(torch.bfloat16)
     pl = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 64)
     for pack in (2, 1, 0):
-        got, want = phase1.entry_groups(pl, pack), phase1.reference_groups(pl, pack)
+        got, want = phase1.entry_groups(pl, pack), reference_groups(pl, pack)
         for f in dataclasses.fields(phase1.Groups):
             assert torch.equal(getattr(got, f.name), getattr(want, f.name)), (pack, f.name)
 
@@ -440,12 +392,14 @@ def test_dense_sources_are_the_sorted_ones(C):
     """``sources.chunk_start_sources``' dense table form gives exactly the sorted form and
     torch's ``searchsorted`` (``reference_sources``), with the default scan tiles and with
     tiles of a few chunks and columns (19 chunks at C=16: tiles that carry, a ragged last)."""
-    from sdm_inductor.kernels import phase1, sources
+    from references import reference_sources
+    from sdm_inductor.kernels import phase1
+    from sdm_inductor.kernels.backward import sources
     ins, _, _ = _training_case(torch.bfloat16)
     S = ins.bank.shape[0]
     pl = phase1.plan(S, *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), C)
-    ref = sources.reference_sources(pl, S)
+    ref = reference_sources(pl, S)
     assert (ref >= 0).any() and (ref < 0).any()
     assert torch.equal(sources.chunk_start_sources(pl, S, dense=False), ref)
     keep = sources.SCAN_SLOTS, sources.SCAN_CHUNKS
@@ -461,45 +415,39 @@ def test_dense_sources_are_the_sorted_ones(C):
                                               (torch.bfloat16, "none", 0),
                                               (torch.float32, "bf16", 1),
                                               (torch.bfloat16, "fp8", 1)])
-def test_chunk_start_sources_match_the_restoring_walk(dtype, mode, keep):
-    """The backward step walk reading its chunk-start rows from the final bank and the undo
-    log (``kernels/sources.py``; ``SOURCES=2`` for the fp8 log) gives the gradients of the
-    walk that restores a working copy, with the forward's ``v - r0`` kept or gathered
-    again, and leaves the final bank as the forward returned it. Bitwise where the log
-    holds the bank's dtype; with another log dtype the row launches load the log and the
-    bank separately, and the compiled Dw launch then sums its tiles in another order
-    (measured: every gradient within a few fp32 ulps), so there to 1e-6 (fp32) / 2e-3
-    (bf16) of the restoring walk's, and both to the oracle's tolerance."""
+def test_chunk_start_sources_match_the_column_walk(dtype, mode, keep):
+    """The backward step walk reading its chunk-start rows from the final bank and a raw
+    undo log (``kernels/backward/sources.py``), or restoring a working copy from an fp8 log, with
+    the forward's ``v - r0`` kept or gathered again: the column walk's gradients to the
+    oracle's tolerance, and the final bank as the forward returned it."""
     from sdm_inductor.kernels import host
     ins, dy, dM = _training_case(dtype)
     got = {}
     host.CONFIG["KEEP"] = keep   # (the autouse fixture restores CONFIG)
-    for source in (2 if mode == "fp8" else 1, 0):
-        host.CONFIG["SOURCES"] = source
+    for walk in ("step", "column"):
+        host.CONFIG["WALK"] = walk
         leaves = ins.leaves()
         y, M, _, _ = _op(leaves, 64, mode=mode)
         final = M.detach().clone()
         grads = torch.autograd.grad((y, M), [leaves[i] for i in FLOAT_INPUTS], (dy, dM))
         assert torch.equal(M, final), "the backward changed the final bank"
-        assert ops.last_dispatch()["chunk_start_rows"] == ("sources" if source else
-                                                           "restored")
-        got[source] = grads
-    same_dtype = mode == "none" or (mode == "bf16" and dtype == torch.bfloat16)
-    for n, a, b in zip(NAMES, got[max(got)], got[0]):
-        if same_dtype:
-            assert torch.equal(a, b), n
-        else:
-            _check(n, a, b, 1e-6 if dtype == torch.float32 else 2e-3)
+        if walk == "step":
+            assert ops.last_dispatch()["chunk_start_rows"] == ("restored" if mode == "fp8"
+                                                               else "sources")
+        got[walk] = grads
+    for n, a, b in zip(NAMES, got["step"], got["column"]):
+        _check(n, a, b, TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_walk_graph_replays_are_bitwise_the_launches(dtype):
-    """Eager step walks replayed from CUDA graphs (``kernels/graphs.py``, from the second
+    """Eager step walks replayed from CUDA graphs (``kernels/runtime/graphs.py``, from the second
     time the same launches come) give bitwise the outputs and gradients of making every
     launch, in a training loop as benchmarks and training run it (the same leaves, each
     result dropped: the allocator hands out the same blocks); a call on other data gives
     its own results (a replay reads whatever its pointers hold now)."""
-    from sdm_inductor.kernels import graphs, host
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.runtime import graphs
     ins, dy, dM = _training_case(dtype)
     leaves = ins.leaves()
 
@@ -516,7 +464,7 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     # the allocator's cache as earlier tests left it may take many calls to settle into
     # handing out the same blocks every call: start from an empty one. Even so, after the
     # whole CUDA suite the fp32 loop once had not repeated its forward's pointers by its
-    # sixth call (benchmarks/NOTES.md run 23; alone it replays from the third, run 24), so
+    # sixth call (alone it replays from the third), so
     # the loop runs until both walks replayed a graph recorded in an earlier call, at most
     # 16 calls, every call checked
     torch.cuda.synchronize()
@@ -551,7 +499,7 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
 @pytest.mark.parametrize("keep", [1, 0])
 def test_launch_overlap_modes_are_bitwise_equal(keep):
     """``PDL`` 2 and 3 (launches that load or work before waiting for the one before,
-    ``step._grid_dependency``) give bitwise the outputs and gradients of ``PDL=1`` (every
+    ``tiles._grid_dependency``) give bitwise the outputs and gradients of ``PDL=1`` (every
     launch waits before anything), with the forward's ``v - r0`` kept or gathered again."""
     from sdm_inductor.kernels import host
     ins = _inputs(torch.bfloat16, P=3, T=700, W=32, R=16, hd=192, slots_per_stream=512,
@@ -570,10 +518,12 @@ def test_launch_overlap_modes_are_bitwise_equal(keep):
 
 
 def test_cuda_graph_capture_and_no_recompile():
-    from sdm_inductor.kernels import backward, phase1, phase2, step
-    kernels = (phase1._prep_kernel, phase1._pairs_kernel, phase2._forward_kernel,
-               step._step_gather_kernel, step._step_mix_kernel, step._step_write_kernel,
-               backward._reverse_kernel)
+    from sdm_inductor.kernels.backward import reverse_walk
+    from sdm_inductor.kernels.forward import column_walk, step_walk
+    from sdm_inductor.kernels.phase1 import entries, pairs
+    kernels = (entries._prep_kernel, pairs._pairs_kernel, column_walk._forward_kernel,
+               step_walk._step_gather_kernel, step_walk._step_mix_kernel,
+               step_walk._step_write_kernel, reverse_walk._reverse_kernel)
 
     def n_compiled():
         return sum(len(c[0]) for k in kernels for c in k.device_caches.values())

@@ -9,7 +9,7 @@ import types
 
 import torch
 
-from sdm_inductor.kernels.phase1 import reference_groups
+from references import reference_groups
 
 
 # each header field and its value in an empty header (``phase1.Groups``)

@@ -1,7 +1,7 @@
 """The CUDA implementation's host code, traced with symbolic shapes on CPU (no GPU needed:
 ``wrap_triton`` records the launches without running them): a graph traced at one
-length must serve other lengths without a recompile (issue 3, "a new T needs no new
-kernel compilation"), which is what a compiled model with ``dynamic=True`` relies on.
+length must serve other lengths without a recompile (a new T needs no new kernel
+compilation), which is what a compiled model with ``dynamic=True`` relies on.
 
 A length that is a multiple of the chunk size (no padded tail) is among those asked.
 """
@@ -71,7 +71,7 @@ def test_eager_implementations_launch_without_the_hop():
     from torch._library.triton import is_wrap_triton_enabled
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from sdm_inductor.kernels.launch import direct_launches
+    from sdm_inductor.kernels.runtime.launch import direct_launches
 
     seen = []
     probe = direct_launches(lambda x: seen.append(is_wrap_triton_enabled()))
@@ -93,7 +93,7 @@ def _sort_ranks(mode: str) -> list[int]:
 
 def test_static_shapes_trace_the_flat_sort():
     """With static shapes (a compile before automatic dynamic shapes) Phase 1 sorts all
-    segments' keys in one flat sort (``phase1.FLAT_SORT``); it traces like any torch op.
+    segments' keys in one flat sort (``phase1.entries.FLAT_SORT``); it traces like any torch op.
     Symbolic shapes keep the segmented sort (no guard on the length)."""
     assert _sort_ranks("fake") == [1]
     assert _sort_ranks("symbolic") == [2]
@@ -101,11 +101,11 @@ def test_static_shapes_trace_the_flat_sort():
 
 def test_traced_phase1_keeps_the_earlier_kernel_forms():
     """Traced calls launch the pairs kernel as one program per token and the prep kernel
-    without its repeat branch (``phase1.PAIR_SPLIT`` / ``PREP_REPEAT_BRANCH`` are for eager
-    calls: an AOTInductor CUDA test failed with them on, cause not found, NOTES.md run 14)."""
+    without its repeat branch (``phase1.pairs.PAIR_SPLIT`` / ``entries.PREP_REPEAT_BRANCH``
+    are for eager calls: an AOTInductor CUDA test failed with them on, cause not found)."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     from sdm_inductor.kernels import phase1
-    assert phase1.PAIR_SPLIT and phase1.PREP_REPEAT_BRANCH
+    assert phase1.pairs.PAIR_SPLIT and phase1.entries.PREP_REPEAT_BRANCH
     gm = make_fx(_forward, tracing_mode="symbolic")(*_inputs(37))
     seen = {}
     for n in gm.graph.nodes:
@@ -148,7 +148,7 @@ def test_auto_walk_rule_and_its_boundaries():
     "step" / "column" force theirs, and a traced (fake) call always takes the column walks."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from sdm_inductor.kernels.launch import column_suits, step_walks
+    from sdm_inductor.kernels.runtime.launch import column_suits, step_walks
     bank = torch.empty(8, 128)   # hd = 128
     auto, step, column = ({"WALK": w} for w in ("auto", "step", "column"))
     assert column_suits(32, 16, 16, 64, 128)                  # P * hd = 4096

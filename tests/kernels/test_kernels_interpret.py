@@ -2,13 +2,16 @@
 
 The interpreter must be switched on before the kernels are decorated, and must not leak
 into other test files that use Triton in the same pytest process, so each check runs
-in a subprocess: ``python tests/kernels/test_kernels_interpret.py <case>``. Sizes are tiny (the
-interpreter runs every program in numpy) but cover several chunks, T not a multiple of
-C, several token tiles per chunk, partial column blocks, P > 1, shared and private
-banks, per-write gates, repeated slots, out-of-range indices and every snapshot mode.
+in a subprocess: ``python tests/kernels/test_kernels_interpret.py <case>``. The selected
+cases' subprocesses start together on first use, as many at a time as this process may use
+cores, the longest first; each test waits for its own. Sizes are tiny (the interpreter runs
+every program in numpy) but cover several chunks, T not a multiple of C, several token
+tiles per chunk, partial column blocks, P > 1, shared and private banks, per-write gates,
+repeated slots, out-of-range indices and every snapshot mode.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -18,23 +21,34 @@ import pytest
 pytest.importorskip("triton")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not an installed copy
 
 
-def _run(case: str):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE))
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env,
-                         capture_output=True, text=True, timeout=600)
+def _run(case: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    """The selected cases' subprocesses, started in the parametrize order (longest first)."""
+    cases = [item.callspec.params["case"] for item in request.session.items
+             if item.module is request.module and hasattr(item, "callspec")]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(cases), cores or 1)))
+    yield {case: pool.submit(_run, case) for case in cases}
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("case", ["extreme_gates", "step_walk", "step_walk_windows", "step_walk_kept",
+                                  "column_walk", "phase1_scans", "chunk_start_sources",
+                                  "train_fp32", "snapshots", "train_bf16_shared",
+                                  "decode_and_masking", "windows_and_tiles", "entry_groups",
+                                  "solve_blocks", "window_sums"])
+def test_kernels_under_interpreter(case, runs):
+    res = runs[case].result()
     assert res.returncode == 0, f"case {case} failed:\n{res.stdout}\n{res.stderr[-4000:]}"
-
-
-@pytest.mark.parametrize("case", ["train_fp32", "train_bf16_shared", "snapshots",
-                                  "decode_and_masking", "windows_and_tiles", "grid_tiles",
-                                  "column_walk", "step_walk", "step_walk_windows",
-                                  "step_walk_kept", "chunk_start_sources", "entry_groups",
-                                  "phase1_scans", "solve_blocks", "window_sums",
-                                  "extreme_gates"])
-def test_kernels_under_interpreter(case):
-    _run(case)
 
 
 # ---------------------------------------------------------------- cases (subprocess side)
@@ -78,7 +92,7 @@ def case_train_fp32():
     ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
                       repeats=True, seed=11)
     _train(ins, 16)
-    # one chunk, P > 1: the windowed backward's sums narrow to a strided view (was a bug)
+    # one chunk, P > 1: the windowed backward's sums narrow to a strided view
     _train(make_inputs(P=3, T=9, W=4, R=3, hd=18, slots_per_stream=24, seed=21), 16)
 
 
@@ -149,7 +163,7 @@ def _pack_log_bytes():
     their neighbours, subnormals and random values of both signs."""
     import torch
     from sdm_inductor import quant
-    from sdm_inductor.kernels.quantize import pack_log
+    from sdm_inductor.kernels.forward.quantize import pack_log
     gen = torch.Generator().manual_seed(0)
     for mode in ("fp8", "int4"):
         for hd in (17, 18):
@@ -231,19 +245,8 @@ def case_windows_and_tiles():
     _check("windowed bank", bank, M_ref, 1e-5)
 
 
-def case_grid_tiles():
-    """The grid walk with small tiles: several column blocks (the last partial), several
-    entry tiles per token, several write tiles per chunk, runs longer than one."""
-    from sdm_inductor.kernels import host
-    from sdm_inductor.testing import make_inputs
-    host.CONFIG.update(WALK="grid", BD_WALK=16, EW_WALK=4, NG_WALK=16)
-    _train(make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=12, per_write_gate=True,
-                       repeats=True, seed=17), 16)
-    _train(make_inputs(P=1, T=52, W=2, R=2, hd=16, slots_per_stream=40, seed=16), 48)
-
-
 def case_column_walk():
-    """The column walk of ``phase2.py`` (one program per stream and 16-column block)."""
+    """The column walk (``forward/column_walk.py``, one program per stream and 16-column block)."""
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs
     host.CONFIG["WALK"] = "column"
@@ -258,26 +261,22 @@ def case_column_walk():
                        AHEAD_BWD=1, EW_BWD=2, BWD_WINDOWS=2)   # 3 chunks: windows of 2 and 1
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=19), 16)
+    # no tile prefetched, one inline run member, the backward in one window
     host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512, AHEAD_BWD=0,
-                       BWD_WINDOWS=1)   # session 2's kernels
+                       BWD_WINDOWS=1)
     _train(make_inputs(P=1, T=40, W=3, R=2, hd=16, slots_per_stream=12, repeats=True, seed=20), 16)
-    host.CONFIG.update(GATHER_STAGES=3, EW=2)   # the gather loop left to Triton's pipeliner
-    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
-                       repeats=True, seed=18), 16)
 
 
 def case_step_walk():
-    """The step walks of ``step.py`` and ``step_backward.py`` (launches per chunk):
+    """The step walks of ``forward/step_walk.py`` and ``backward/step_walk.py`` (launches per chunk):
     several column blocks of every launch (the last partial), several write and group
     tiles per chunk, runs and groups longer than the inline members, token blocks of the
-    products, the backward's windows of partial sums, the undo log, and the
-    delta product as a launch of its own and (MIX_STEP=1) in the last gather program of
-    each (stream, column block), picked by a ticket; write and dB programs of one and of
+    products, the backward's windows of partial sums, the undo log; write and dB programs of one and of
     several column blocks; dB tiles of single members (the launch's one-member paths); a
     bf16 bank (the forward's bf16 delta scratch); the product
     launches in both forms (whole rows before the wait, blocks after it). Three cases
-    (``step_walk``, ``step_walk_windows``, ``step_walk_kept``), each its own subprocess: as
-    one case the whole ran 577 s on 2 CPU cores, close to ``_run``'s 600 s limit."""
+    (``step_walk``, ``step_walk_windows``, ``step_walk_kept``), each its own subprocess, so
+    that the parts run side by side on two cores."""
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs
@@ -301,13 +300,13 @@ def case_step_walk():
 
 def _step_config(two_blocks: bool = False):
     """``case_step_walk``'s small launch shapes; ``two_blocks``: as from its second part on
-    (MIX_STEP=1, two backward windows, two column blocks per write and dB program)."""
+    (two backward windows, two column blocks per write and dB program)."""
     from sdm_inductor.kernels import host
-    host.CONFIG.update(WALK="step", BD_STEP=16, MB_STEP=8, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
-                       MIX_STEP=0, MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
+    host.CONFIG.update(WALK="step", BD_STEP=16, BD_STEP_W=16, NG_STEP=8, KW_STEP=1,
+                       MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
                        NG_GROUP=8, KW_GROUP=1, CL_GROUP=1, CL_WRITE=1)
     if two_blocks:   # (and two inline dB members: the one-member path differs from them)
-        host.CONFIG.update(MIX_STEP=1, BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2, KW_GROUP=2,
+        host.CONFIG.update(BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2, KW_GROUP=2,
                            GROUP_ONE=2)
 
 
@@ -326,7 +325,7 @@ def case_step_walk_windows():
                        repeats=True, seed=27), 16)
     assert ops.last_dispatch().get("windows") == 2, ops.last_dispatch()
     host.CONFIG.update(TRAIN_WINDOW_TOKENS=0)
-    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_STEP=32, MIX_STEP=0, MB_MIX=32)
+    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_MIX=32)
     ins = make_inputs(P=2, T=40, W=3, R=2, hd=40, slots_per_stream=16, repeats=True, seed=24)
     y_ref, M_ref, _ = reference_outputs(ins)
     bank = ins.bank.clone()
@@ -334,8 +333,7 @@ def case_step_walk_windows():
     assert ops.last_dispatch().get("windows") == 1, ops.last_dispatch()
     _check("no-grad readings", y, y_ref, 1e-5)
     _check("no-grad bank", bank, M_ref, 1e-5)
-    # a bf16 bank: the forward's delta scratch in bf16 (DELTA_BF16), against the oracle
-    assert host.CONFIG["DELTA_BF16"]
+    # a bf16 bank: the forward's delta scratch in bf16, against the oracle
     _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                        repeats=True, dtype=torch.bfloat16, seed=29), 16, tol=2e-2)
     # the product launches in blocks of TB columns, all after the wait (what C = 256 runs;
@@ -346,11 +344,10 @@ def case_step_walk_windows():
 
 
 def case_step_walk_kept():
-    """``_kept_for_backward`` with ``case_step_walk_windows``'s final launch shapes (its own
-    subprocess: the three parts together ran 577 s of the 600 s limit)."""
+    """``_kept_for_backward`` with ``case_step_walk_windows``'s final launch shapes."""
     from sdm_inductor.kernels import host
     _step_config(two_blocks=True)
-    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_STEP=32, MIX_STEP=0, MB_MIX=32)
+    host.CONFIG.update(KW_STEP=2, NG_STEP=32, BD_STEP=32, MB_MIX=32)
     _kept_for_backward()
 
 
@@ -385,13 +382,9 @@ def _kept_for_backward():
                                                   ins.q_idx, x[5], 16, 10)
         torch.autograd.backward((y, M), (dy, dM))
         d = ops.last_dispatch()
-        return (d.get("phase1_backward"), d.get("backward_prelude")), [t.grad for t in x]
+        return d.get("phase1_backward"), [t.grad for t in x]
 
-    # the kept forward also makes the backward's groups and sources (host.CONFIG PRELUDE,
-    # not the default; inline here, no side stream)
-    host.CONFIG["PRELUDE"] = 2
     (how_k, kept), (how_r, recomputed) = grads(1), grads(0)
-    host.CONFIG["PRELUDE"] = 0
     recomputed_plain = recomputed
     # the d ev and dB launches as one grid (host.CONFIG DEV_DB, the default; here 4
     # periods of 16 d ev and 7 dB programs) and as two: bitwise the same
@@ -401,12 +394,12 @@ def _kept_for_backward():
     host.CONFIG["DEV_DB"] = 1
     for n, a, b in zip(NAMES, two_launches, kept):
         assert torch.equal(a, b), "DEV_DB grad " + n
-    assert (how_k, how_r) == (("kept", "forward"), ("recomputed", "backward")), (how_k, how_r)
+    assert (how_k, how_r) == ("kept", "recomputed"), (how_k, how_r)
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
         _check("kept grad " + n, a, r, 1e-5)
     (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
-    assert how_k == ("kept", "backward"), how_k
+    assert how_k == "kept", how_k
     for i, (a, b) in enumerate(zip(kept, recomputed)):
         _check(f"gated kept grad {i}", a, b, 1e-5)
     host.CONFIG["KEEP"] = 1
@@ -429,15 +422,16 @@ def case_chunk_start_sources():
     """``sources.chunk_start_sources``: every touched entry's source (an undo-log row of
     the saving forward, or the final bank's row) holds its slot's row as the oracle has it
     at the start of the entry's chunk (the oracle run on the tokens before that chunk);
-    entries that touch nothing have none. Then the backward step walk with the sources
-    (``SOURCES``) gives bitwise the gradients of the walk that restores a working bank,
-    for a log of the bank's dtype and an fp8 log (CUDA: also an fp32 bank's bf16 log), and
-    leaves the final bank as it was."""
+    entries that touch nothing have none. Then the backward step walk by the sources (a
+    raw log) and by a restored working bank (an fp8 log) give the CPU backward's gradients
+    and leave the final bank as it was."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.phase1 import plan
-    from sdm_inductor.kernels.sources import chunk_start_sources, reference_sources
+    from sdm_inductor.kernels.backward.sources import chunk_start_sources
+    sys.path.insert(0, HERE)
+    from references import reference_sources
     from sdm_inductor.testing import make_inputs, reference_outputs
     _step_config()
     C = 8
@@ -450,7 +444,7 @@ def case_chunk_start_sources():
     rows = log.view(-1, log.shape[-1])   # [segments * C, W, hd]: one row per write position
     pl = plan(S, *(x.contiguous() for x in (ins.k_idx, ins.k_val, ins.beta, ins.g,
                                              ins.q_idx, ins.q_val)), C)
-    from sdm_inductor.kernels import sources
+    from sdm_inductor.kernels.backward import sources
     ref = reference_sources(pl, S)
     # the launches = torch's searchsorted: the sorted form, and the dense table in one
     # scan tile and in tiles of 2 chunks (4 here: the carry between tiles), of 16 columns
@@ -479,32 +473,30 @@ def case_chunk_start_sources():
                               bank[sl.clamp(min=0)])[live]
             _check(f"chunk {c} stream {p} start rows", got, start[sl[live]], 1e-5)
 
-    def grads(source, mode, dtype, fp32_grad=False):
-        host.CONFIG["SOURCES"] = source
+    # the backward step walk reads a raw log's chunk-start rows by their sources; an fp8
+    # log's it restores chunk by chunk into a working bank: each against the CPU backward
+    # fed the same log, and neither changes the final bank
+    from sdm_inductor import cpu
+    for mode in ("none", "fp8"):
         x = make_inputs(P=2, T=29, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
-                        repeats=True, dtype=dtype, seed=32)
+                        repeats=True, seed=32)
         gen = torch.Generator().manual_seed(3)
-        dy = torch.randn(2, 29, 16, generator=gen).to(dtype)
-        dM = torch.randn(x.bank.shape, generator=gen).to(dtype)
+        dy, dM = torch.randn(2, 29, 16, generator=gen), torch.randn(x.bank.shape, generator=gen)
         fin = x.bank.clone()
         _, log, scales = host.forward(fin, *tuple(x)[1:], C, mode, True)
         kept = fin.clone()
-        out = host.backward(dy, dM, fin, log, scales, *tuple(x)[1:], C, mode, fp32_grad)
+        got = host.backward(dy, dM, fin, log, scales, *tuple(x)[1:], C, mode, False)
         assert torch.equal(fin, kept), "the backward changed the final bank"
-        return ops.last_dispatch()["chunk_start_rows"], out
-
-    for mode, dtype, source in (("none", torch.float32, 1), ("fp8", torch.bfloat16, 2)):
-        (how_s, by_src), (how_r, restored) = grads(source, mode, dtype), grads(0, mode, dtype)
-        assert (how_s, how_r) == ("sources", "restored"), (mode, how_s, how_r)
-        for n, a, b in zip(NAMES, by_src, restored):
-            assert torch.equal(a, b), (mode, n)
-    host.CONFIG["SOURCES"] = 1
-    assert grads(1, "fp8", torch.bfloat16)[0] == "restored"   # 1: raw logs only
+        how = ops.last_dispatch()["chunk_start_rows"]
+        assert how == ("sources" if mode == "none" else "restored"), (mode, how)
+        want = cpu.backward(dy, dM, fin, log, scales, *tuple(x)[1:], C, mode, False)
+        for n, a, b in zip(NAMES, got, want):
+            _check(f"{how} grad {n}", a, b, 1e-5)
 
 
 def case_entry_groups():
     """``phase1.entry_groups`` (a program per block of a segment's positions: the blocks'
-    counts, then their headers) gives exactly ``reference_groups``' torch form in its three
+    counts, then their headers) gives exactly ``references.reference_groups`` in its three
     layouts (split, packed, by position): random groups, then
     a real plan with repeated and out-of-range slots; blocks smaller than a segment, so the
     counts of earlier blocks place each block's headers and the empty headers between the
@@ -514,28 +506,29 @@ def case_entry_groups():
     from sdm_inductor.kernels import phase1
     from sdm_inductor.testing import make_inputs
     sys.path.insert(0, HERE)
+    from references import reference_groups
     from test_groups import random_plan
-    phase1.GROUPS_BLOCK = 16
+    phase1.headers.GROUPS_BLOCK = 16
     ins = make_inputs(P=2, T=37, W=4, R=3, hd=8, slots_per_stream=10, repeats=True, seed=31)
     real = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 16)
     for pl in (random_plan(B=3, C=8, E=5, seed=1), real):
         for pack in (2, 1, 0):
-            got, want = phase1.entry_groups(pl, pack), phase1.reference_groups(pl, pack)
+            got, want = phase1.entry_groups(pl, pack), reference_groups(pl, pack)
             for f in dataclasses.fields(phase1.Groups):
                 a, b = getattr(got, f.name), getattr(want, f.name)
                 assert a.dtype == b.dtype and torch.equal(a, b), (pack, f.name)
 
 
 def case_window_sums():
-    """``step_backward.window_sums`` (the backward step walk's cross-column sums of a
+    """``backward.step_walk.window_sums`` (the backward step walk's cross-column sums of a
     window) gives the column-block sums of the window's rows, in their slice of the
     whole-sequence sums and nowhere else: full and partial windows, P > 1, a number of
     column blocks that is not a multiple of the load tile, a chunk that is no power of 2,
     and the dQK / dL partials (stored on and below the diagonal only: NaN above it here)
     read only on and below it, their sums zero above it."""
     import torch
-    from sdm_inductor.kernels import step_backward as sb
+    from sdm_inductor.kernels.backward import step_walk as sb
     sb.SUM_BLOCK, sb.SUM_ROWS = 64, 4
     gen = torch.Generator().manual_seed(5)
     P, NC, NCW, C, W, E = 2, 7, 3, 6, 2, 5
@@ -576,18 +569,19 @@ def _gram_terms(pl):
 
 
 def case_phase1_scans():
-    """``_groups_kernel`` (groups and write runs by two scans of the sorted keys) and its
-    split form over blocks of positions (``GROUPS_SPLIT``) give
-    exactly what the binary searches and the second sort give, with int32 and int64
-    keys, blocks of the scan that split groups, repeated and out-of-range slots; the
-    flat sort of all segments (``FLAT_SORT``) gives the segmented sort's permutation, and
-    the pairs kernel's lane accumulators (``PAIR_ACC``) in two programs per token
-    (``PAIR_SPLIT``) its Gram rows up to rounding and the same per-entry weights; the pairs
-    kernel gives bitwise the same plan reading members at their sorted positions
-    (``PAIR_SORTED``) as through the permutation."""
+    """Phase 1's traced form (the segmented sort, ``_groups_kernel``'s two scans in one
+    program per segment, one pairs program per token reading members through ``perm``)
+    gives the groups and write runs of binary searches and a second sort
+    (``references``); the eager form (the flat sort of all segments, the groups over
+    blocks of positions, two pairs programs per token with term lists and members at
+    their sorted positions) gives bitwise its per-entry plan and its Gram rows up to
+    rounding: int32 and int64 keys, scan blocks and position blocks that split groups,
+    repeated and out-of-range slots, term lists that overflow (and fold in early)."""
     import torch
     from sdm_inductor.kernels import phase1
     from sdm_inductor.testing import make_inputs
+    sys.path.insert(0, HERE)
+    from references import search_groups, search_runs
     cases = [dict(P=2, T=37, W=4, R=3, slots_per_stream=11, C=8, repeats=True),
              dict(P=1, T=300, W=16, R=4, slots_per_stream=600, C=64, repeats=True),
              # 64 < C <= 128: the split pairs kernel's own entry blocks and warps
@@ -598,54 +592,47 @@ def case_phase1_scans():
         ins = make_inputs(hd=4, per_write_gate=True, seed=3, **kw)
         ins.k_idx[0, 1, 1] = -1                     # a write that touches nothing
         ins.q_idx[0, 2, 0] = ins.bank.shape[0] + 3   # an out-of-range read
-        args = (ins.bank.shape[0], ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx,
-                ins.q_val, C)
-        phase1._key_dtype = lambda S, C, E, dt=key_dtype: dt
-        phase1.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
-        phase1.SCAN_GROUPS, phase1.FLAT_SORT, phase1.PAIR_ACC = False, False, False
-        phase1.PAIR_SPLIT = False
+        S = ins.bank.shape[0]
+        args = (S, ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val, C)
+        phase1.entries._key_dtype = lambda S, C, E, dt=key_dtype: dt
+        phase1.groups.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
+        phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = False, False
+        phase1.groups.GROUPS_SPLIT = False
         want = phase1.plan(*args)
-        phase1.SCAN_GROUPS, phase1.GROUPS_SPLIT = True, False
-        scans = phase1.plan(*args)
-        # blocks of 16 / 64 positions: groups that cross one or several block edges
-        phase1.GROUPS_SPLIT, phase1.GROUPS_SPLIT_BLK = True, 16 if C == 8 else 64
-        phase1.PAIR_SORTED = False
-        through_perm = phase1.plan(*args)
-        phase1.PAIR_SORTED = True
-        split = phase1.plan(*args)
-        # the pairs kernel reading members at their sorted positions: bitwise the same plan
-        for f in ("gam", "gend", "ev", "coef", "decay", "A", "QK"):
-            assert torch.equal(getattr(split, f), getattr(through_perm, f)), "sorted " + f
-        phase1.FLAT_SORT, phase1.PAIR_ACC, phase1.PAIR_SPLIT = True, True, True
         P, T, W = ins.k_idx.shape
-        assert phase1._flat_span(args[0], P * -(-T // C), C, W + ins.q_idx.shape[2]) > 0
-        phase1.PAIR_LIST = 0
-        one_hot = phase1.plan(*args)
-        phase1.PAIR_LIST = 2
+        R = ins.q_idx.shape[2]
+        slot, _, _, key, _, NC, _ = phase1.prep(*args)
+        B, E = P * NC, W + R
+        key = key.view(B, C * E)
+        skey, sperm = torch.sort(key, dim=-1, stable=True)
+        assert torch.equal(want.perm, sperm.to(torch.int32))
+        for f, x in zip(("gs", "nw", "na"), search_groups(key, skey)):
+            assert torch.equal(getattr(want, f), x), f
+        rslot, rlen, rtok, rent = search_runs(key, slot.view(B, C * E), C, W, R)
+        take = lambda x: x.view(B, C * E).gather(1, rent.long())
+        for f, x in zip(("slot", "length", "tok", "decay", "coef"),
+                        (rslot, rlen, rtok, take(want.decay), take(want.coef))):
+            y = getattr(want.runs, f)
+            assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
+        # blocks of 16 / 64 positions: groups that cross one or several block edges
+        phase1.groups.GROUPS_SPLIT, phase1.groups.GROUPS_SPLIT_BLK = True, 16 if C == 8 else 64
+        phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = True, True
+        assert phase1.entries._flat_span(S, B, C, E) > 0
         flat = phase1.plan(*args)
-        # the term lists against the one-hot sums over every lane: the same weights, the
-        # Gram rows up to rounding; the rows' term counts show the lists overflowed (and
-        # were folded in early) in some programs
-        for f in ("gam", "gend", "ev", "coef", "decay"):
-            assert torch.equal(getattr(flat, f), getattr(one_hot, f)), "list " + f
+        for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
+            assert torch.equal(getattr(flat, f), getattr(want, f)), f
+        for f in ("slot", "length", "decay", "tok", "coef"):
+            x, y = getattr(flat.runs, f), getattr(want.runs, f)
+            assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
         for f in ("A", "QK"):
-            torch.testing.assert_close(getattr(flat, f), getattr(one_hot, f), rtol=1e-6,
-                                       atol=1e-7, msg=f)
-        lmax = phase1._pair_launch_blocks(C, W, ins.q_idx.shape[2], True)[1]
+            x, y = getattr(flat, f), getattr(want, f)
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7, msg=f)
+            assert x.abs().sum() > 0, f
+        lmax = phase1.pairs._pair_launch_blocks(C, W, R, True)[1]
         terms = _gram_terms(flat)
         print(f"C={C}: up to {terms.max()} Gram terms in a program, lists of {lmax}")
         overflowed = overflowed or bool(terms.max() > lmax)
-        for got in (scans, split, flat):
-            for f in ("perm", "gs", "nw", "na", "gam", "gend", "ev", "coef", "decay"):
-                assert torch.equal(getattr(got, f), getattr(want, f)), f
-            for f in ("slot", "length", "decay", "tok", "coef"):
-                x, y = getattr(got.runs, f), getattr(want.runs, f)
-                assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
-        for f in ("A", "QK"):
-            x, y = getattr(flat, f), getattr(want, f)
-            assert torch.allclose(x, y, rtol=1e-6, atol=1e-7), f
-            assert x.abs().sum() > 0, f
-        print(f"{key_dtype}: scans == searches, flat sort == segmented sort")
+        print(f"{key_dtype}: scans == searches, eager form == traced form")
     assert overflowed
 
 
@@ -655,7 +642,7 @@ def case_solve_blocks():
     the diagonal blocks, then the off-diagonal ones), gives torch's triangular solve's X
     and QK X."""
     import torch
-    from sdm_inductor.kernels import solve
+    from sdm_inductor.kernels.phase1 import solve
     gen = torch.Generator().manual_seed(5)
     for C in (128, 96):
         B = 3

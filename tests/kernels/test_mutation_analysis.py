@@ -7,8 +7,7 @@ buffer's memory while it is still live: wrong results that depend on the memory 
 So for every launch of the traced host code (the column walks and the traced Phase 1
 forms that compiled graphs and packages launch on CUDA), the analysis, run here on CPU for
 an sm_90 target, must list every tensor the launch changes when run under the Triton
-interpreter (a subprocess with ``TRITON_INTERPRET=1`` and the traced forms forced). Added
-in session 31 while chasing the intermittent AOTInductor CUDA mismatch (NOTES.md run 31).
+interpreter (a subprocess with ``TRITON_INTERPRET=1`` and the traced forms forced).
 """
 from __future__ import annotations
 
@@ -65,9 +64,13 @@ def _run_case(case: str, args: tuple):
 
 
 def _kernel_modules():
-    from sdm_inductor.kernels import (backward, host, launch, phase1, quantize, solve, sources,
-                                      step_backward)
-    return (launch, host, phase1, solve, sources, quantize, backward, step_backward)
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.backward import phase1_grads, reverse_walk, sources, step_walk
+    from sdm_inductor.kernels.forward import column_walk, decode, quantize
+    from sdm_inductor.kernels.phase1 import entries, groups, headers, pairs, solve
+    from sdm_inductor.kernels.runtime import launch
+    return (launch, host, entries, groups, pairs, headers, solve, column_walk, decode, quantize,
+            reverse_walk, phase1_grads, sources, step_walk)
 
 
 def _record_launches(on_launch):
@@ -90,8 +93,10 @@ def _bound(kernel, args, meta) -> dict:
 
 def _truth(case: str) -> list:
     """Under the interpreter, with the traced forms forced: (kernel, tensors it changed)."""
-    from sdm_inductor.kernels import host, launch, phase1, solve
-    for m in (host, phase1, solve):
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.phase1 import entries, groups, pairs, solve
+    from sdm_inductor.kernels.runtime import launch
+    for m in (host, entries, groups, pairs, solve):
         m.is_fake = lambda t: True
     launch._is_fake = lambda t: True
     seen = []

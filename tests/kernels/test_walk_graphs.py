@@ -1,4 +1,4 @@
-"""The keys under which eager step walks are replayed from CUDA graphs (``kernels/graphs.py``):
+"""The keys under which eager step walks are replayed from CUDA graphs (``kernels/runtime/graphs.py``):
 a replay is the same launches only if the key changes with every launch argument. On CPU:
 no GPU is needed to build the keys (the replays themselves are checked in test_cuda.py)."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from sdm_inductor.kernels import graphs  # noqa: E402
-from sdm_inductor.kernels.launch import Relaunch  # noqa: E402
-from sdm_inductor.kernels.step import _step_mix_kernel  # noqa: E402
+from sdm_inductor.kernels.forward.step_walk import _step_mix_kernel  # noqa: E402
+from sdm_inductor.kernels.runtime import graphs  # noqa: E402
+from sdm_inductor.kernels.runtime.launch import Relaunch  # noqa: E402
 
 
 def _mix(X, QKX, u, i, d, out, T=100, hd=64, NC=2, **meta):

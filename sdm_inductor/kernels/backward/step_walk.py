@@ -1,12 +1,12 @@
 """The backward's chunk walk in steps: launches per chunk over the whole GPU, in reverse.
 
-The same computation as ``backward._reverse_kernel`` (whose docstring numbers the
+The same computation as ``reverse_walk._reverse_kernel`` (whose docstring numbers the
 passes), cut where one pass needs another's results for all the chunk's tokens, so each
-piece is one launch with many programs (as the forward's ``step.py``):
+piece is one launch with many programs (as the forward's step walk):
 
 1. ``_step_restore_kernel`` (write positions x column blocks): the rows chunk c wrote
    get their chunk-start values back from the undo log, in the working bank. Not with
-   the sources (``sources.py``, ``host.CONFIG["SOURCES"]``): the row launches then read
+   the sources of a raw log (``sources.py``): the row launches then read
    each entry's chunk-start row from the final bank or the undo log itself, both
    immutable during the walk, and there is no working copy;
 2. ``_step_bwd_gather_kernel`` (tokens x column blocks): ``v - r0``;
@@ -18,7 +18,7 @@ piece is one launch with many programs (as the forward's ``step.py``):
    ``dv``, ``d r0``, and the ``dL``, ``dQK``, ``d beta`` partial sums;
 6. ``_step_bwd_dev_kernel`` (tokens x column blocks): the ``d ev`` partial sums;
 7. ``_step_bwd_group_kernel`` (entry positions x column blocks): the new ``dB`` of every
-   distinct touched slot, once, in its group's order (``backward._group_tile``).
+   distinct touched slot, once, in its group's order (``reverse_walk._group_tile``).
 
 With ``DEV_DB`` (the default) 6 and 7 are one launch, ``_step_bwd_dev_group_kernel``.
 
@@ -34,12 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .backward import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
-from . import graphs
-from .launch import EVICT, Relaunch, launch, pdl, pow2
-from .step import (ROWS_MAX_CP, _block_program, _column_block, _gather_index, _gather_rows,
-                   _grid_dependency, _launch_dependents, _token_program, _token_program_at,
-                   _wait)
+from ..common.tiles import (ROWS_MAX_CP, _block_program, _column_block, _gather_index,
+                            _gather_rows, _grid_dependency, _group_cols, _group_headers,
+                            _group_members, _launch_dependents, _load_log, _qkt_dy,
+                            _token_program, _token_program_at, _wait)
+from ..runtime import graphs
+from ..runtime.launch import Relaunch, launch, pdl, pow2
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
@@ -70,10 +70,10 @@ def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, w
 @triton.jit
 def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
                 n: tl.constexpr, NP: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr,
-                CG: tl.constexpr, EV: tl.constexpr):
+                CG: tl.constexpr):
     """The chunk-start rows ``M0[sl_e, cols]`` (fp32) of the ``n`` entries from ``base``.
     Without ``SRC``: the working bank, which the restore launch brought back to the chunk's
-    start (``CG`` / ``EV``: the loads' cache modifier and eviction policy). With ``SRC``
+    start (``CG``: the loads' cache modifier). With ``SRC``
     (``sources.py``): ``work_ptr`` is the final bank, and an entry whose slot is written at
     or after this chunk reads the undo-log row ``src_ptr[base + e]`` instead, dequantized
     and rounded to the bank's dtype as the restore launch stores it (bitwise its rows)."""
@@ -94,7 +94,7 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
             fin = tl.load(work_ptr + ro, mask=m2 & (src < 0)[:, None], other=0.0)
             rows = tl.where((src >= 0)[:, None], lg.to(work_ptr.dtype.element_ty), fin)
     else:
-        rows = tl.load(work_ptr + ro, mask=m2, other=0.0, eviction_policy=EV, cache_modifier=CG)
+        rows = tl.load(work_ptr + ro, mask=m2, other=0.0, cache_modifier=CG)
     return rows.to(tl.float32)
 
 
@@ -102,18 +102,18 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
 def _step_bwd_gather_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
                             vmr_ptr, c, T, hd, width, NC, C: tl.constexpr, W: tl.constexpr,
                             R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
-                            CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
-                            QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
+                            CP: tl.constexpr, PDL: tl.constexpr, QMODE: tl.constexpr = 0,
+                            SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     sl, wt = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     _grid_dependency(PDL >= 2)
     if SRC:
         r0 = tl.sum(wt[:, None] * _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl,
-                                              cols, cm, hd, width, W, WP, QMODE, SRC, "", EV),
+                                              cols, cm, hd, width, W, WP, QMODE, SRC, ""),
                     axis=0)
     else:
-        r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd, EV)
+        r0 = _gather_rows(work_ptr, sl, wt, cols, cm, hd)
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
@@ -287,7 +287,7 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
                           CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
                           ROWS: tl.constexpr = False):
     # (With PDL == 3 and the forward's v - r0 kept, this launch could run whole before its
-    # wait; measured 2 % slower in autograd calls, NOTES.md run 19, so it waits as with 2.)
+    # wait; measured 2 % slower in autograd calls, so it waits as with 2.)
     if ROWS:
         _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
                    C, MB, TB, CP, PREC, PDL)
@@ -300,12 +300,9 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
 def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
                         dd_ptr, pc_ptr, pm_ptr, c, hd, width, NC, NB, NCW, C: tl.constexpr,
                         W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr,
-                        CP: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
-                        EV_DB: tl.constexpr = "", CG: tl.constexpr = "",
+                        CP: tl.constexpr, PDL: tl.constexpr, CG: tl.constexpr = "",
                         QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
-    # EV / EV_DB: L2 eviction policies of the chunk-start rows (read again by the dev
-    # launch) and of the dB rows (read again by the dB launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     cb = tl.program_id(1)
     w = tl.arange(0, WP)
@@ -319,11 +316,10 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
     # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
-    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, eviction_policy=EV_DB,
-                 cache_modifier=CG).to(tl.float32)
+    Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, cache_modifier=CG).to(tl.float32)
     # (SRC: the log and the final bank, which no launch of the walk writes)
     M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width, W,
-                     WP, QMODE, SRC, CG, EV)
+                     WP, QMODE, SRC, CG)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
     _grid_dependency(PDL == 3)
@@ -387,9 +383,9 @@ def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_pt
     # walk writes) load before the wait,
     # through L2, and the read entries' partials need nothing of the launch before
     rw = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, slw, cols, cm, hd, width, W, WP,
-                     QMODE, SRC, CG, "")
+                     QMODE, SRC, CG)
     rr = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base + W, slr, cols, cm, hd, width,
-                     R, RP, QMODE, SRC, CG, "")
+                     R, RP, QMODE, SRC, CG)
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
     _grid_dependency(PDL == 3)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
@@ -476,7 +472,7 @@ def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                            ONE: tl.constexpr = 0):
     """dB of one tile of ``NG`` groups (``phase1.Groups``), in ``CL`` column blocks of ``BD``
     (one after the other): the tile's headers load once for all of them. The launch
-    measured issue-bound (Nsight Compute, session 12), and the headers' loads, masks and
+    measured issue-bound (Nsight Compute), and the headers' loads, masks and
     offsets were most of each program's instructions at one block per program. With
     packed headers, the tiles past a segment's last group skip the blocks. ``ONE``: a tile
     whose groups all have one member (most of them, with the split layout) loads one
@@ -545,7 +541,7 @@ def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, 
                                CG: tl.constexpr = "",
                                QMODE: tl.constexpr = 0, SRC: tl.constexpr = False,
                                ONE: tl.constexpr = 0):
-    """The ``d ev`` and dB launches of a chunk step as one grid (``host.CONFIG["DEV_DB"]``):
+    """The ``d ev`` and dB launches of a chunk step as one grid (``CONFIG["DEV_DB"]``):
     both need only ``d r0`` of the product launch before them and neither reads what the
     other writes, but as two launches the dB programs could start only once every ``d ev``
     program had started, so they shared the SMs for the last wave of ``d ev`` alone. Here
@@ -648,7 +644,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     TB = min(config["TB_MIX_B" + wide], CP)
     BD, BDW, NG = config["BD_STEP_B"], config["BD_STEP_W"], config["NG_STEP"]
     MB = config["MB_MIX_B" + wide]
-    BDD = config["BD_DW"] or BD
+    BDD = BD
     NCB, NCBW, NMB, NCBD = -(-hd // BD), -(-hd // BDW), -(-hd // MB), -(-hd // BDD)
     NCW = -(-NC // max(1, config["BWD_WINDOWS"]))
     NBW = P * NCW
@@ -678,16 +674,15 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         # are bitwise those of a kept v - r0 (with BD_STEP_B == BD_STEP, the defaults)
         *([] if vmr_kept is not None else [Relaunch(
             _step_bwd_gather_kernel, g_rows, "c", *rows0, pl.slot, pl.ev, v, vmr, 0, T, hd,
-            width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
+            width, NC, C=C, W=W, R=R, BD=BD, WP=pow2(W), CP=CP,
             QMODE=qmode, SRC=src, num_warps=config["WARPS_STEP"], num_stages=1, **pd)]),
         Relaunch(_step_bwd_mix1_kernel, g_mix, "c", pl.X, pl.QK, pl.beta, vmr, dy, delta, ddelta,
                  0, T, hd, NC, vmr_cs, C=C, MB=MB, TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"],
                  num_stages=1, ROWS=rows, **pd),
         Relaunch(_step_bwd_dw_kernel, (P * C, NCBD), "c", dB, *rows0, pl.slot, pl.coef, delta,
                  ddelta, parts["coef"], parts["m"], 0, hd, width, NC, NBW, NCW, C=C, W=W, R=R,
-                 BD=BDD, WP=pow2(W), CP=CP, EV=EVICT[config["EV_BW"]],
-                 EV_DB=EVICT[config["EV_DB"]], CG=cg, QMODE=qmode, SRC=src,
-                 num_warps=config["WARPS_DW"] or wg, num_stages=1, **pd),
+                 BD=BDD, WP=pow2(W), CP=CP, CG=cg, QMODE=qmode, SRC=src,
+                 num_warps=wg, num_stages=1, **pd),
         Relaunch(_step_bwd_mix2_kernel, g_mix, "c", pl.X, pl.beta, vmr, delta, ddelta, dr, dy,
                  dv, parts["qk"], parts["L"], parts["b"], 0, T, hd, NC, NBW, NCW, vmr_cs, C=C, MB=MB,
                  TB=TB, CP=CP, PREC=prec, num_warps=config["WARPS_MIX_B"], num_stages=1,

@@ -1,5 +1,5 @@
 """Phase 2 of the chunked form: the sequential walk over the chunks, in one launch (the
-column walk: what traced calls launch; eager calls take ``step.py``'s launches per chunk).
+column walk: what traced calls launch; eager calls take ``step_walk``'s launches per chunk).
 
 Every quantity of Phase 2 is separable by bank column (SDM_SPEC section 3), so one
 program owns (stream ``p``, column block ``cb``) and walks all chunks of its stream
@@ -23,8 +23,13 @@ what the backward needs besides the final bank, at no extra gather.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+
+from ..common.tiles import _write_head, _write_tile
+from ..runtime.launch import launch, pow2
 
 
 @triton.jit
@@ -34,71 +39,6 @@ def _entry_tile(slot_ptr, w_ptr, seg, toks, tm, e0, E: tl.constexpr, EW: tl.cons
     em = tm[:, None] & (ents < E)[None, :]
     off = seg + toks[:, None] * E + ents[None, :]
     return tl.load(slot_ptr + off, mask=em, other=-1), tl.load(w_ptr + off, mask=em, other=0.0)
-
-
-@triton.jit
-def _run_tile(run_slot_ptr, run_len_ptr, run_decay_ptr, rb, pos, fm, cols, cm, hd):
-    """A tile of positions of the slot-sorted write order (``phase1.Runs``): the slot,
-    run length and chunk decay at run starts (slot -1 elsewhere), the row offsets and the
-    mask of the rows written."""
-    sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-    ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
-    dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
-    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-    wm = (sl >= 0)[:, None] & cm[None, :]
-    return sl, ln, dec, ro, wm
-
-
-@triton.jit
-def _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb, f0,
-                CW: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr):
-    """Everything a write tile needs before its gathers, in loads that depend on nothing:
-    the run headers of positions [f0, f0 + NG) and the first ``KW`` members of each run
-    (token and coefficient; members past a run's end are masked when used)."""
-    pos = f0 + tl.arange(0, NG)
-    fm = pos < CW
-    sl = tl.load(run_slot_ptr + rb + pos, mask=fm, other=-1)
-    ln = tl.load(run_len_ptr + rb + pos, mask=fm, other=0)
-    dec = tl.load(run_decay_ptr + rb + pos, mask=fm, other=0.0)
-    mpos = pos[:, None] + tl.arange(0, KW)[None, :]
-    mm = fm[:, None] & (mpos < CW)
-    tk = tl.load(run_tok_ptr + rb + mpos, mask=mm, other=0)
-    cf = tl.load(run_coef_ptr + rb + mpos, mask=mm, other=0.0)
-    return sl, ln, dec, tk, cf
-
-
-@triton.jit
-def _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf, cols,
-                cm, sc, hd, log_ptr, lb, NG: tl.constexpr, KW: tl.constexpr,
-                BD: tl.constexpr, SAVE: tl.constexpr, DS, EV: tl.constexpr):
-    """Write each run of a tile once: ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the
-    run's order. The old rows and the first ``KW`` members' deltas are gathered in one
-    round trip; only runs longer than ``KW`` (rare for sparse writes) take the loop. With
-    ``SAVE`` the old rows go to the undo log at the run's start position (``lb``: the
-    segment's first log row; the log is chunk-major, the run arrays stream-major).
-    ``scr_d + tok * DS + sc`` holds token ``tok``'s delta for the tile's columns."""
-    pos = f0 + tl.arange(0, NG)
-    ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
-    wm = (sl >= 0)[:, None] & cm[None, :]
-    old = tl.load(bank_ptr + ro, mask=wm, other=0.0, eviction_policy=EV)
-    if SAVE:
-        tl.store(log_ptr + (lb + pos).to(tl.int64)[:, None] * hd + cols[None, :],
-                 old.to(log_ptr.dtype.element_ty), mask=wm)
-    ks = tl.arange(0, KW)
-    km = (sl >= 0)[:, None] & (ks[None, :] < ln[:, None])
-    dd = tl.load(scr_d + tk[:, :, None] * DS + sc[None, None, :], mask=km[:, :, None], other=0.0)
-    acc = tl.sum(cf[:, :, None] * dd, axis=1)
-    m = KW
-    n_max = tl.max(ln, axis=0)  # longest run of the tile
-    while m < n_max:  # data-dependent trip count
-        mm = m < ln
-        tkm = tl.load(run_tok_ptr + rb + pos + m, mask=mm, other=0)
-        cfm = tl.load(run_coef_ptr + rb + pos + m, mask=mm, other=0.0)
-        acc += cfm[:, None] * tl.load(scr_d + tkm[:, None] * DS + sc[None, :], mask=mm[:, None],
-                                      other=0.0)
-        m += 1
-    new = dec[:, None] * old.to(tl.float32) + acc
-    tl.store(bank_ptr + ro, new.to(bank_ptr.dtype.element_ty), mask=wm)
 
 
 @triton.jit
@@ -117,15 +57,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     scratch_ptr, log_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    SAVE: tl.constexpr, PREC: tl.constexpr, PASSES: tl.constexpr = 7,
-                    GATHER_STAGES: tl.constexpr = 0, ROWS_AHEAD: tl.constexpr = 0,
+                    SAVE: tl.constexpr, PREC: tl.constexpr, ROWS_AHEAD: tl.constexpr = 0,
                     KW: tl.constexpr = 1, HEAD_AHEAD: tl.constexpr = 0):
-    # PASSES (profiling only): bit 1 gathers, 2 matmuls, 4 row writes. GATHER_STAGES: 0 is
-    # the hand-pipelined gather (slots one tile ahead; with ROWS_AHEAD the rows of the next
-    # tile are in flight too, slots two tiles ahead); >= 2 hands the gather loop to Triton's
-    # software pipeliner (compiles to cp.async on sm_90). KW: run members gathered with the
-    # run header in the write pass; HEAD_AHEAD: the next write tile's headers load while
-    # this tile's rows are gathered.
+    # The gather is pipelined by hand: the slots load one tile ahead; with ROWS_AHEAD the
+    # rows of the next tile are in flight too, the slots two tiles ahead. KW: run members
+    # gathered with the run header in the write pass; HEAD_AHEAD: the next write tile's
+    # headers load while this tile's rows are gathered.
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -140,12 +77,12 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         b = p * NC + c
         seg = b.to(tl.int64) * C * E
         # pass A: r0 and inter from the chunk-start rows; u = beta (v - r0)
-        for t0 in range(0, C * (PASSES & 1), TB):
+        for t0 in range(0, C, TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             inter = tl.zeros([TB, BD], tl.float32)
-            if GATHER_STAGES == 0 and ROWS_AHEAD:
+            if ROWS_AHEAD:
                 # two tiles in flight: the next tile's rows load before this tile's are
                 # reduced, the slots of the tile after it before those rows are used
                 sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
@@ -161,7 +98,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + 2 * EW, E, EW)
                     r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
                     rows = rows_n
-            elif GATHER_STAGES == 0:
+            else:
                 # hand-pipelined: the next tile's slots load before this tile's rows are used
                 sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
                 for e0 in range(0, E, EW):
@@ -171,14 +108,6 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     w_cur = wt
                     sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
                     r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
-            else:
-                # left to Triton's software pipeliner (cp.async ring of GATHER_STAGES tiles)
-                for e0 in tl.range(0, E, EW, num_stages=GATHER_STAGES):
-                    ents = e0 + tl.arange(0, EW)
-                    sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0, E, EW)
-                    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                                   mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                    r0, inter = _accumulate(rows, wt, ents, r0, inter, W)
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -189,7 +118,7 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             tl.store(scr_i + toks[:, None] * BD + sc[None, :], inter, mask=tm[:, None])
         tl.debug_barrier()
         # pass B: deltas and readings
-        for t0 in range(0, C * ((PASSES >> 1) & 1), TB):
+        for t0 in range(0, C, TB):
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             y = tl.load(scr_i + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
@@ -211,23 +140,42 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         # pass C: each distinct written slot once, by the lane owning its run
         rb = b.to(tl.int64) * C * W
         lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
-        if (PASSES >> 2) & 1:
+        if HEAD_AHEAD:
+            sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                              run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
+        for f0 in range(0, C * W, NG):
             if HEAD_AHEAD:
+                # the next tile's headers are in flight while this tile gathers
+                sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
+                    run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
+                    f0 + NG, C * W, NG, KW)
+                _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
+                sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
+            else:
                 sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                                  run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
-            for f0 in range(0, C * W, NG):
-                if HEAD_AHEAD:
-                    # the next tile's headers are in flight while this tile gathers
-                    sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
-                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
-                        f0 + NG, C * W, NG, KW)
-                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
-                    sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
-                else:
-                    sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                                      run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
-                    _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                                cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD, "")
+                                                  run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
+                _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
         tl.debug_barrier()
         c += 1
+
+
+def column_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
+                config: dict, prec: str):
+    """The column walk of plan ``pl``: one launch, one program per (stream, column block);
+    advances ``bank``, writes the readings to ``out`` and with ``save`` the undo log to
+    ``saved``."""
+    P, T, W, R, C = pl.P, pl.T, pl.W, pl.R, pl.C
+    hd = bank.shape[1]
+    BD, CP = config["BD"], pow2(C)
+    NCB = -(-hd // BD)
+    scratch = torch.empty(P * NCB * 3 * CP * BD, dtype=torch.float32, device=bank.device)
+    ru = pl.runs
+    launch(_forward_kernel, (P, NCB), bank, pl.slot, pl.ev, pl.X, pl.QKX, v, pl.beta, out,
+           ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved, P, T, hd,
+           pl.NC, C=C, W=W, R=R, BD=BD,
+           TB=min(config["TB"], CP), EW=config["EW"], NG=config["NG"], CP=CP,
+           SAVE=save, PREC=prec, ROWS_AHEAD=config["ROWS_AHEAD"], KW=config["KW"],
+           HEAD_AHEAD=config["HEAD_AHEAD"], num_warps=config["WARPS"])
+

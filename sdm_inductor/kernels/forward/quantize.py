@@ -6,7 +6,7 @@ mode's log is first stored raw (the bank's dtype) and packed afterwards; torch o
 that in fp32 temporaries, ~9 ms per training forward at config A. Here one program packs
 ``RB`` whole rows: absmax, scale, and the bytes, with the same rounding as
 ``quant.quantize`` (round to nearest even; the fp8 bytes are encoded by hand, as
-``backward._fp8_e4m3_to_f32`` decodes them, so no fp8 type is needed, e.g. in the
+``tiles._fp8_e4m3_to_f32`` decodes them, so no fp8 type is needed, e.g. in the
 interpreter).
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .. import quant
-from .launch import launch, pow2
+from ... import quant
+from ..runtime.launch import launch, pow2
 
 _MODE = {"fp8": 1, "int4": 2}
 # measured on the H200 at config A's log (benchmarks/bench_pack.py): 2 rows x 2 warps

@@ -15,7 +15,7 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
-from .launch import launch, pow2
+from ..runtime.launch import launch, pow2
 
 MAX_C = 64
 

@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import launch
-from .phase1 import _min_fn
+from ..common.tiles import _min_fn
+from ..runtime.launch import launch
 
 BLOCK = 1024   # positions / entries per program of the launches over them
 
@@ -40,10 +40,9 @@ BLOCK = 1024   # positions / entries per program of the launches over them
 # plan (``_dense_fits``): the table's fill and scan move ~12 bytes a place, the sorted
 # form's sort and searches ~200 bytes of scattered traffic a write position. At config A
 # the table is 4.5 places a position (19 MB), at B 18 (38 MB); a bank of millions of rows
-# takes the sorted form. NOTES.md run 29 (CUDA graph): 0.214 -> 0.068 ms at A C=128,
+# takes the sorted form. Measured (CUDA graph): 0.214 -> 0.068 ms at A C=128,
 # 0.132 -> 0.061 at B; autograd, the sorted form against the dense: 1.020 (A), 1.010 (B).
 # The scan's tiles barely matter (0.067-0.075 ms over six shapes at A).
-DENSE = True
 DENSE_MAX = 32
 SCAN_SLOTS = 256   # (stream, slot) columns per program of the scan
 SCAN_CHUNKS = 16   # chunks per tile of the scan (a runtime loop over the tiles)
@@ -190,7 +189,7 @@ def _dense_sources(pl, S: int) -> Tensor:
     return src
 
 
-def _check(pl, S: int):
+def key_dtype(pl, S: int):
     if pl.NC * pl.P * pl.C * pl.W >= 2 ** 31:
         raise ValueError(f"the undo log's {pl.NC * pl.P * pl.C * pl.W} rows do not fit int32 "
                          "sources")
@@ -203,10 +202,10 @@ def chunk_start_sources(pl, S: int, dense: bool | None = None) -> Tensor:
     on a bank of ``S`` rows: the undo-log row (``(c * P + p) * C * W + run start``, the
     forward's layout, ``quant.UndoLog``) that holds the entry's chunk-start row, or -1
     where that is the final bank's row ``pl.slot`` (also where the entry touches nothing).
-    ``dense``: the table form or the sorted one (None: ``DENSE`` where it fits)."""
-    kdt = _check(pl, S)
+    ``dense``: the table form or the sorted one (None: the table where it fits)."""
+    kdt = key_dtype(pl, S)
     if dense is None:
-        dense = DENSE and _dense_fits(pl, S)
+        dense = _dense_fits(pl, S)
     if dense:
         return _dense_sources(pl, S)
     B, C, W, E = pl.B, pl.C, pl.W, pl.E
@@ -224,23 +223,3 @@ def chunk_start_sources(pl, S: int, dense: bool | None = None) -> Tensor:
     launch(_search_kernel, (triton.cdiv(NE, BLOCK),), pl.slot, ranges[0], ranges[1], order, src,
            skey, S, pl.NC, pl.P, NE, int(pl.NC).bit_length(), CE=C * E, CW=C * W, BLOCK=BLOCK)
     return src
-
-
-def reference_sources(pl, S: int) -> Tensor:
-    """``chunk_start_sources`` in torch ops (``torch.searchsorted``)."""
-    kdt = _check(pl, S)
-    B, C, W, E, P, NC = pl.B, pl.C, pl.W, pl.E, pl.P, pl.NC
-    CW = C * W
-    dev = pl.slot.device
-    b = torch.arange(B, device=dev)
-    p, c = b // NC, b % NC
-    stream = (p * S)[:, None]
-    rs = pl.runs.slot.long()
-    skey, order = torch.sort(torch.where(rs >= 0, (stream + rs) * NC + c[:, None], P * S * NC)
-                             .to(kdt).view(-1))
-    rows = ((c * P + p)[:, None] * CW + torch.arange(CW, device=dev)).view(-1)[order]
-    es = pl.slot.view(B, C * E).long()
-    q = torch.where(es >= 0, (stream + es) * NC + c[:, None], P * S * NC).to(kdt).view(-1)
-    i = torch.searchsorted(skey, q).clamp_(max=skey.numel() - 1)
-    hit = (skey[i] // NC == q // NC) & (es.view(-1) >= 0)
-    return torch.where(hit, rows[i], -1).to(torch.int32).view(B, C, E)

@@ -16,10 +16,6 @@ from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
-# L2 eviction policies of tl.load by number (CONFIG's EV_* knobs)
-EVICT = ("", "evict_first", "evict_last")
-
-
 def pow2(n: int) -> int:
     """Smallest power of two >= n (Triton block sizes)."""
     return triton.next_power_of_2(max(1, int(n)))
@@ -30,7 +26,7 @@ def column_suits(P: int, W: int, R: int, C: int, hd: int) -> bool:
     (W, R <= 16), at most 4096 columns over all streams (P * hd), chunks of at most 64.
     There each column walk program's chain is short and the step walks' ~10 launches per
     chunk cost more than their gathers. Fitted on ``bench_walks.py --grid`` (27 shapes,
-    C = 64, H200; benchmarks/NOTES.md run 13): the rule's column walks were faster in all
+    C = 64, H200): the rule's column walks were faster in all
     7 of its grid shapes (no-grad 0.59-0.98 of the step walks' time, forward + backward
     0.67-0.97); of the 20 it leaves to the step walks, the column walks were faster in
     three, by at most 14 % (0.86 no-grad, 0.91 forward + backward). Of 6 shapes left out
@@ -54,7 +50,7 @@ def pdl(config: dict, t) -> dict:
     """Launch options of the step walks' kernels for a call on tensor ``t``: programmatic
     dependent launch (``PDL``, ``launch_pdl``) where the device has it (sm_90+) and
     ``config["PDL"]`` asks for it. Each such launch may start while the kernel before it
-    still runs; the kernel's first statement waits for it (``step._grid_dependency``),
+    still runs; the kernel's first statement waits for it (``tiles._grid_dependency``),
     so only the launch latency overlaps, never data (``PDL=2``: also the loads of what no
     launch of the walk writes)."""
     on = (bool(config["PDL"]) and t.device.type == "cuda"
@@ -144,10 +140,10 @@ class Relaunch:
         lead = (*self.grid3, self.stream, self.function)
         rest = (self.packed, None, None, None, *self.ptrs[:self.var])
         runner = self.run
-        if DIRECT and _direct_ok(runner):
+        if _direct_ok(runner):
             # the launcher's C entry point itself: its Python wrapper (CudaLauncher.__call__)
             # only allocates the scratch buffers, which this kernel does not have, and
-            # repacks ~35 arguments, a few us per launch on the host (NOTES.md run 17)
+            # repacks ~35 arguments, a few us per launch on the host
             self.fast_run = runner.launch
             self.head = (*lead, runner.launch_cooperative_grid, runner.launch_pdl, None, None,
                          *rest)
@@ -163,10 +159,6 @@ def _arg_key(a):
     if isinstance(a, torch.Tensor):
         return ("tensor", a.data_ptr(), a.dtype, a.device)
     return a
-
-
-# Relaunch calls the compiled launcher's C entry point directly where it can (``_direct_ok``)
-DIRECT = True
 
 
 def _direct_ok(runner) -> bool:

@@ -1,22 +1,19 @@
 """Phase 2 as two or three launches per chunk step, each spread over the whole GPU (the step walk).
 
-The column walk (``phase2.py``) runs ~100 programs that each walk every chunk: a step is
+The column walk (``column_walk.py``) runs ~100 programs that each walk every chunk: a step is
 a chain of 32-byte gathers inside one program per SM at most, and measured ~50 us per
-step at config A against ~8 us of memory time (``benchmarks/NOTES.md``). The grid walk
-(``walk.py``) spreads a step over every SM but, with one resident program per SM,
-serialises the items of each program. Here the hardware schedules the items: a step is
+step at config A against ~8 us of memory time. Spreading a step over every SM with one
+resident program per SM and grid barriers (a persistent grid walk) serialises the items of
+each program and measured slower still. Here the hardware schedules the items: a step is
 
 - ``_step_gather_kernel``, one program per (stream, token, column block): gather the
   token's ``W + R`` chunk-start row segments (``BD`` columns: 256 bytes at BD = 128),
   ``u = beta (v - r0)`` and ``inter`` to small fp32 buffers;
 - ``_step_mix_kernel``, one program per (stream, token block, column slice): the
-  block's ``delta = X u`` and readings ``inter + QKX u``. Or (``MIX``) no launch of its
-  own: the last gather program to finish a (stream, column block) -- an integer
-  ticket, acquire/release -- computes that block's products for all the chunk's
-  tokens (one program, a fixed order: the result does not depend on which came last);
+  block's ``delta = X u`` and readings ``inter + QKX u``;
 - ``_step_write_kernel``, one program per (stream, tile of ``NG`` positions of the
   slot-sorted write order, column block): each distinct written row once,
-  ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the run's order (``phase2._write_tile``),
+  ``exp(gend) M0[s] + sum_j coef_j delta_j`` in the run's order (``tiles._write_tile``),
   the old row to the undo log with ``SAVE``.
 
 Kernel boundaries order the steps (chunk c + 1 gathers what chunk c wrote). No float
@@ -26,100 +23,16 @@ walk, whose one compilation covers every ``T`` (SDM_SPEC section 6).
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
-from .phase2 import _write_head, _write_tile
-
-
-@triton.jit
-def _grid_dependency(PDL: tl.constexpr):
-    """First statement of every step kernel. With ``PDL`` (programmatic dependent launch,
-    sm_90+: ``launch.pdl``), the kernel's programs may be resident before the previous
-    kernel in the stream has finished: wait for it (its writes then visible) before any
-    load or store, then let the next kernel's programs launch, so a launch's latency hides
-    behind the tail of the one before.
-
-    Kernels that call it twice, as ``_grid_dependency(PDL == 1)`` first and
-    ``_grid_dependency(PDL == 2)`` after their *early loads*, wait at the second call when
-    ``PDL == 2``. Early loads read only what no launch of the walk writes (Phase 1's arrays,
-    the call's inputs, the forward's undo log in the backward): all of it was complete
-    before the walk's first launch, and a programmatic launch starts only once the kernel
-    before it has passed its own wait, so the kernel two back has finished. Their latency
-    then overlaps the previous kernel's tail instead of following it (kernels without a
-    ``PDL == 3`` form of their own treat 3 as 2).
-
-    ``PDL == 3`` goes further in the backward walk (``step_backward``): launches whose work
-    needs nothing of the launch just before them do it before waiting, and loads of what
-    the walk itself wrote two or more launches back go before the wait through L2 (``.cg``).
-    Each such kernel says why its early work is safe where it does it."""
-    _wait(PDL)
-    _launch_dependents(PDL)
-
-
-@triton.jit
-def _wait(ON: tl.constexpr):
-    """``griddepcontrol.wait`` alone (``PDL == 3``: where a kernel let the next one launch
-    before its own wait, ``_launch_dependents``; also half of ``_grid_dependency``)."""
-    if ON:
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def _launch_dependents(ON: tl.constexpr):
-    """``griddepcontrol.launch_dependents`` alone, before the kernel's wait: only where the
-    next launch's work before its own wait needs nothing of the launch before this one."""
-    if ON:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _gather_index(slot_ptr, ev_ptr, base, n: tl.constexpr, NP: tl.constexpr):
-    """Slots and weights of ``n`` entries from ``base`` (Phase 1's arrays: early loads)."""
-    e = tl.arange(0, NP)
-    em = e < n
-    sl = tl.load(slot_ptr + base + e, mask=em, other=-1)
-    wt = tl.load(ev_ptr + base + e, mask=em, other=0.0)
-    return sl, wt
-
-
-@triton.jit
-def _gather_rows(bank_ptr, sl, wt, cols, cm, hd, EV: tl.constexpr):
-    """sum_e wt_e M0[sl_e, cols] (slot -1: nothing); ``EV``: the L2 eviction policy of the
-    row loads (``launch.EVICT``)."""
-    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, None] * hd + cols[None, :],
-                   mask=(sl >= 0)[:, None] & cm[None, :], other=0.0, eviction_policy=EV)
-    return tl.sum(wt[:, None] * rows.to(tl.float32), axis=0)
-
-
-@triton.jit
-def _token_program(NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr):
-    """A program of a (stream, token, column block) grid: ``p``, ``i``, the segment ``b``,
-    the first entry of token ``i`` in the segment arrays, the columns and their mask."""
-    return _token_program_at(tl.program_id(0), tl.program_id(1), NC, c, hd, C, E, BD)
-
-
-@triton.jit
-def _token_program_at(pid, cb, NC, c, hd, C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr):
-    """``_token_program`` of grid position (``pid`` = p * C + i, column block ``cb``): also
-    for a launch that runs two kinds of programs in one grid
-    (``step_backward._step_bwd_dev_group_kernel``)."""
-    p = pid // C
-    i = pid % C
-    cols = cb * BD + tl.arange(0, BD)
-    b = p * NC + c
-    return p, i, b, (b.to(tl.int64) * C + i) * E, cols, cols < hd
-
-
-@triton.jit
-def _block_program(NC, c, hd, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr):
-    """A program of a (stream, token block, column slice) grid: ``p``, the segment ``b``,
-    the block's first token ``t0``, the slice's columns and their mask."""
-    NTB: tl.constexpr = CP // TB
-    pid = tl.program_id(0)       # p * NTB + token block
-    p = pid // NTB
-    cols = tl.program_id(1) * MB + tl.arange(0, MB)
-    return p, p * NC + c, (pid % NTB) * TB, cols, cols < hd
+from ..common.tiles import (ROWS_MAX_CP, _block_program, _column_block, _gather_index,
+                            _gather_rows, _grid_dependency, _token_program, _write_head,
+                            _write_tile)
+from ..runtime import graphs
+from ..runtime.launch import Relaunch, pdl, pow2
 
 
 @triton.jit
@@ -164,24 +77,6 @@ def _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0,
     tg = c * C + toks
     tl.store(out_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
              y.to(out_ptr.dtype.element_ty), mask=(tm & (tg < T))[:, None] & cm[None, :])
-
-
-@triton.jit
-def _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb,
-         C: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-         CP: tl.constexpr, PREC: tl.constexpr):
-    """``_mix_block`` over a whole (stream, column block), in column slices of ``MB``."""
-    for m0 in range(0, BD, MB):
-        cols = cb * BD + m0 + tl.arange(0, MB)
-        cm = cols < hd
-        for t0 in range(0, CP, TB):
-            _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
-                       cm, C, MB, TB, CP, PREC)
-
-
-# the widest chunk (power of two) whose product launches load whole rows (``ROWS``): at
-# C = 256 the rows forms need 255 registers on sm_90 and spill (aot_compile_check.py)
-ROWS_MAX_CP = 128
 
 
 @triton.jit
@@ -234,54 +129,26 @@ def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
 
 
 @triton.jit(do_not_specialize=["c", "P", "T", "NC"])
-def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_ptr, out_ptr,
-                        u_ptr, i_ptr, d_ptr, cnt_ptr, keep_ptr, c, P, T, hd, NC,
-                        C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                        WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                        MB: tl.constexpr, TB: tl.constexpr, PREC: tl.constexpr,
-                        MIX: tl.constexpr, PDL: tl.constexpr, EV_W: tl.constexpr = "",
-                        EV_R: tl.constexpr = "", KEEP: tl.constexpr = False):
+def _step_gather_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr,
+                        c, P, T, hd, NC, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                        BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
+                        PDL: tl.constexpr, KEEP: tl.constexpr = False):
     _grid_dependency(PDL == 1)
-    # MIX: the last program of each (stream, column block) computes its delta and
-    # readings (else ``_step_mix_kernel`` does, as a third launch)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
     slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
     _grid_dependency(PDL >= 2)
-    # EV_W / EV_R: the write rows are read again by this step's write launch, the read
-    # rows are not
-    r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd, EV_W)
-    inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd, EV_R)
+    r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd)
+    inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd)
     _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
                    cols, cm, C, CP, KEEP)
-    if MIX:
-        # every thread's stores are issued before the ticket is taken (release); the
-        # last taker sees them all (acquire, then .cg loads from L2)
-        tl.debug_barrier()
-        cb = tl.program_id(1)
-        ticket = tl.atomic_add(cnt_ptr + (c * P + p) * tl.num_programs(1) + cb, 1,
-                               sem="acq_rel", scope="gpu")
-        if ticket == C - 1:
-            tl.debug_barrier()
-            _mix(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, cb, C, BD, MB,
-                 TB, CP, PREC)
-
-
-@triton.jit
-def _column_block(scr_ptr, p, pb, j, sc, hd, BD: tl.constexpr, CP: tl.constexpr,
-                  CL: tl.constexpr):
-    """Column block ``j`` of the ``CL`` of program column ``pb`` (grid axis 1): its columns,
-    their mask, and where they start in stream ``p``'s rows of a ``[P, CP, hd]`` scratch."""
-    cb = pb * CL + j
-    cols = cb * BD + sc
-    return cols, cols < hd, scr_ptr + p.to(tl.int64) * CP * hd + cb * BD
 
 
 @triton.jit(do_not_specialize=["c", "P", "NC"])
 def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                        run_coef_ptr, log_ptr, c, P, hd, NC, C: tl.constexpr, W: tl.constexpr,
                        BD: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr, CP: tl.constexpr,
-                       SAVE: tl.constexpr, PDL: tl.constexpr, EV: tl.constexpr = "",
+                       SAVE: tl.constexpr, PDL: tl.constexpr,
                        CL: tl.constexpr = 1):
     """The runs of one tile of ``NG`` write positions, in ``CL`` column blocks of ``BD`` one
     after the other: the run headers load once for all of them (as the dB launch)."""
@@ -300,4 +167,52 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
     for j in tl.static_range(CL):
         cols, cm, scr_d = _column_block(d_ptr, p, tl.program_id(1), j, sc, hd, BD, CP, CL)
         _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
-                    cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd, EV)
+                    cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd)
+
+
+def step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
+              config: dict, prec: str, keep: Tensor | None = None):
+    """The step walk of plan ``pl``: three launches per chunk, in chunk order; advances
+    ``bank``, writes the readings to ``out`` and with ``save`` the undo log to ``saved``.
+    ``keep`` (``[NC, P, CP, hd]`` fp32): receives ``v - r0`` for the backward."""
+    P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
+    hd = bank.shape[1]
+    CP = pow2(C)
+    BD, BDW, NG = config["BD_STEP"], config["BD_STEP_W"], config["NG_STEP"]
+    NCB, NCBW = -(-hd // BD), -(-hd // BDW)
+    nrt = -(-C * W // NG)
+    f32 = dict(dtype=torch.float32, device=bank.device)
+    u, inter = (torch.empty(P, CP, hd, **f32) for _ in range(2))
+    # the write launch reads delta for every run member: in bf16 for a bf16 bank, half the
+    # L2 traffic (the written rows are stored in bf16 anyway; the sums over a run stay fp32)
+    low = bank.dtype == torch.bfloat16
+    delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
+                        device=bank.device)
+    ru = pl.runs
+    MBM, TBM = config["MB_MIX"], min(config["TB_MIX"], CP)
+    pd = pdl(config, bank)
+    gather = Relaunch(_step_gather_kernel, (P * C, NCB), "c", bank, pl.slot, pl.ev, v, pl.beta,
+                      u, inter, u if keep is None else keep, 0, P, pl.T, hd, NC, C=C, W=W,
+                      R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP,
+                      KEEP=keep is not None, num_warps=config["WARPS_STEP"], num_stages=1, **pd)
+    mix = Relaunch(_step_mix_kernel, (P * (CP // TBM), -(-hd // MBM)), "c", pl.X, pl.QKX, u,
+                   inter, delta, out, 0, pl.T, hd, NC, C=C, MB=MBM, TB=TBM, CP=CP, PREC=prec,
+                   ROWS=bool(config["MIX_ROWS"]) and CP <= ROWS_MAX_CP,
+                   num_warps=config["WARPS_MIX"], num_stages=1, **pd)
+    CLW = min(config["CL_WRITE"], NCBW)   # column blocks per write program
+    write = Relaunch(_step_write_kernel, (P * nrt, -(-NCBW // CLW)), "c", bank, delta, ru.slot,
+                     ru.length, ru.decay, ru.tok, ru.coef, saved, 0, P, hd, NC, C=C, W=W, BD=BDW,
+                     NG=NG, KW=config["KW_STEP"], CP=CP, SAVE=save,
+                     CL=CLW,
+                     num_warps=config["WARPS_STEP_W"],
+                     num_stages=1, **pd)
+    def body():
+        for c in range(NC):   # kernel boundaries order the chunks
+            gather(c)
+            mix(c)
+            write(c)
+
+    # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
+    graphs.run(("forward", NC, gather.key, mix.key, write.key), body,
+               bank.device, config["WALK_GRAPHS"])
+

@@ -2,7 +2,7 @@
 
 An eager step walk makes two or three launches per chunk forward and six or seven
 backward: ~200 and ~450 at config A, C=128. Their host time is about as long as their GPU
-time (benchmarks/NOTES.md run 17), so an eager call's speed follows the host's.
+time, so an eager call's speed follows the host's.
 
 A CUDA graph records launches with their arguments: device pointers and scalars. Replaying
 it makes the same launches as making them again exactly when every argument is the same,
@@ -12,8 +12,8 @@ the first time runs eagerly (and compiles what it needs); the second time it is 
 then replayed from then on. A steady loop (a benchmark, a training loop whose allocator
 hands out the same blocks) replays; a call whose tensors live elsewhere makes its launches
 as before. How soon a loop replays depends on the caching allocator: in a process whose
-cache earlier work had fragmented, a training loop's backward walks once took more than
-six calls to repeat their pointers (benchmarks/NOTES.md run 18). Nothing is allocated
+cache earlier work had fragmented, a training loop's backward walks can take more than
+six calls to repeat their pointers. Nothing is allocated
 while recording (the walks' buffers are made before), so a graph holds no memory of its own.
 At most ``MAX_GRAPHS`` graphs are kept (``GraphCache``: a graph still being replayed is
 not dropped for a new walk, so a loop of more walks than that replays as many as fit).

@@ -3,13 +3,18 @@
 For ``T <= DECODE_MAX_T`` the chunked machinery (sort, Gram matrices, solve) costs
 more than it saves. One program owns (stream, column block) and runs the tokens in
 order: gather the written rows, decay, retrieve, write each distinct slot once (the
-dense-key prep of ``phase1._prep_kernel`` switched repeats off), then read. A barrier
+dense-key prep of ``phase1.entries._prep_kernel`` switched repeats off), then read. A barrier
 between the write and the read orders them across the program's lanes.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+
+from ..phase1 import prep
+from ..runtime.launch import launch, pow2
 
 DECODE_MAX_T = 16
 
@@ -49,3 +54,19 @@ def _decode_kernel(bank_ptr, slot_ptr, val_ptr, gate_ptr, v_ptr, beta_ptr, out_p
             out_ptr.dtype.element_ty), mask=cm)
         tl.debug_barrier()
         t += 1
+
+
+def decode(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, config: dict,
+           gate_params=None) -> Tensor:
+    """Token loop for short sequences (no backward): advances ``bank``, returns readings.
+    With ``gate_params`` the prep kernel computes the gates (see ``phase1.entries.prep``)."""
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
+    S, hd = bank.shape
+    # one chunk of T tokens: the padded per-token beta of prep is [P, T]
+    slot, val, gate, _, _, _, beta = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
+    out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
+    BD = config["BD_DECODE"]
+    launch(_decode_kernel, (P, -(-hd // BD)), bank, slot, val, gate, v, beta, out, T, hd,
+           W=W, R=R, WP=pow2(W), RP=pow2(R), BD=BD, num_warps=config["WARPS"])
+    return out

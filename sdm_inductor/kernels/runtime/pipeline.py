@@ -6,7 +6,7 @@ Phase 1 (``phase1.plan``: sort, groups, Gram matrices, the solve) depends on the
 and gates alone, never on the bank, so window ``k + 1``'s plan can run while the step
 walk of window ``k`` advances the bank. The walk's launches are short and latency-bound
 (one wave of small programs, then a dependent launch): the side stream's kernels fill
-the SMs they leave idle. Measured in benchmarks/NOTES.md (run 8).
+the SMs they leave idle.
 """
 from __future__ import annotations
 
@@ -18,12 +18,6 @@ import torch
 from torch import Tensor
 
 _SIDE: dict = {}
-# One item has nothing to overlap: ``ahead`` then runs it on the current stream. On the
-# side stream, its results' memory (``record_stream``) is reusable only once the current
-# stream's work has finished, so a host that runs calls ahead of the GPU makes the
-# caching allocator take fresh blocks for every call (False: the side stream anyway;
-# kept for measurements).
-SINGLE_INLINE = True
 
 
 def token_windows(T: int, C: int, tokens: int) -> list[tuple[int, int]]:
@@ -57,10 +51,8 @@ def _tensors(obj) -> Iterator[Tensor]:
             yield from _tensors(x)
 
 
-def ahead(items: Iterable, make: Callable, device: torch.device,
-          enabled: bool = True, reuse: bool = False) -> Iterator[tuple]:
-    """``(item, make(item))`` for each item in order. With ``enabled`` and
-    ``overlaps(device)``, ``make``
+def ahead(items: Iterable, make: Callable, device: torch.device) -> Iterator[tuple]:
+    """``(item, make(item))`` for each item in order. With ``overlaps(device)``, ``make``
     runs on a side stream one item ahead: its work for item ``i + 1`` is queued before the
     caller's work for item ``i``, and the current stream waits only for item ``i``'s.
 
@@ -69,13 +61,14 @@ def ahead(items: Iterable, make: Callable, device: torch.device,
     stream: they are marked as used by the current stream (``record_stream``), so the
     caching allocator does not hand their memory out before that stream is done.
 
-    ``reuse``: ``make(items[i + 1])`` overwrites what ``make(items[i - 1])`` returned (two
-    buffer slots, ``plan_graph``), so the side stream waits for the caller's work for
-    item ``i - 1`` before it (the caller's work for item ``i`` is not queued yet)."""
+    One item has nothing to overlap: it runs on the current stream. On the side stream its
+    results' memory would be reusable only once the current stream's work has finished,
+    so a host that runs calls ahead of the GPU would make the caching allocator take fresh
+    blocks for every call."""
     items = list(items)
     if not items:
         return
-    if not (enabled and overlaps(device)) or (SINGLE_INLINE and len(items) == 1):
+    if not overlaps(device) or len(items) == 1:
         for it in items:
             yield it, make(it)
         return
@@ -84,8 +77,6 @@ def ahead(items: Iterable, make: Callable, device: torch.device,
     side.wait_stream(main)
 
     def enqueue(it):
-        if reuse:
-            side.wait_stream(main)
         with torch.cuda.stream(side):
             out = make(it)
             done = torch.cuda.Event()
@@ -107,13 +98,13 @@ def ahead(items: Iterable, make: Callable, device: torch.device,
 
 
 @contextlib.contextmanager
-def behind(device: torch.device, enabled: bool, *used: Tensor):
+def behind(device: torch.device, *used: Tensor):
     """Work queued in this block runs on the side stream, after everything queued so far
     on the current stream, and is not waited for here (``ahead``'s end joins the streams).
     ``used``: the current stream's tensors the block reads, marked as used by the side
-    stream (``record_stream``). Without ``enabled`` and ``overlaps(device)``, the block
-    runs on the current stream."""
-    if not (enabled and overlaps(device)):
+    stream (``record_stream``). Without ``overlaps(device)``, the block runs on the current
+    stream."""
+    if not overlaps(device):
         yield
         return
     side = _side_stream(device)
@@ -122,25 +113,3 @@ def behind(device: torch.device, enabled: bool, *used: Tensor):
         t.record_stream(side)
     with torch.cuda.stream(side):
         yield
-
-
-def beside(make: Callable, device: torch.device, enabled: bool = True):
-    """``(make(), join)``: with ``enabled`` and ``overlaps(device)``, ``make``'s work is
-    queued on the side stream after everything queued so far on the current stream, so
-    it runs beside the current stream's work queued before ``join()``; ``join()`` makes
-    the current stream wait for it (call it before the results are read, at the latest
-    when the call ends: nothing of a call is left running on the side stream). The
-    results, allocated on the side stream, are marked as used by the current stream
-    (``record_stream``), as ``ahead``'s. ``make`` must read only tensors that stay alive
-    until ``join`` (the caller holds them). Otherwise ``make`` runs here and ``join`` does
-    nothing."""
-    if not (enabled and overlaps(device)):
-        return make(), lambda: None
-    main = torch.cuda.current_stream(device)
-    side = _side_stream(device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        out = make()
-    for t in _tensors(out):
-        t.record_stream(main)
-    return out, lambda: main.wait_stream(side)

@@ -1,0 +1,1 @@
+"""What the stages share: Triton helpers (``tiles``)."""
