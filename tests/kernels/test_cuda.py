@@ -435,8 +435,10 @@ def test_chunk_start_sources_match_the_column_walk(dtype, mode, keep):
             assert ops.last_dispatch()["chunk_start_rows"] == ("restored" if mode == "fp8"
                                                                else "sources")
         got[walk] = grads
+    # the two walks read a quantized log's rows at different points of their sums
+    tol = max(TOL[dtype], SNAP_TOL[mode] or 0.0)
     for n, a, b in zip(NAMES, got["step"], got["column"]):
-        _check(n, a, b, TOL[dtype])
+        _check(n, a, b, tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
