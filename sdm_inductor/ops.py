@@ -30,14 +30,16 @@ Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), 
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import torch
 from torch import Tensor
 
 from . import cpu, gates, kept, quant
 from . import validation
-from .validation import check_backward, check_call, check_gated, check_indices
+from .validation import check_backward, check_call, check_gated, start_index_check
 
 __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
 
@@ -54,6 +56,33 @@ IMPLS: dict[str, object] = {"cpu": cpu}
 
 # Index checks read data (a host sync on CUDA); on CUDA they can be switched off.
 CHECK_INDICES: dict[str, bool] = {"cpu": True, "cuda": True}
+
+# the index check of the eager call in progress, when its implementation waits for it
+# itself (``AWAITS_INDEX_CHECK``) before its first write to the bank
+_PENDING = threading.local()
+
+
+def await_index_check() -> None:
+    """Implementations call this before their first write to the bank: it waits for the
+    index check of the current call (if one is in flight) and raises if it failed.
+    Work queued before it must not write the bank (Phase 1, the functional form's copy)."""
+    check = getattr(_PENDING, "check", None)
+    _PENDING.check = None
+    if check is not None:
+        check.wait()
+
+
+@contextlib.contextmanager
+def _index_check_settled():
+    """The body of an eager op: its index check has been waited for when the body ends
+    (an implementation path that never called ``await_index_check`` still raises), and
+    none is left behind for a later call when the body fails."""
+    _PENDING.check = None
+    try:
+        yield
+        await_index_check()
+    finally:
+        _PENDING.check = None
 
 
 def last_dispatch() -> dict:
@@ -131,7 +160,11 @@ def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_qua
     kept.drop_offer()   # an untaken offer of an earlier call is never held past this one
     recording = capturing(bank)
     if CHECK_INDICES.get(bank.device.type, True) and not recording:
-        check_indices(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
+        check = start_index_check(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
+        if getattr(_impl(bank), "AWAITS_INDEX_CHECK", False):
+            _PENDING.check = check
+        else:
+            check.wait()
     # a recorded call's k_idx lives in the graph's memory pool: never held past the call
     _STATE.repeats_of = None if recording else (k_idx, kept.version(k_idx))
     P, T, W = k_idx.shape
@@ -162,12 +195,13 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
                grad_bank_fp32: bool = False, save_for_backward: bool = True
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Functional SDM write/read: (readings [P,T,hd], final bank, saved rows, saved scales)."""
-    _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
-             shared_bank, snapshot_quant)
-    final = bank.clone()
-    readings, rows, scales = _impl(bank).forward(
-        final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
-        q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
+    with _index_check_settled():
+        _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+                 shared_bank, snapshot_quant)
+        final = bank.clone()
+        readings, rows, scales = _impl(bank).forward(
+            final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(),
+            q_idx, q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
     kept.register_by_log(readings, rows, final, (k_idx, k_val, v, beta, g, q_idx, q_val))
     return readings, final, rows, scales
 
@@ -263,21 +297,22 @@ def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_ra
     """
     _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
                       chunk_size, slots_per_stream, shared_bank, snapshot_quant)
-    _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant, False)
-    final = bank.clone()
-    impl = _impl(bank)
-    dt = bank.dtype
-    fused = getattr(impl, "forward_gated", None)
-    if fused is not None:   # CUDA: the prep kernel computes the gates
-        readings, rows, scales = fused(
-            final, k_idx, k_val.to(dt), v.to(dt), b_raw, a_raw, A_log, dt_bias, q_idx,
-            q_val.to(dt), chunk_size, snapshot_quant, save_for_backward)
-    else:
-        record_dispatch(gates="torch")
-        beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
-        readings, rows, scales = impl.forward(
-            final, k_idx, k_val.to(dt), v.to(dt), beta, g, q_idx, q_val.to(dt), chunk_size,
-            snapshot_quant, save_for_backward)
+    with _index_check_settled():
+        _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant, False)
+        final = bank.clone()
+        impl = _impl(bank)
+        dt = bank.dtype
+        fused = getattr(impl, "forward_gated", None)
+        if fused is not None:   # CUDA: the prep kernel computes the gates
+            readings, rows, scales = fused(
+                final, k_idx, k_val.to(dt), v.to(dt), b_raw, a_raw, A_log, dt_bias, q_idx,
+                q_val.to(dt), chunk_size, snapshot_quant, save_for_backward)
+        else:
+            record_dispatch(gates="torch")
+            beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
+            readings, rows, scales = impl.forward(
+                final, k_idx, k_val.to(dt), v.to(dt), beta, g, q_idx, q_val.to(dt), chunk_size,
+                snapshot_quant, save_for_backward)
     return readings, final, rows, scales
 
 
@@ -376,11 +411,12 @@ def write_read_(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Ten
                 q_idx: Tensor, q_val: Tensor, chunk_size: int = 64, slots_per_stream: int = 0,
                 shared_bank: bool = False) -> Tensor:
     """Advance ``bank`` in place through the tokens; return the readings [P, T, hd]."""
-    _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
-             shared_bank, "none")
-    readings, _, _ = _impl(bank).forward(
-        bank, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
-        q_val.to(bank.dtype), chunk_size, "none", False)
+    with _index_check_settled():
+        _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+                 shared_bank, "none")
+        readings, _, _ = _impl(bank).forward(
+            bank, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(),
+            q_idx, q_val.to(bank.dtype), chunk_size, "none", False)
     return readings
 
 

@@ -219,54 +219,117 @@ def _out_of_range(idx: Tensor, P: int, S: int, slots_per_stream: int, own: bool)
     return (idx < 0) | (idx >= S)
 
 
-def check_indices(S: int, P: int, slots_per_stream: int, k_idx: Tensor, q_idx: Tensor) -> None:
-    """Index ranges (reads data: real tensors only). Own ranges per stream, or disjoint
-    written slots across the streams of a shared bank.
+def start_index_check(S: int, P: int, slots_per_stream: int, k_idx: Tensor,
+                      q_idx: Tensor) -> "IndexCheck":
+    """Index ranges (reads data: real tensors only): own ranges per stream, or disjoint
+    written slots across the streams of a shared bank. Returns the check in flight: its
+    verdict is one device flag, read by ``IndexCheck.wait``.
 
-    Each stream's smallest and largest index decide (``aminmax``: no temporaries), and the
-    call waits for the device once: a host sync stops the host from queueing ahead, so
-    every extra one exposes the launch latency of the kernels behind it. Only a failing
-    call searches the windows for the first bad index, to name it."""
+    Each stream's smallest and largest index decide (``aminmax``: no temporaries). On
+    CUDA the flag is copied to pinned host memory behind an event, so the host can queue
+    work that writes nothing (Phase 1) and wait only before the first write: a host sync
+    here would stop the host from queueing ahead and expose the launch latency of every
+    kernel behind it. Only a failing call searches for the first bad index, to name it."""
     own = slots_per_stream not in (0, S)
-    named = [(name, idx) for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)) if idx.numel()]
+    named = [idx for idx in (k_idx, q_idx) if idx.numel()]
     if not named:
-        return
+        return IndexCheck(None, ())
     if own:
         lo = torch.arange(P, device=k_idx.device) * slots_per_stream
         hi = lo + slots_per_stream
     else:
         lo, hi = 0, S
     found = None
-    for _, idx in named:
+    for idx in named:
         mn, mx = torch.aminmax(idx.reshape(P, -1), dim=1)
         bad = ((mn < lo) | (mx >= hi)).any()
         found = bad if found is None else found | bad
-    if bool(found):
-        for name, idx in named:
-            for t0, win in token_windows(idx):
-                bad = _out_of_range(win, P, S, slots_per_stream, own)
-                if bool(bad.any()):
-                    p, t, w = _first_bad(bad, t0)
-                    want = (f"rows of stream {p} in [{p * slots_per_stream}, "
-                            f"{(p + 1) * slots_per_stream})" if own else f"bank rows in [0, {S})")
-                    _fail(name, want, f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
-    if not own and P > 1 and k_idx.numel():
+    disjoint = not own and P > 1 and k_idx.numel() > 0
+    if disjoint:
+        found = found | _shared_conflicts(S, P, k_idx, q_idx)
+    return IndexCheck(found, (S, P, slots_per_stream, k_idx, q_idx, own, disjoint))
+
+
+class IndexCheck:
+    """A started index check (``start_index_check``); ``wait`` raises if it failed."""
+
+    def __init__(self, flag: Tensor | None, args: tuple):
+        self._flag, self._args, self._event = flag, args, None
+        if flag is not None and flag.is_cuda:
+            self._flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self._flag.copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def wait(self) -> None:
+        """Block until the verdict is known; raise ``SDMArgumentError`` naming the first
+        bad index if there is one. Later calls return at once."""
+        flag, self._flag = self._flag, None
+        if flag is None:
+            return
+        if self._event is not None:
+            self._event.synchronize()
+        if bool(flag):
+            _name_bad_index(*self._args)
+
+
+def _name_bad_index(S, P, slots_per_stream, k_idx, q_idx, own, disjoint):
+    for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
+        for t0, win in token_windows(idx):
+            bad = _out_of_range(win, P, S, slots_per_stream, own)
+            if bool(bad.any()):
+                p, t, w = _first_bad(bad, t0)
+                want = (f"rows of stream {p} in [{p * slots_per_stream}, "
+                        f"{(p + 1) * slots_per_stream})" if own else f"bank rows in [0, {S})")
+                _fail(name, want, f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
+    if disjoint:
         _check_disjoint(S, P, k_idx, q_idx)
+    raise AssertionError("sdm: the index check flagged a call but found no bad index")
+
+
+def _row_owners(S, P, k_idx):
+    """The stream that writes each bank row (-1: none), and the stream ids ``[P, 1, 1]``.
+    Out-of-range indices land in an extra row ``S`` (the range check names them), so this
+    runs before the range check's verdict is known."""
+    owner = torch.full((S + 1,), -1, dtype=torch.long, device=k_idx.device)
+    sid = torch.arange(P, device=k_idx.device).view(P, 1, 1)
+    for _, win in token_windows(k_idx):
+        owner.scatter_(0, _in_bank(win, S).reshape(-1), sid.expand_as(win).reshape(-1))
+    return owner, sid
+
+
+def _in_bank(win: Tensor, S: int) -> Tensor:
+    """``win`` as int64 rows, out-of-range entries sent to row ``S``."""
+    win = win.long()
+    return torch.where((win >= 0) & (win < S), win, S)
+
+
+def _conflicts(owner, sid, win, S) -> Tensor:
+    """Where a row of ``win`` is written by another stream than the one touching it."""
+    o = owner[_in_bank(win, S)]
+    return (o >= 0) & (o != sid)
+
+
+def _shared_conflicts(S, P, k_idx, q_idx) -> Tensor:
+    """A device flag: a row written by one stream of a shared bank is touched by another."""
+    owner, sid = _row_owners(S, P, k_idx)
+    found = torch.zeros((), dtype=torch.bool, device=k_idx.device)
+    for idx in (k_idx, q_idx):
+        for _, win in token_windows(idx):
+            found |= _conflicts(owner, sid, win, S).any()
+    return found
 
 
 def _check_disjoint(S, P, k_idx, q_idx):
-    """shared_bank=True asserts disjoint streams: a row written by one stream is touched by no other."""
-    owner = torch.full((S,), -1, dtype=torch.long, device=k_idx.device)
-    sid = torch.arange(P, device=k_idx.device).view(P, 1, 1)
-    for _, win in token_windows(k_idx):
-        win = win.long()
-        owner.scatter_(0, win.reshape(-1), sid.expand_as(win).reshape(-1))
+    """shared_bank=True asserts disjoint streams: a row written by one stream is touched by
+    no other. Names the first such index."""
+    owner, sid = _row_owners(S, P, k_idx)
     for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
         for t0, win in token_windows(idx):
-            o = owner[win.long()]
-            bad = (o >= 0) & (o != sid)
+            bad = _conflicts(owner, sid, win, S)
             if bool(bad.any()):
                 p, t, w = _first_bad(bad, t0)
+                o = int(owner[int(idx[p, t, w])])
                 _fail(name, "streams on a shared bank to select disjoint slots (shared_bank=True)",
                       f"row {int(idx[p, t, w])} of stream {p} at [{p}, {t}, {w}] also written by "
-                      f"stream {int(o[p, t - t0, w])}")
+                      f"stream {o}")

@@ -392,6 +392,60 @@ def test_out_of_range_index_named_at_its_place(dtype, sph, where, value):
     assert torch.equal(bank, ins.bank)
 
 
+class _DeferringImpl:
+    """The CPU implementation behind the interface of one that waits for the index check
+    itself (like CUDA's ``host``): it queues its "Phase 1", then waits. With ``wait``
+    False it stands for an implementation path that never waits and writes nothing
+    (readings of zeros), like the T = 0 path."""
+    AWAITS_INDEX_CHECK = True
+    NAME = "deferring"
+
+    def __init__(self, wait: bool):
+        self.wait, self.seen = wait, []
+
+    def forward(self, *args):
+        from sdm_inductor import cpu, ops
+        self.seen.append("phase 1")
+        if self.wait:
+            ops.await_index_check()
+            self.seen.append("waited")
+            return cpu.forward(*args)
+        bank, k_idx = args[:2]
+        P, T, W = k_idx.shape
+        return (bank.new_zeros(P, T, bank.shape[1]), bank.new_empty(0, W, bank.shape[1]),
+                bank.new_empty(0))
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_index_check_awaited_by_the_implementation(monkeypatch, wait):
+    """An implementation may run work that writes nothing before it waits for the call's
+    index check (``ops.await_index_check``): the bad call is refused at the wait, before
+    any write; a path that never waits is still refused when the op returns; no check is
+    left behind for the next call."""
+    from sdm_inductor import ops
+    impl = _DeferringImpl(wait)
+    monkeypatch.setitem(ops.IMPLS, "cpu", impl)
+    ins = make_inputs(2, 10, W=4, R=3, hd=8, slots_per_stream=24, seed=3)
+    k_idx = ins.k_idx.clone()
+    k_idx[1, 6, 2] = 60
+    with pytest.raises(ValueError, match=r"'k_idx'.*60 at \[1, 6, 2\]"):
+        sdm_inductor.write_read(ins.bank, k_idx, *ins[2:], chunk_size=16, slots_per_stream=24)
+    assert impl.seen == ["phase 1"]
+    assert getattr(ops._PENDING, "check", None) is None
+    bank = ins.bank.clone()
+    if wait:   # in place: refused before the bank changes
+        with pytest.raises(ValueError, match="'k_idx'"):
+            torch.ops.sdm.write_read_(bank, k_idx, *ins[2:], 16, 24, False)
+        assert torch.equal(bank, ins.bank)
+    impl.seen.clear()
+    y, _ = sdm_inductor.write_read(ins.bank, *ins[1:], chunk_size=16, slots_per_stream=24)
+    if wait:
+        assert impl.seen == ["phase 1", "waited"]
+        assert rel_err(y, reference_outputs(ins)[0]) <= 1e-5
+    else:
+        assert impl.seen == ["phase 1"] and not y.any()
+
+
 def test_device_mismatch_named():
     ins = make_inputs(1, 4)
     with pytest.raises(ValueError, match="'v'.*device"):

@@ -37,6 +37,14 @@ def _dummy(like: torch.Tensor) -> torch.Tensor:
 
 
 NAME = "cuda-triton-chunked"
+# the ops hand over the index check in flight; every path below waits for it
+# (``_await_index_check``) after Phase 1 is queued and before the first write to the bank
+AWAITS_INDEX_CHECK = True
+
+
+def _await_index_check():
+    from .. import ops
+    ops.await_index_check()
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -64,6 +72,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
     walk = step_walk if walk_kind(C, bank, P, W, R) == "step" else column_walk
+    _await_index_check()
     walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype))
     return out
 
@@ -119,6 +128,7 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     if T == 0:
         out = bank.new_empty(P, 0, bank.shape[1])
     elif not save and T <= DECODE_MAX_T:
+        _await_index_check()
         out = decode(bank, k_idx, k_val, v, beta, g, q_idx, q_val, CONFIG, gate_params)
     else:
         out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw,
@@ -193,6 +203,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
                                         device=bank.device))
+        _await_index_check()
         step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save, CONFIG,
                   _prec(bank.dtype), None if keep is None else keep.vmr)
         if not whole:

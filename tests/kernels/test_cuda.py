@@ -202,6 +202,53 @@ def test_out_of_range_indices_are_masked():
     assert torch.isfinite(bank).all()
 
 
+@pytest.mark.parametrize("path", ["step", "column", "windows", "decode", "train", "gated"])
+@pytest.mark.parametrize("bad", ["k_range", "q_range", "shared"])
+def test_bad_indices_refused_before_the_bank_changes(path, bad):
+    """The index check runs beside Phase 1 and the host waits for it only before the first
+    write (``ops.await_index_check``): on every path a bad index is still refused by name
+    with the caller's bank untouched, and the next good call runs normally."""
+    from sdm_inductor.kernels import host
+    if path in ("step", "column"):
+        host.CONFIG["WALK"] = path
+    elif path == "windows":
+        host.CONFIG.update(WALK="step", WINDOW_TOKENS=64)
+    shared = bad == "shared"
+    ins = _inputs(torch.float32, P=2, T=8 if path == "decode" else 200, W=6, R=4, hd=32,
+                  slots_per_stream=64, shared_bank=shared)
+    S = ins.bank.shape[0]
+    k_idx, q_idx = ins.k_idx.clone(), ins.q_idx.clone()
+    if bad == "k_range":
+        k_idx[1, 5, 2], want = 3, r"'k_idx'.*rows of stream 1.*3 at \[1, 5, 2\]"
+    elif bad == "q_range":
+        q_idx[0, 7, 1], want = S + 9, rf"'q_idx'.*{S + 9} at \[0, 7, 1\]"
+    else:
+        q_idx[0, 6, 0], want = k_idx[1, 2, 0], r"disjoint.*at \[0, 6, 0\] also written by stream 1"
+    sph = 0 if shared else 64
+    bank = ins.bank.clone()
+    leaves = ins.leaves()
+
+    def call(k, q):
+        if path == "train":
+            return torch.ops.sdm.write_read(leaves[0], k, *leaves[2:6], q, leaves[7], 32, sph,
+                                            shared, "none")[0]
+        if path == "gated":
+            P, T = k.shape[:2]
+            b_raw, a_raw = torch.randn(P, T, device="cuda"), torch.randn(P, T, device="cuda")
+            A_log, dt_bias = torch.zeros(P, device="cuda"), torch.zeros(P, device="cuda")
+            return torch.ops.sdm.write_read_gated(bank, k, ins.k_val, ins.v, b_raw, a_raw, A_log,
+                                                  dt_bias, q, ins.q_val, 32, sph, shared)[0]
+        return torch.ops.sdm.write_read_(bank, k, *ins[2:6], q, ins.q_val, 32, sph, shared)
+
+    with pytest.raises(ValueError, match=want):
+        call(k_idx, q_idx)
+    torch.cuda.synchronize()
+    assert torch.equal(bank, ins.bank) and torch.equal(leaves[0], ins.bank)
+    assert ops._PENDING.check is None
+    y = call(ins.k_idx, ins.q_idx)
+    assert torch.isfinite(y).all()
+
+
 @pytest.mark.parametrize("shape", [dict(P=2, T=200, W=16, R=16, hd=128),
                                    dict(P=2, T=200, W=32, R=8, hd=64)])
 def test_auto_walk_follows_the_shape_rule(shape):
