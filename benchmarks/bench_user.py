@@ -6,8 +6,11 @@
 Rows per config and chunk size, no-grad forward and forward + backward (bf16, index
 checks on, as a user runs them):
 
-- ``raw kernels``: ``torch.ops.sdm.triton_write_read_`` / ``triton_write_read`` +
+- ``raw kernels``: ``torch.ops.sdm.triton_write_read_`` (in place) / ``triton_write_read`` +
   ``triton_write_read_backward`` (no argument or index checks, no autograd);
+- ``raw functional``: ``torch.ops.sdm.triton_write_read`` saving nothing: the raw kernels
+  plus the copy of the bank that a functional call returns (the baseline of the
+  functional rows: ``write_read``, ``compiled write_read``);
 - ``op``: ``torch.ops.sdm.write_read_`` (no grad) / ``torch.ops.sdm.write_read`` under
   autograd;
 - ``sdm_write_read``: the 2.0.0 interface on flat ``[P*T, *]`` inputs;
@@ -18,7 +21,8 @@ checks on, as a user runs them):
 
 Each figure is the median of ``triton.testing.do_bench`` (back-to-back calls). The
 floor is the time the necessary row traffic takes at the measured copy bandwidth
-(``bench_cuda.floors``). The last columns give each call over the raw kernels.
+(``bench_cuda.floors``). The last columns give each call over its raw baseline: the
+functional calls over ``raw functional``, every other call over ``raw kernels``.
 """
 from __future__ import annotations
 
@@ -118,6 +122,8 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
 
     calls = {
         "raw kernels": (lambda: torch.ops.sdm.triton_write_read_(work, *rest, C), raw_fb),
+        "raw functional": (lambda: torch.ops.sdm.triton_write_read(bank, *rest, C, "none", False),
+                           raw_fb),
         "op": (lambda: torch.ops.sdm.write_read_(work, *rest, C, sph, False), op_fb),
         "sdm_write_read": (sdm_nograd, sdm_fb),
         "write_read": functional(fn),
@@ -157,12 +163,15 @@ def layer_rows(name: str, C: int, compile_: bool) -> dict:
     return _time_calls(name, C, calls)
 
 
+FUNCTIONAL = ("write_read", "compiled write_read")
+
+
 def table(results: dict):
     print("\n| config | C | call | no-grad ms | fwd+bwd ms | no-grad / raw | fwd+bwd / raw |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (name, C), rows in results.items():
-        raw = rows["raw kernels"]
         for label, (a, b) in rows.items():
+            raw = rows["raw functional" if label in FUNCTIONAL else "raw kernels"]
             print(f"| {name} | {C} | {label} | {a:.2f} | {b:.2f} | {a / raw[0]:.2f} | "
                   f"{b / raw[1]:.2f} |")
 

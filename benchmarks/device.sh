@@ -4,8 +4,11 @@
 #   bash benchmarks/device.sh tests          # every CUDA-marked test (three pytest processes)
 #   bash benchmarks/device.sh bench          # benchmarks/bench_cuda.py (configs A and B)
 #   bash benchmarks/device.sh floor          # benchmarks/floor_cuda.py (B and A at C=128, B at 256)
+#   bash benchmarks/device.sh user           # benchmarks/bench_user.py (what users call, A and B at C=128)
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
-#   bash benchmarks/device.sh aoti [N]       # N fresh-process AOTInductor builds + loads (default 3, ~2 min each)
+#   bash benchmarks/device.sh aoti [N [J]]   # N fresh-process AOTInductor builds + loads, J at a time
+#                                            # (default 3 and 1; ~2 min each), each with its own
+#                                            # Inductor cache, so every round is a cold build
 #
 # Segments run in the order given. The device image has torch 2.11 and no network: the
 # test extras (expecttest, hypothesis, ...) travel as wheels in .whl/ (carry [".whl"]) and
@@ -45,17 +48,26 @@ while [ $# -gt 0 ]; do
     floor)
       run floor_128 300 python3 benchmarks/floor_cuda.py --configs B,A
       run floor_256 200 python3 benchmarks/floor_cuda.py --configs B --chunk 256 ;;
+    user)
+      run bench_user 560 python3 benchmarks/bench_user.py --chunks 128 --json "$OUT/bench_user.json" ;;
     compile)
       run bench_compile 560 python3 benchmarks/bench_compile.py --json "$OUT/bench_compile.json" ;;
     aoti)   # the intermittent CUDA package mismatch: count it over fresh builds
-      n=3
+      n=3; j=1
       case ${1:-} in ''|*[!0-9]*) ;; *) n=$1; shift ;; esac
-      bad=0
+      case ${1:-} in ''|*[!0-9]*) ;; *) j=$1; shift ;; esac
+      rm -f "$OUT"/aoti_*.rc
       for i in $(seq 1 "$n"); do
-        run aoti_$i 170 python3 examples/export_aoti.py --device cuda || bad=$((bad + 1))
+        ( TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i \
+            run aoti_$i 290 python3 examples/export_aoti.py --device cuda
+          echo $? > "$OUT/aoti_$i.rc" ) &
+        [ $((i % j)) -eq 0 ] && wait
       done
+      wait
+      bad=$(cat "$OUT"/aoti_*.rc | grep -cv '^0$')
+      rm -f "$OUT"/aoti_*.rc
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
-      echo "unknown segment: $seg (tests, bench, floor, compile, aoti [N])"; exit 2 ;;
+      echo "unknown segment: $seg (tests, bench, floor, user, compile, aoti [N [J]])"; exit 2 ;;
   esac
 done
