@@ -81,21 +81,30 @@ def version(t: Tensor):
         return None
 
 
-def _signature(t: Tensor) -> tuple:
+def _signature(t: Tensor | None) -> tuple | None:
     """A tensor's memory (its storage, held weakly: alive and the same object or not),
-    view, dtype and version."""
+    view, dtype and version; None for an input not checked."""
+    if t is None:
+        return None
     return (StorageWeakRef(t.untyped_storage()), t.storage_offset(), tuple(t.shape),
             t.stride(), t.dtype, version(t))
 
 
-def _same(t: Tensor, sig: tuple) -> bool:
+def _same(t: Tensor, sig: tuple | None) -> bool:
+    if sig is None:
+        return True
     ref = sig[0]
     return (not ref.expired() and StorageWeakRef(t.untyped_storage()) == ref
             and _signature(t)[1:] == sig[1:])
 
 
 def register_by_log(readings: Tensor, rows: Tensor, final: Tensor, inputs) -> None:
-    """Key the forward's untaken offer (``keep_for_backward``) by its log ``rows``."""
+    """Key the forward's untaken offer (``keep_for_backward``) by its log ``rows``.
+
+    ``inputs`` are the backward op's ``(k_idx, k_val, v, beta, g, q_idx, q_val)`` as the
+    forward saw them; None where the forward had no such tensor: the gated forward
+    computed ``beta`` and ``g`` inside from raw inputs, and its backward formula computes
+    them again from those (the same values the offer was made with, as in eager)."""
     offered = _KEPT.offered
     if offered is None or offered[0]() is not readings or rows.numel() == 0:
         return

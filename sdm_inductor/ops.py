@@ -313,6 +313,8 @@ def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_ra
             readings, rows, scales = impl.forward(
                 final, k_idx, k_val.to(dt), v.to(dt), beta, g, q_idx, q_val.to(dt), chunk_size,
                 snapshot_quant, save_for_backward)
+    # a compiled graph's backward (``_backward_gated``, traced) finds the offer by the log
+    kept.register_by_log(readings, rows, final, (k_idx, k_val, v, None, None, q_idx, q_val))
     return readings, final, rows, scales
 
 

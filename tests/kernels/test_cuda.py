@@ -297,6 +297,31 @@ def test_kept_for_backward_is_bitwise_the_recomputation(dtype):
         assert torch.equal(a, b), n
 
 
+def test_compiled_layer_training_takes_the_kept_phase1():
+    """A compiled training step of the layer (``sdm::write_read_gated`` forward and its
+    traced backward formula: no autograd context between them) finds the forward's kept
+    Phase 1 by its undo log, as eager does, and gives eager's gradients."""
+    from sdm_inductor.nn import SparseDeltaMemory
+    torch.manual_seed(0)
+    layer = SparseDeltaMemory(64, num_heads=2, slots_per_head=256, top_k=8,
+                              chunk_size=64).cuda()
+    x = torch.randn(2, 300, 64, device="cuda")
+    dy = torch.randn_like(x)
+
+    def step(fn):
+        xi = x.clone().requires_grad_()
+        fn(xi).backward(dy)
+        grads = [xi.grad] + [p.grad.clone() for p in layer.parameters()]
+        layer.zero_grad(set_to_none=True)
+        return grads, ops.last_dispatch()["phase1_backward"]
+
+    want, eager_phase1 = step(layer)
+    got, compiled_phase1 = step(torch.compile(layer, fullgraph=True))
+    assert (eager_phase1, compiled_phase1) == ("kept", "kept")
+    for a, b in zip(got, want):
+        _check("grad", a, b, 1e-4)
+
+
 @pytest.mark.parametrize("walk", ["step", "column"])
 def test_group_layouts_are_bitwise_equal(walk):
     """The dB launches over split, packed and by-position group headers (``GROUP_PACK``,
