@@ -115,19 +115,7 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                dict(dB_ptr=bank, work_ptr=bank, **src_ptrs, slot_ptr=i32, coef_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, pc_ptr=f32, pm_ptr=f32),
                dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C, CG="", SRC=src, QMODE=0), wg),
-        "dev": (step_reverse._step_bwd_dev_kernel,
-                dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, dr_ptr=f32, dy_ptr=bank,
-                     pe_ptr=f32),
-                dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, CG="", SRC=src, QMODE=0), wg),
-        "group": (step_reverse._step_bwd_group_kernel,
-                  dict(dB_ptr=bank, g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
-                       g_pos_ptr=i32, g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32,
-                       g_ev0_ptr=f32, dr_ptr=f32, dy_ptr=bank),
-                  dict(C=C, E=W + R, BD=CFG["BD_GROUP"], NG=CFG["NG_GROUP"],
-                       KW=CFG["KW_GROUP"], CP=C, CL=CFG["CL_GROUP"], CG="",
-                       ONE=int(CFG["GROUP_ONE"])),
-                  CFG["WARPS_GROUP"]),
-        # the two as one grid (DEV_DB; at A / B, C = 128: periods of 3 and 8 programs)
+        # d ev and dB as one grid (at A / B, C = 128: periods of 3 and 8 programs)
         "dev_group": (step_reverse._step_bwd_dev_group_kernel,
                       dict(work_ptr=bank, **src_ptrs, slot_ptr=i32, pe_ptr=f32, dB_ptr=bank,
                            g_slot_ptr=i32, g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32,
@@ -136,7 +124,7 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
                       dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, NCB=6,
                            BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                            CL=CFG["CL_GROUP"], NCBG=4, ND=3, NGP=8, PDLG=2, CG="", SRC=src,
-                           QMODE=0, ONE=int(CFG["GROUP_ONE"])),
+                           QMODE=0),
                       CFG["WARPS_DEV_DB"]),
     }
 
@@ -170,24 +158,20 @@ def main(dtype="bf16"):
                     dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
                          na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
                          wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32), dict(E=W + R, BLK=blk))
-    for pack in (2, 1, 0):
-        if pack:
-            compile_one(headers._group_counts_kernel,
-                        dict(perm_ptr=i32, gs_ptr=i32, na_ptr=i32, cnt_ptr=i32),
-                        dict(PACK=pack, BLOCK=headers.GROUPS_BLOCK), 4)
-        compile_one(headers._entry_groups_kernel,
-                    dict(perm_ptr=i32, gs_ptr=i32, slot_ptr=i32, na_ptr=i32, nw_ptr=i32,
-                         decay_ptr=f32, ev_ptr=f32, cnt_ptr=i32, o_slot_ptr=i32, o_len_ptr=i32,
-                         o_nw_ptr=i32, o_decay_ptr=f32, o_pos_ptr=i32, o_tok_ptr=i32,
-                         o_ev_ptr=f32, o_tok0_ptr=i32, o_ev0_ptr=f32),
-                    dict(E=W + R, PACK=pack, BLOCK=headers.GROUPS_BLOCK, NBP=16), 4)
+    compile_one(headers._group_counts_kernel,
+                dict(perm_ptr=i32, gs_ptr=i32, na_ptr=i32, cnt_ptr=i32),
+                dict(BLOCK=headers.GROUPS_BLOCK), 4)
+    compile_one(headers._entry_groups_kernel,
+                dict(perm_ptr=i32, gs_ptr=i32, slot_ptr=i32, na_ptr=i32, nw_ptr=i32,
+                     decay_ptr=f32, ev_ptr=f32, cnt_ptr=i32, o_slot_ptr=i32, o_len_ptr=i32,
+                     o_nw_ptr=i32, o_decay_ptr=f32, o_pos_ptr=i32, o_tok_ptr=i32,
+                     o_ev_ptr=f32, o_tok0_ptr=i32, o_ev0_ptr=f32),
+                dict(E=W + R, BLOCK=headers.GROUPS_BLOCK, NBP=16), 4)
     compile_one(solve._inverse_kernel, dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32,
                                             QKX_ptr=f32),
                 dict(C=64, CP=64, PREC="tf32x3", LOG=6))
     for CC in (96, 128):
         mats = dict(A_ptr=f32, QK_ptr=f32, beta_ptr=f32, X_ptr=f32, QKX_ptr=f32)
-        compile_one(solve._inverse_blocks_kernel, mats, dict(C=CC, H=64, PREC="tf32x3", LOG=6),
-                    solve.BLOCKED_WARPS)
         compile_one(solve._inverse_diag_kernel, mats, dict(C=CC, H=64, PREC="tf32x3", LOG=6),
                     solve.BLOCKED_WARPS)
         compile_one(solve._inverse_low_kernel, mats, dict(C=CC, H=64, PREC="tf32x3"),
@@ -212,8 +196,7 @@ def main(dtype="bf16"):
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
                          run_coef_ptr=f32, scratch_ptr=f32, log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=CFG["BD"], TB=64, EW=CFG["EW"], NG=CFG["NG"], CP=CC,
-                         SAVE=CC != 64, PREC="tf32", ROWS_AHEAD=CFG["ROWS_AHEAD"], KW=CFG["KW"],
-                         HEAD_AHEAD=CFG["HEAD_AHEAD"]),
+                         SAVE=CC != 64, PREC="tf32", KW=CFG["KW"]),
                     num_warps=CFG["WARPS"])
     prec = "tf32" if dtype == "bf16" else "ieee"
     for CC in (64, 128, 256):   # the step walk: a gather and a write launch per chunk
@@ -244,7 +227,7 @@ def main(dtype="bf16"):
                          pc_ptr=f32, pm_ptr=f32, pb_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
                          scratch_ptr=f32),
                     dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
-                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"], AHEAD=CFG["AHEAD_BWD"]),
+                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"]),
                     num_warps=CFG["WARPS_BWD"])
     sb = step_reverse
     BDB, BDW, NGS = CFG["BD_STEP_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]
@@ -252,15 +235,11 @@ def main(dtype="bf16"):
     for q in (0, 1):
         compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
                     scale_ptr=f32, run_slot_ptr=i32), dict(C=C, W=W, BD=BDW, NG=NGS, QMODE=q), ww)
-    for q in (0, 1):   # the row launches reading a raw log and an fp8 log themselves
-        lg = dict(log_ptr=bank if q == 0 else "*u8", scale_ptr=f32, src_ptr=i32)
-        compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
-                    ev_ptr=f32, v_ptr=bank, vmr_ptr=f32),
-                    dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C, QMODE=q, SRC=True), CFG["WARPS_STEP"])
-        if q:
-            compile_one(sb._step_bwd_dev_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
-                        dr_ptr=f32, dy_ptr=bank, pe_ptr=f32),
-                        dict(C=C, W=W, R=R, BD=BDB, WP=W, RP=R, CP=C, QMODE=q, SRC=True, CG=""), wg)
+    # the gather launch reading a raw log itself (sources: raw logs only)
+    lg = dict(log_ptr=bank, scale_ptr=f32, src_ptr=i32)
+    compile_one(sb._step_bwd_gather_kernel, dict(work_ptr=bank, **lg, slot_ptr=i32,
+                ev_ptr=f32, v_ptr=bank, vmr_ptr=f32),
+                dict(C=C, W=W, R=R, BD=BDB, WP=W, CP=C, QMODE=0, SRC=True), CFG["WARPS_STEP"])
     specs = step_specs(C, bank, "tf32", save=True)
     compile_one(*specs["dw"])
     for CC in (64, 128, 256):   # the two products as step_reverse launches them: whole
@@ -275,8 +254,6 @@ def main(dtype="bf16"):
         compile_one(sb._step_bwd_mix2_kernel, dict(X_ptr=f32, beta_ptr=f32, vmr_ptr=f32,
                     d_ptr=f32, dd_ptr=f32, dr_ptr=f32, dy_ptr=bank, dv_ptr=bank, pqk_ptr=f32,
                     pl_ptr=f32, pb_ptr=f32), shape, CFG["WARPS_MIX_B"])
-    compile_one(*specs["dev"])
-    compile_one(*specs["group"])
     cap = CFG["MAXNREG_DEV_DB"]
     compile_one(*specs["dev_group"])
     compile_one(*specs["dev_group"], maxnreg=cap)

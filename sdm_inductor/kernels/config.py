@@ -38,13 +38,11 @@ CONFIG = dict(
     # --- the column walks (forward/column_walk.py, backward/reverse_walk.py): BD bank columns per
     # program (16 bf16 columns = one 32-byte sector per gathered row), TB tokens per tile,
     # EW entries per gather tile, NG write positions per tile of the write pass, KW run
-    # members gathered with the run header (longer runs loop); ROWS_AHEAD / HEAD_AHEAD:
-    # the next gather tile's rows / write tile's headers load during this tile (AHEAD_BWD:
-    # the backward's next tile of chunk-start rows). BWD_WINDOWS: the backward runs the
+    # members gathered with the run header (longer runs loop). BWD_WINDOWS: the backward runs the
     # chunks in this many launches, so its per-column-block partial sums hold a window of
     # chunks (2 against 4: as fast, half the partial sums' memory).
     BD=16, BD_DECODE=16, BD_BWD=16, TB=64, EW=16, EW_BWD=8, NG=256, WARPS=8, WARPS_BWD=8,
-    ROWS_AHEAD=1, KW=4, HEAD_AHEAD=1, NG_BWD=256, KW_BWD=4, AHEAD_BWD=1, BWD_WINDOWS=2,
+    KW=4, NG_BWD=256, KW_BWD=4, BWD_WINDOWS=2,
     # --- the forward step walk (forward/step_walk.py): the gather launch (BD_STEP columns per program
     # in WARPS_STEP warps: one warp sums a token's entries in registers and shuffles, where
     # four crossed warps through shared memory with bank conflicts, 5-12 % slower), the
@@ -60,18 +58,12 @@ CONFIG = dict(
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE
     # above C = 128 (the blocks form, where 64 x 16 is 5 % slower); MIX_ROWS_B as MIX_ROWS.
-    # The dB launch: BD_GROUP columns, NG_GROUP positions, KW_GROUP inline members,
-    # WARPS_GROUP warps, CL_GROUP column blocks per program (the group headers load once:
-    # 3 is 2.5 % faster than 1). GROUP_PACK: the groups' header layout (``Groups``; 2, split:
-    # groups of several members at the front of each segment, those of one member from its
-    # end), GROUP_ONE: the dB tiles' one-member paths (2: also every column block's loads
-    # before the stores; 0 in tests: the general path on every tile). DEV_DB: the d ev and
-    # dB launches as one grid of both kinds of programs (1.2-2 % faster than two launches;
-    # environment SDM_INDUCTOR_DEV_DB), in WARPS_DEV_DB warps, registers capped at
-    # MAXNREG_DEV_DB (the dB launch's own 64: four programs of 8 warps per SM, not three).
+    # The d ev and dB launch (one grid of both kinds of programs): the dB programs take
+    # BD_GROUP columns, NG_GROUP positions, KW_GROUP inline members, CL_GROUP column blocks
+    # per program (the group headers load once: 3 is 2.5 % faster than 1); the launch runs
+    # in WARPS_DEV_DB warps, registers capped at MAXNREG_DEV_DB (four programs of 8 warps
+    # per SM, not three).
     BD_STEP_B=128, WARPS_STEP_B=4, MB_MIX_B=64, TB_MIX_B=16, WARPS_MIX_B=4,
     MB_MIX_B_WIDE=32, TB_MIX_B_WIDE=32, MIX_ROWS_B=1,
-    BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, WARPS_GROUP=8, CL_GROUP=3, GROUP_PACK=2,
-    GROUP_ONE=2, DEV_DB=int(os.environ.get("SDM_INDUCTOR_DEV_DB", "1")), WARPS_DEV_DB=8,
-    MAXNREG_DEV_DB=64,
+    BD_GROUP=64, NG_GROUP=32, KW_GROUP=2, CL_GROUP=3, WARPS_DEV_DB=8, MAXNREG_DEV_DB=64,
 )

@@ -94,7 +94,7 @@ CASES = [  # (dtype, P, T, W, R, hd, sph, C, kwargs)
     (torch.bfloat16, 2, 130, 8, 8, 64, 96, 64, dict(per_write_gate=True)),
     (torch.bfloat16, 2, 70, 4, 4, 32, 64, 32, dict(shared_bank=True)),
     (torch.float32, 3, 9, 8, 6, 40, 64, 64, dict()),   # one chunk (T < C), P > 1
-    # 64 < C <= 128: the solve by 2 x 2 blocks (solve._inverse_blocks_kernel), rows masked
+    # 64 < C <= 128: the solve by 2 x 2 blocks (solve._inverse_diag_kernel, _inverse_low_kernel), rows masked
     (torch.float32, 2, 250, 8, 6, 40, 96, 96, dict(per_write_gate=True, repeats=True)),
 ]
 
@@ -164,7 +164,7 @@ def test_decode_path(T):
 
 def test_long_sequence_windows_and_chunk_sizes():
     """The eager no-grad forward in windows (T > WINDOW_TOKENS) and C in {16, 64, 128, 256}
-    (at C = 128 the solve runs by 2 x 2 blocks, ``solve._inverse_blocks_kernel``)."""
+    (at C = 128 the solve runs by 2 x 2 blocks, ``solve._inverse_diag_kernel``)."""
     from sdm_inductor.kernels import host
     ins = _inputs(torch.float32, P=2, T=600, W=8, R=8, hd=64, slots_per_stream=256)
     y_ref, M_ref, _ = reference_outputs(ins)
@@ -322,35 +322,13 @@ def test_compiled_layer_training_takes_the_kept_phase1():
         _check("grad", a, b, 1e-4)
 
 
-@pytest.mark.parametrize("walk", ["step", "column"])
-def test_group_layouts_are_bitwise_equal(walk):
-    """The dB launches over split, packed and by-position group headers (``GROUP_PACK``,
-    ``phase1.entry_groups``), with and without the step launch's one-member paths
-    (``GROUP_ONE`` 1 and 2), give bitwise the same gradients: the same sums in the same order,
-    only the tiles that hold them differ."""
-    from sdm_inductor.kernels import host
-    ins, dy, dM = _training_case(torch.bfloat16)
-    host.CONFIG["WALK"] = walk   # (the autouse fixture restores CONFIG)
-    got = {}
-    for pack, one in ((2, 2), (2, 1), (2, 0), (1, 1), (0, 0)):
-        host.CONFIG.update(GROUP_PACK=pack, GROUP_ONE=one)
-        got[pack, one] = _grads(ins, 64, dy, dM)[2]
-    for key in got:
-        for n, a, b in zip(NAMES, got[key], got[0, 0]):
-            assert torch.equal(a, b), (key, n)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("C", [64, 128])
-def test_dev_and_groups_as_one_launch(dtype, C):
-    """The backward's ``d ev`` and dB launches as one grid (``DEV_DB``, the default, with
-    PDL's waits as the GPU runs them: each program waits for the product launch), in a
-    kept and a recomputing backward, over dense slots with repeats and sparse slots:
-    bitwise reproducible, and the gradients of the two launches. The dB programs run in
-    the same warps either way, so the bank gradient is bitwise theirs; the ``d ev``
-    programs run in 8 warps instead of 4, so their sums over a row's columns go in another
-    (fixed) order. Measured: fp32 all bitwise; bf16 the bank, k_val, v
-    and beta gradients bitwise, the decay gradient's largest difference 4e-6."""
+def test_dev_and_group_launch_dense_and_sparse(dtype, C):
+    """The backward's ``d ev`` and dB grid (``_step_bwd_dev_group_kernel``, with PDL's waits
+    as the GPU runs them), in a kept and a recomputing backward, over dense slots with
+    repeats (groups of many members) and sparse slots (most tiles hold groups of one
+    member: ``_one_tile``): bitwise reproducible, and the oracle's gradients."""
     from sdm_inductor.kernels import host
     for slots, keep in ((256, 1), (8192, 0)):
         ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=slots,
@@ -358,16 +336,11 @@ def test_dev_and_groups_as_one_launch(dtype, C):
         dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
         dM = torch.randn_like(ins.bank)
         host.CONFIG["KEEP"] = keep
-        got = {}
-        for merged, run in ((1, 0), (1, 1), (0, 0)):
-            host.CONFIG["DEV_DB"] = merged
-            got[merged, run] = _grads(ins, C, dy, dM)[2]
-        for n, a, b, c in zip(NAMES, got[1, 0], got[1, 1], got[0, 0]):
-            assert torch.equal(a, b), ("not reproducible", slots, n)
-            if n == "bank":
-                assert torch.equal(a, c), (slots, n)
-            else:
-                _check(n, a, c, 1e-6 if dtype == torch.float32 else 2e-3)
+        a, b = (_grads(ins, C, dy, dM)[2] for _ in range(2))
+        want = reference_outputs(ins, (dy, dM))[2]
+        for n, x, y, r in zip(NAMES, a, b, want):
+            assert torch.equal(x, y), ("not reproducible", slots, n)
+            _check(f"grad {n} (slots {slots})", x, r, TOL[dtype])
 
 
 @pytest.mark.parametrize("C", [64, 128, 256])
@@ -399,30 +372,10 @@ def test_pairs_term_lists(C):
         phase1.pairs.PAIR_SPLIT = True
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("sparse", [True, False])
-def test_one_member_path_is_bitwise_equal(dtype, sparse):
-    """The dB launch's one-member path over split groups (``GROUP_ONE=2``) gives bitwise the
-    gradients of the launch over packed headers (``GROUP_PACK=1``, ``GROUP_ONE=0``): the same terms in the same
-    order. Sparse slots: most tiles take the one-member path."""
-    from sdm_inductor.kernels import host
-    slots = 8192 if sparse else 256
-    ins = _inputs(dtype, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=slots,
-                  per_write_gate=True, repeats=not sparse)
-    dy = torch.randn(2, 300, 96, device="cuda").to(dtype)
-    dM = torch.randn_like(ins.bank)
-    got = {}
-    for pack, one in ((2, 2), (1, 0)):
-        host.CONFIG.update(GROUP_PACK=pack, GROUP_ONE=one)
-        got[one] = _grads(ins, 64, dy, dM)[2]
-    for n, a, b in zip(NAMES, got[2], got[0]):
-        assert torch.equal(a, b), n
-
-
 def test_blocked_solve_in_two_launches():
-    """``solve.inverse`` at 64 < C <= 128 in two launches (``BLOCKED_SPLIT``: the diagonal
-    blocks, then the off-diagonal ones) gives the one-launch form's X and QK X, and
-    torch's triangular solve's to fp32 accuracy, with padded tokens (beta = 0)."""
+    """``solve.inverse`` at 64 < C <= 128 in two launches (the diagonal blocks, then the
+    off-diagonal ones) gives torch's triangular solve's X and QK X to fp32 accuracy, with
+    padded tokens (beta = 0)."""
     from sdm_inductor.kernels.phase1 import solve
     gen = torch.Generator(device="cuda").manual_seed(3)
     for C in (128, 96):
@@ -430,33 +383,27 @@ def test_blocked_solve_in_two_launches():
         QK = torch.tril(torch.randn(64, C, C, device="cuda", generator=gen))
         beta = torch.rand(64, C, device="cuda", generator=gen)
         beta[5, -7:] = 0.0
-        got = {}
-        for split in (True, False):
-            solve.BLOCKED_SPLIT = split
-            got[split] = solve.inverse(A, QK, beta)
-        solve.BLOCKED_SPLIT = True
+        got = solve.inverse(A, QK, beta)
         L = torch.tril(beta[:, :, None].double() * A.double(), -1) + torch.eye(
             C, device="cuda", dtype=torch.float64)
         X = torch.linalg.solve_triangular(L, torch.eye(C, device="cuda", dtype=torch.float64)
                                           .expand(64, C, C), upper=False, unitriangular=True)
-        for a, b, ref in zip(got[True], got[False], (X, QK.double() @ X)):
-            assert rel_err(a, b) < 1e-6, C
+        for a, ref in zip(got, (X, QK.double() @ X)):
             assert rel_err(a, ref) < 1e-5, C
 
 
 def test_entry_groups_kernel_is_the_torch_form():
     """``phase1.entry_groups`` (a program per block of a segment's positions, two launches)
-    gives exactly ``reference_groups``, in its three layouts, on a plan with repeated slots
-    and several blocks per segment."""
+    gives exactly ``reference_groups``' split layout, on a plan with repeated slots and
+    several blocks per segment."""
     from references import reference_groups
     from sdm_inductor.kernels import phase1
     ins, _, _ = _training_case(torch.bfloat16)
     pl = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 64)
-    for pack in (2, 1, 0):
-        got, want = phase1.entry_groups(pl, pack), reference_groups(pl, pack)
-        for f in dataclasses.fields(phase1.Groups):
-            assert torch.equal(getattr(got, f.name), getattr(want, f.name)), (pack, f.name)
+    got, want = phase1.entry_groups(pl), reference_groups(pl, pack=2)
+    for f in dataclasses.fields(phase1.Groups):
+        assert torch.equal(getattr(got, f.name), getattr(want, f.name)), f.name
 
 
 @pytest.mark.parametrize("C", [16, 64])

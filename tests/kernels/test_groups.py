@@ -1,5 +1,5 @@
 """``phase1.reference_groups`` (the torch form of ``entry_groups``): the backward's dB groups,
-with headers by position or packed to the front of each segment (``GROUP_PACK``). Runs on
+with headers by position or packed to the front of each segment (``pack``). Runs on
 CPU without Triton's interpreter; the kernel is compared against this form in
 ``test_kernels_interpret.py`` (``case_entry_groups``), and the dB launches that read both
 layouts against the oracle there and bitwise against each other in ``test_cuda.py``."""

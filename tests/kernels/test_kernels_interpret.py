@@ -257,13 +257,12 @@ def case_column_walk():
     # rows of two entry tiles in flight, runs longer than the inline members (the loop),
     # several write tiles with the next one's headers prefetched; the backward's saved rows
     # one tile ahead over several tiles
-    host.CONFIG.update(ROWS_AHEAD=1, KW=2, HEAD_AHEAD=1, EW=2, NG=16, TB=64, KW_BWD=2, NG_BWD=16,
-                       AHEAD_BWD=1, EW_BWD=2, BWD_WINDOWS=2)   # 3 chunks: windows of 2 and 1
+    host.CONFIG.update(KW=2, EW=2, NG=16, TB=64, KW_BWD=2, NG_BWD=16, EW_BWD=2,
+                       BWD_WINDOWS=2)   # 3 chunks: windows of 2 and 1
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=19), 16)
-    # no tile prefetched, one inline run member, the backward in one window
-    host.CONFIG.update(ROWS_AHEAD=0, KW=1, HEAD_AHEAD=0, KW_BWD=1, NG_BWD=512, AHEAD_BWD=0,
-                       BWD_WINDOWS=1)
+    # one inline run member, one write tile, the backward in one window
+    host.CONFIG.update(KW=1, KW_BWD=1, NG_BWD=512, BWD_WINDOWS=1)
     _train(make_inputs(P=1, T=40, W=3, R=2, hd=16, slots_per_stream=12, repeats=True, seed=20), 16)
 
 
@@ -294,7 +293,7 @@ def case_step_walk():
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=28), 16)
     # sparse slots (640 entries a chunk over 2000): most dB tiles hold single members
-    # only and take the launch's one-member path (GROUP_ONE), beside tiles of longer groups
+    # only and take the launch's one-member path (``_one_tile``), beside tiles of longer groups
     _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=2000, seed=26), 128)
 
 
@@ -306,8 +305,7 @@ def _step_config(two_blocks: bool = False):
                        MB_MIX=16, BD_STEP_B=16, MB_MIX_B=16, BD_GROUP=16,
                        NG_GROUP=8, KW_GROUP=1, CL_GROUP=1, CL_WRITE=1)
     if two_blocks:   # (and two inline dB members: the one-member path differs from them)
-        host.CONFIG.update(BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2, KW_GROUP=2,
-                           GROUP_ONE=2)
+        host.CONFIG.update(BWD_WINDOWS=2, CL_WRITE=2, CL_GROUP=2, KW_GROUP=2)
 
 
 def case_step_walk_windows():
@@ -386,14 +384,6 @@ def _kept_for_backward():
 
     (how_k, kept), (how_r, recomputed) = grads(1), grads(0)
     recomputed_plain = recomputed
-    # the d ev and dB launches as one grid (host.CONFIG DEV_DB, the default; here 4
-    # periods of 16 d ev and 7 dB programs) and as two: bitwise the same
-    assert host.CONFIG["DEV_DB"]
-    host.CONFIG["DEV_DB"] = 0
-    _, two_launches = grads(1)
-    host.CONFIG["DEV_DB"] = 1
-    for n, a, b in zip(NAMES, two_launches, kept):
-        assert torch.equal(a, b), "DEV_DB grad " + n
     assert (how_k, how_r) == ("kept", "recomputed"), (how_k, how_r)
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
@@ -496,8 +486,8 @@ def case_chunk_start_sources():
 
 def case_entry_groups():
     """``phase1.entry_groups`` (a program per block of a segment's positions: the blocks'
-    counts, then their headers) gives exactly ``references.reference_groups`` in its three
-    layouts (split, packed, by position): random groups, then
+    counts, then their headers) gives exactly ``references.reference_groups``' split
+    layout: random groups, then
     a real plan with repeated and out-of-range slots; blocks smaller than a segment, so the
     counts of earlier blocks place each block's headers and the empty headers between the
     front and back groups span several blocks."""
@@ -513,11 +503,10 @@ def case_entry_groups():
     real = phase1.plan(ins.bank.shape[0], *(x.contiguous() for x in (
         ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val)), 16)
     for pl in (random_plan(B=3, C=8, E=5, seed=1), real):
-        for pack in (2, 1, 0):
-            got, want = phase1.entry_groups(pl, pack), reference_groups(pl, pack)
-            for f in dataclasses.fields(phase1.Groups):
-                a, b = getattr(got, f.name), getattr(want, f.name)
-                assert a.dtype == b.dtype and torch.equal(a, b), (pack, f.name)
+        got, want = phase1.entry_groups(pl), reference_groups(pl, pack=2)
+        for f in dataclasses.fields(phase1.Groups):
+            a, b = getattr(got, f.name), getattr(want, f.name)
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
 
 
 def case_window_sums():
@@ -638,9 +627,8 @@ def case_phase1_scans():
 
 def case_solve_blocks():
     """``solve.inverse`` by 2 x 2 blocks of 64 (64 < C <= 128, C = 128 and C = 96 with
-    masked rows), in one launch (``_inverse_blocks_kernel``) and in two (``BLOCKED_SPLIT``:
-    the diagonal blocks, then the off-diagonal ones), gives torch's triangular solve's X
-    and QK X."""
+    masked rows: the diagonal blocks, then the off-diagonal ones) gives torch's triangular
+    solve's X and QK X."""
     import torch
     from sdm_inductor.kernels.phase1 import solve
     gen = torch.Generator().manual_seed(5)
@@ -656,13 +644,11 @@ def case_solve_blocks():
             X_ref, QKX_ref = solve.inverse(A, QK, beta)
         finally:
             solve.BLOCKED_MAX_C = old
-        for split in (True, False):
-            solve.BLOCKED_SPLIT = split
-            X, QKX = solve.inverse(A, QK, beta)
-            _check(f"C={C} split={split} X", X, X_ref, 1e-5)
-            _check(f"C={C} split={split} QKX", QKX, QKX_ref, 1e-5)
-            assert torch.equal(torch.triu(X, 1), torch.zeros_like(X))
-            assert torch.equal(torch.triu(QKX, 1), torch.zeros_like(QKX))
+        X, QKX = solve.inverse(A, QK, beta)
+        _check(f"C={C} X", X, X_ref, 1e-5)
+        _check(f"C={C} QKX", QKX, QKX_ref, 1e-5)
+        assert torch.equal(torch.triu(X, 1), torch.zeros_like(X))
+        assert torch.equal(torch.triu(QKX, 1), torch.zeros_like(QKX))
 
 
 def case_extreme_gates():

@@ -63,7 +63,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     def make(win):   # Phase 1 of a window: independent of the bank
         sl = slice(*win)
         pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
-        return pl, entry_groups(pl, config["GROUP_PACK"])
+        return pl, entry_groups(pl)
 
     # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
     kept = _kept(step and one_window, P, T, C, W, R)
@@ -71,7 +71,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         from ... import ops
         ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
-        groups = entry_groups(pl, int(config["GROUP_PACK"]))
+        groups = entry_groups(pl)
         sources = chunk_start_sources(pl, S) if by_source else None
         dv, sums = _reverse(pl, groups, log, scales, v, dy, *ctx, dv_dtype=bank_dtype,
                             vmr=None if kept is None else kept.vmr, sources=sources)

@@ -110,8 +110,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     P, T, hd, width, NC, B, C_LO, N_WIN, NCW,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1,
-                    AHEAD: tl.constexpr = 0):
+                    QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1):
     # one window of chunks, [C_LO, C_LO + N_WIN), in reverse; the partial sums hold NCW
     # chunks per stream (the window), indexed by the chunk's place in the window
     p = tl.program_id(0)
@@ -142,25 +141,18 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             toks = t0 + tl.arange(0, TB)
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
-            if AHEAD:   # the next tile's chunk-start rows in flight while this tile is reduced
-                rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                               cols, cm, E, EW)
-                wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
-                for e0 in range(0, W, EW):
-                    rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                         e0 + EW, W, hd, cols, cm, E, EW)
-                    wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
-                                   other=0.0)
-                    r0 += tl.sum(wt[:, :, None] * rows, axis=1)
-                    rows = rows_n
-                    wt = wt_n
-            else:
-                for e0 in range(0, W, EW):
-                    rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
-                                                   cols, cm, E, EW)
-                    wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
-                                 other=0.0)
-                    r0 += tl.sum(wt[:, :, None] * rows, axis=1)
+            # the next tile's chunk-start rows in flight while this tile is reduced
+            rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
+                                           cols, cm, E, EW)
+            wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
+            for e0 in range(0, W, EW):
+                rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                     e0 + EW, W, hd, cols, cm, E, EW)
+                wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
+                               other=0.0)
+                r0 += tl.sum(wt[:, :, None] * rows, axis=1)
+                rows = rows_n
+                wt = wt_n
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -191,33 +183,22 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             tv = tm & (tg < T)
             dl = tl.load(scr_d + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
             dd = tl.zeros([TB, BD], tl.float32)
-            if AHEAD:   # the next tile's slots and chunk-start rows load during this tile's gather
-                rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                                cols, cm, E, EW)
-                for e0 in range(0, W, EW):
-                    Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                                 mask=(sl >= 0)[:, :, None] & cm[None, None, :],
-                                 other=0.0).to(tl.float32)
-                    cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
-                                 other=0.0)
-                    rows_n, ents_n, em_n, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                          e0 + EW, W, hd, cols, cm, E, EW)
-                    po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
-                    dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
-                    rows = rows_n
-                    ents = ents_n
-                    em = em_n
-            else:
-                for e0 in range(0, W, EW):
-                    rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, W, hd,
-                                                    cols, cm, E, EW)
-                    off = seg + toks[:, None] * E + ents[None, :]
-                    Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                                 mask=(sl >= 0)[:, :, None] & cm[None, None, :],
-                                 other=0.0).to(tl.float32)
-                    cf = tl.load(coef_ptr + off, mask=em, other=0.0)
-                    po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
-                    dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
+            # the next tile's slots and chunk-start rows load during this tile's gather
+            rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
+                                            cols, cm, E, EW)
+            for e0 in range(0, W, EW):
+                Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                             mask=(sl >= 0)[:, :, None] & cm[None, None, :],
+                             other=0.0).to(tl.float32)
+                cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
+                             other=0.0)
+                rows_n, ents_n, em_n, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                      e0 + EW, W, hd, cols, cm, E, EW)
+                po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
+                dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
+                rows = rows_n
+                ents = ents_n
+                em = em_n
             for k0 in range(0, C, TB):
                 ks = k0 + tl.arange(0, TB)
                 km = ks < C
@@ -264,23 +245,16 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             tl.store(scr_dr + toks[:, None] * BD + sc[None, :], dr0, mask=tm[:, None])
             dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                           mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            if AHEAD:
-                rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, E, hd,
-                                               cols, cm, E, EW)
-                for e0 in range(0, E, EW):
-                    rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                         e0 + EW, E, hd, cols, cm, E, EW)
-                    _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
-                              ents, em, dr0, dyt, W)
-                    rows = rows_n
-                    ents = ents_n
-                    em = em_n
-            else:
-                for e0 in range(0, E, EW):
-                    rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, E, hd,
-                                                   cols, cm, E, EW)
-                    _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
-                              ents, em, dr0, dyt, W)
+            rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, E, hd,
+                                           cols, cm, E, EW)
+            for e0 in range(0, E, EW):
+                rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
+                                                     e0 + EW, E, hd, cols, cm, E, EW)
+                _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
+                          ents, em, dr0, dyt, W)
+                rows = rows_n
+                ents = ents_n
+                em = em_n
         tl.debug_barrier()
         # 5: dB at the chunk start, each distinct touched slot once (lane = group start)
         gb = b.to(tl.int64) * C * E
@@ -326,7 +300,7 @@ def column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: 
                parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
                scratch, P, T, hd, width, NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
                BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
-               QMODE=qmode, PREC=prec, KW=config["KW_BWD"], AHEAD=config["AHEAD_BWD"],
+               QMODE=qmode, PREC=prec, KW=config["KW_BWD"],
                num_warps=config["WARPS_BWD"])
         # cross-column sums of the window, in a fixed order (rows past the window's chunks
         # land in the padding)

@@ -16,11 +16,10 @@ piece is one launch with many programs (as the forward's step walk):
    ``d coef`` and ``Dw . M0w`` partial sums, ``d delta += sum coef Dw``;
 5. ``_step_bwd_mix2_kernel`` (token blocks x column slices): ``du = X^T d delta``:
    ``dv``, ``d r0``, and the ``dL``, ``dQK``, ``d beta`` partial sums;
-6. ``_step_bwd_dev_kernel`` (tokens x column blocks): the ``d ev`` partial sums;
-7. ``_step_bwd_group_kernel`` (entry positions x column blocks): the new ``dB`` of every
-   distinct touched slot, once, in its group's order (``reverse_walk._group_tile``).
-
-With ``DEV_DB`` (the default) 6 and 7 are one launch, ``_step_bwd_dev_group_kernel``.
+6. ``_step_bwd_dev_group_kernel``, one grid of two kinds of programs: ``_dev_program``
+   (tokens x column blocks) the ``d ev`` partial sums, ``_group_program`` (entry positions
+   x column blocks) the new ``dB`` of every distinct touched slot, once, in its group's
+   order (``reverse_walk._group_tile``).
 
 Partial sums over columns go to ``[blocks, P * NCW, C, n]`` buffers (a window of ``NCW``
 chunks per stream) that ``window_sums`` reduces in a fixed order after each window (the
@@ -75,11 +74,14 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
     Without ``SRC``: the working bank, which the restore launch brought back to the chunk's
     start (``CG``: the loads' cache modifier). With ``SRC``
     (``sources.py``): ``work_ptr`` is the final bank, and an entry whose slot is written at
-    or after this chunk reads the undo-log row ``src_ptr[base + e]`` instead, dequantized
-    and rounded to the bank's dtype as the restore launch stores it (bitwise its rows)."""
+    or after this chunk reads the undo-log row ``src_ptr[base + e]`` instead, rounded to
+    the bank's dtype as the restore launch stores it (bitwise its rows). Sources serve
+    unscaled logs only (``dispatch``: dequantizing fp8 / int4 rows here would spill the
+    one-warp gather launch on sm_90, so such a log is restored instead)."""
     m2 = (sl >= 0)[:, None] & cm[None, :]
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     if SRC:
+        tl.static_assert(QMODE == 0)
         e = tl.arange(0, NP)
         src = tl.load(src_ptr + base + e, mask=e < n, other=-1)
         lo = src.to(tl.int64)[:, None] * width + cols[None, :]
@@ -89,8 +91,7 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
             rows = tl.load(tl.where((src >= 0)[:, None], log_ptr + lo, work_ptr + ro), mask=m2,
                            other=0.0)
         else:
-            lg = _load_log(log_ptr, scale_ptr, src.to(tl.int64), src >= 0, width, cols, cm,
-                           QMODE)
+            lg = _load_log(log_ptr, scale_ptr, src.to(tl.int64), src >= 0, width, cols, cm, 0)
             fin = tl.load(work_ptr + ro, mask=m2 & (src < 0)[:, None], other=0.0)
             rows = tl.where((src >= 0)[:, None], lg.to(work_ptr.dtype.element_ty), fin)
     else:
@@ -350,17 +351,6 @@ def _dev_half(rows, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr):
     tl.store(pe_ptr + po + e, tl.sum(rows * vec[None, :], axis=1), mask=e < n)
 
 
-@triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
-def _step_bwd_dev_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr,
-                         c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr,
-                         R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
-                         CP: tl.constexpr, PDL: tl.constexpr, CG: tl.constexpr = "",
-                         QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
-    _dev_program(tl.program_id(0), tl.program_id(1), work_ptr, log_ptr, scale_ptr, src_ptr,
-                 slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NCW, C, W, R, BD, WP,
-                 RP, CP, PDL, CG, QMODE, SRC)
-
-
 @triton.jit
 def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr,
                  c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
@@ -436,7 +426,7 @@ def _one_store(dB_ptr, ro, wm, old, vec, dec, wt):
 def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, C: tl.constexpr,
               BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr,
               PDL: tl.constexpr):
-    """A tile of groups of one member (``GROUP_ONE=2``, ``CL`` <= 3), whose token ``tf`` and
+    """A tile of groups of one member (``CL`` <= 3), whose token ``tf`` and
     weight ``wt`` came with the headers (``Groups.tok0`` / ``ev0``: no dependent round trip
     through ``pos``): every column block's loads first, then the stores. ``_group_cols``
     runs the blocks one after the other: the compiler cannot move a block's loads of ``dB``
@@ -462,44 +452,21 @@ def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, 
             _one_store(dB_ptr, ro2, wm2, old2, v2, dec, wt)
 
 
-@triton.jit(do_not_specialize=["c", "P", "T", "NC"])
-def _step_bwd_group_kernel(dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
-                           g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, P, T, hd,
-                           NC, C: tl.constexpr,
-                           E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
-                           KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-                           CL: tl.constexpr = 1, CG: tl.constexpr = "",
-                           ONE: tl.constexpr = 0):
-    """dB of one tile of ``NG`` groups (``phase1.Groups``), in ``CL`` column blocks of ``BD``
-    (one after the other): the tile's headers load once for all of them. The launch
-    measured issue-bound (Nsight Compute), and the headers' loads, masks and
-    offsets were most of each program's instructions at one block per program. With
-    packed headers, the tiles past a segment's last group skip the blocks. ``ONE``: a tile
-    whose groups all have one member (most of them, with the split layout) loads one
-    member per group instead of ``KW``, and never enters the loop over longer groups (2:
-    and loads all its column blocks before storing any, ``_one_tile``)."""
-    # PDL == 3: nothing here depends on the launch before (d ev: it writes only its
-    # partials, and reads neither dB nor d r0), so the launch runs whole without waiting,
-    # reading what the walk wrote through L2 (CG = ".cg"); one program (the last) waits at
-    # its end, so the launch still ends after the one before
-    _launch_dependents(PDL == 3)
-    _group_program(tl.program_id(0), tl.program_id(1), dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr,
-                   g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr,
-                   dy_ptr, c, T, hd, NC, C, E, BD, NG, KW, CP, PDL, CL, CG, ONE)
-    if PDL == 3:
-        if ((tl.program_id(0) == tl.num_programs(0) - 1)
-                & (tl.program_id(1) == tl.num_programs(1) - 1)):
-            _wait(True)
-
-
 @triton.jit
 def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
                    g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC,
                    C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                    KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr, CL: tl.constexpr,
-                   CG: tl.constexpr, ONE: tl.constexpr):
-    """The dB tile of program ``pid`` (p * NGT + tile), column blocks ``pb * CL ...``; with
-    ``PDL == 2`` it waits after its headers and members, with 3 never."""
+                   CG: tl.constexpr):
+    """dB of the tile of ``NG`` groups (``phase1.Groups``) of program ``pid`` (p * NGT +
+    tile), in ``CL`` column blocks of ``BD`` from ``pb * CL``: the tile's headers load once
+    for all of them (the work is bound by instruction issue, and the headers' loads, masks
+    and offsets were most of a program's instructions at one block per program). The
+    headers are split (``headers.entry_groups``): tiles past a segment's last group skip
+    the blocks, and a tile whose groups all have one member (most of them) takes the
+    members that came with the headers, never a second member's loads or the loop over
+    longer groups, and loads all its column blocks before storing any (``_one_tile``).
+    With ``PDL == 2`` it waits after its headers and members."""
     _grid_dependency(PDL == 1)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
     p = pid // NGT
@@ -508,24 +475,20 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
     gb = (p * NC + c).to(tl.int64) * C * E
     pos, sl, ln, nw, dec = _group_headers(g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
                                           gb, f0, C * E, NG)
-    if ONE == 2:   # the first members with the headers (one round trip for all of them)
-        gi = f0 + tl.arange(0, NG)
-        tf0 = tl.load(g_tok0_ptr + gb + gi, mask=gi < C * E, other=0)
-        wt0 = tl.load(g_ev0_ptr + gb + gi, mask=gi < C * E, other=0.0)
-    if ONE:
-        if tl.max(ln, axis=0) <= 1:
-            if (ONE == 2) & (CL <= 3):
-                _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf0, wt0, p, pb, c, T, hd, sc, C,
-                          BD, CP, CL, CG, PDL)
-            else:
-                _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln,
-                                 nw, dec, p, pb, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
+    # the first members with the headers (one round trip for all of them)
+    gi = f0 + tl.arange(0, NG)
+    tf0 = tl.load(g_tok0_ptr + gb + gi, mask=gi < C * E, other=0)
+    wt0 = tl.load(g_ev0_ptr + gb + gi, mask=gi < C * E, other=0.0)
+    if tl.max(ln, axis=0) <= 1:
+        if CL <= 3:
+            _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf0, wt0, p, pb, c, T, hd, sc, C,
+                      BD, CP, CL, CG, PDL)
         else:
-            _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
-                             dec, p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
+            _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln,
+                             nw, dec, p, pb, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
     else:
-        _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec,
-                         p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
+        _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
+                         dec, p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
 
 
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])
@@ -539,21 +502,16 @@ def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, 
                                CL: tl.constexpr, NCBG: tl.constexpr, ND: tl.constexpr,
                                NGP: tl.constexpr, PDL: tl.constexpr, PDLG: tl.constexpr,
                                CG: tl.constexpr = "",
-                               QMODE: tl.constexpr = 0, SRC: tl.constexpr = False,
-                               ONE: tl.constexpr = 0):
-    """The ``d ev`` and dB launches of a chunk step as one grid (``CONFIG["DEV_DB"]``):
-    both need only ``d r0`` of the product launch before them and neither reads what the
-    other writes, but as two launches the dB programs could start only once every ``d ev``
-    program had started, so they shared the SMs for the last wave of ``d ev`` alone. Here
-    the grid's programs alternate in periods of ``ND`` ``d ev`` programs (the ``(P * C,
-    NCB)`` grid of ``_step_bwd_dev_kernel``, in its order) and ``NGP`` dB programs (the
-    ``(P * NGT, NCBG)`` grid of ``_step_bwd_group_kernel``), so both kinds are resident
-    together from the start. Every program waits for the product launch (the dB programs
-    after their headers, as with ``PDL == 2``), and each computes what it computes in its
-    own launch; the ``d ev`` programs' sums over a row's columns run in this launch's warps
-    (8, not 4), another fixed order (the interpreter: bitwise the two launches; the H200:
-    within a few fp32 ulps). ``PDLG``: the dB programs' ``PDL`` (2 where the launch's is 3:
-    they wait, which ``d ev``'s wait did for them)."""
+                               QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
+    """The ``d ev`` and dB work of a chunk step as one grid: both need only ``d r0`` of the
+    product launch before them and neither reads what the other writes. As two launches
+    the dB programs could start only once every ``d ev`` program had started, so they
+    shared the SMs for the last wave of ``d ev`` alone (1.2-2 % slower overall). Here the
+    grid's programs alternate in periods of ``ND`` ``d ev`` programs (a ``(P * C, NCB)``
+    grid in its order) and ``NGP`` dB programs (a ``(P * NGT, NCBG)`` grid), so both kinds
+    are resident together from the start. Every program waits for the product launch
+    (the dB programs after their headers). ``PDLG``: the dB programs' ``PDL`` (2 where
+    the launch's is 3: they wait)."""
     L = tl.program_id(0)
     q = L // (ND + NGP)
     r = L % (ND + NGP)
@@ -566,7 +524,7 @@ def _step_bwd_dev_group_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, 
         k = q * NGP + r - ND
         _group_program(k // NCBG, k % NCBG, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                        g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T,
-                       hd, NC, C, W + R, BDG, NG, KW, CP, PDLG, CL, CG, ONE)
+                       hd, NC, C, W + R, BDG, NG, KW, CP, PDLG, CL, CG)
 
 
 @triton.jit(do_not_specialize=["NB", "blk_s", "src_p", "dst_p", "dst_0", "n"])
@@ -621,14 +579,13 @@ def window_sums(parts: dict, sums: dict, c_lo: int, n: int, NCW: int, C: int):
 
 def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int, prec: str,
                  config: dict, vmr_kept=None, sources=None) -> dict:
-    """The chunks in reverse, seven launches each; advances ``dB`` (the bank gradient) and
+    """The chunks in reverse, six launches each; advances ``dB`` (the bank gradient) and
     ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
     cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s).
     With ``vmr_kept`` (the forward's ``v - r0``, ``[NC, P, CP, hd]``) there is no gather
-    launch: six launches per chunk. With ``sources`` (``sources.chunk_start_sources``)
+    launch: five launches per chunk. With ``sources`` (``sources.chunk_start_sources``)
     ``work`` is the final bank, which stays as it is: the chunk-start rows come from it and
-    the log, and there is no restore launch. With ``DEV_DB`` the ``d ev`` and dB launches
-    are one (``_dev_and_groups``).
+    the log, and there is no restore launch.
 
     The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
     the last chunks first), reduced over the column blocks after each window, so their
@@ -707,31 +664,21 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
 
 def _dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, src, cg, rows0,
                     pl, gr, dB, dr, dy, pe) -> list:
-    """A chunk step's ``d ev`` and dB launches (``_step_bwd_dev_kernel``,
-    ``_step_bwd_group_kernel``), or with ``DEV_DB`` the two as one grid
-    (``_step_bwd_dev_group_kernel``), its programs in periods of the two grids' sizes over
-    their greatest common divisor (at A and B, C = 128: 3 ``d ev`` and 8 dB programs)."""
+    """A chunk step's ``d ev`` and dB launch (``_step_bwd_dev_group_kernel``): its programs
+    in periods of the two kinds' grid sizes over their greatest common divisor (at A and
+    B, C = 128: 3 ``d ev`` and 8 dB programs)."""
     E, BD = W + R, config["BD_STEP_B"]
     BDG, NGG = config["BD_GROUP"], config["NG_GROUP"]
     CLG = min(config["CL_GROUP"], -(-hd // BDG))   # column blocks per dB program
     NCB, NCBG, NGT = -(-hd // BD), -(-hd // (BDG * CLG)), -(-C * E // NGG)
     dev = dict(C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg, QMODE=qmode, SRC=src)
-    grp = dict(NG=NGG, KW=config["KW_GROUP"], CL=CLG, ONE=int(config["GROUP_ONE"]))
+    grp = dict(NG=NGG, KW=config["KW_GROUP"], CL=CLG)
     groups = (gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0)
-    if config.get("DEV_DB", 0):
-        n_dev, n_grp = P * C * NCB, P * NGT * NCBG
-        period = math.gcd(n_dev, n_grp)
-        return [Relaunch(
-            _step_bwd_dev_group_kernel, (n_dev + n_grp,), "c", *rows0, pl.slot, pe, dB, *groups,
-            dr, dy, 0, pl.T, hd, width, NC, NBW, NCW, NCB=NCB, BDG=BDG, NCBG=NCBG,
-            ND=n_dev // period, NGP=n_grp // period, num_warps=config["WARPS_DEV_DB"],
-            num_stages=1, **dev, **grp, **pd, PDLG=min(pd["PDL"], 2),
-            **({"maxnreg": config["MAXNREG_DEV_DB"]} if config["MAXNREG_DEV_DB"] else {}))]
-    return [
-        Relaunch(_step_bwd_dev_kernel, (P * C, NCB), "c", *rows0, pl.slot, dr, dy, pe, 0, pl.T,
-                 hd, width, NC, NBW, NCW, num_warps=config["WARPS_STEP_B"], num_stages=1, **dev,
-                 **pd),
-        Relaunch(_step_bwd_group_kernel, (P * NGT, NCBG), "c", dB, *groups, dr, dy, 0, P, pl.T,
-                 hd, NC, C=C, E=E, BD=BDG, CP=CP, CG=cg, num_warps=config["WARPS_GROUP"],
-                 num_stages=1, **grp, **pd),
-    ]
+    n_dev, n_grp = P * C * NCB, P * NGT * NCBG
+    period = math.gcd(n_dev, n_grp)
+    return [Relaunch(
+        _step_bwd_dev_group_kernel, (n_dev + n_grp,), "c", *rows0, pl.slot, pe, dB, *groups,
+        dr, dy, 0, pl.T, hd, width, NC, NBW, NCW, NCB=NCB, BDG=BDG, NCBG=NCBG,
+        ND=n_dev // period, NGP=n_grp // period, num_warps=config["WARPS_DEV_DB"],
+        num_stages=1, **dev, **grp, **pd, PDLG=min(pd["PDL"], 2),
+        **({"maxnreg": config["MAXNREG_DEV_DB"]} if config["MAXNREG_DEV_DB"] else {}))]

@@ -57,12 +57,11 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     scratch_ptr, log_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    SAVE: tl.constexpr, PREC: tl.constexpr, ROWS_AHEAD: tl.constexpr = 0,
-                    KW: tl.constexpr = 1, HEAD_AHEAD: tl.constexpr = 0):
-    # The gather is pipelined by hand: the slots load one tile ahead; with ROWS_AHEAD the
-    # rows of the next tile are in flight too, the slots two tiles ahead. KW: run members
-    # gathered with the run header in the write pass; HEAD_AHEAD: the next write tile's
-    # headers load while this tile's rows are gathered.
+                    SAVE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1):
+    # The gather is pipelined by hand: the rows of the next tile are in flight while this
+    # tile's are reduced, the slots two tiles ahead. KW: run members gathered with the run
+    # header in the write pass, whose next tile's headers load while this tile's rows are
+    # gathered.
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -82,32 +81,21 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             inter = tl.zeros([TB, BD], tl.float32)
-            if ROWS_AHEAD:
-                # two tiles in flight: the next tile's rows load before this tile's are
-                # reduced, the slots of the tile after it before those rows are used
-                sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
-                rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                               mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, EW, E, EW)
-                for e0 in range(0, E, EW):
-                    ents = e0 + tl.arange(0, EW)
-                    rows_n = tl.load(bank_ptr + sl_n.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                                     mask=(sl_n >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                    w_cur = wt
-                    wt = wt_n
-                    sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + 2 * EW, E, EW)
-                    r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
-                    rows = rows_n
-            else:
-                # hand-pipelined: the next tile's slots load before this tile's rows are used
-                sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
-                for e0 in range(0, E, EW):
-                    ents = e0 + tl.arange(0, EW)
-                    rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                                   mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-                    w_cur = wt
-                    sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + EW, E, EW)  # prefetch
-                    r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
+            # two tiles in flight: the next tile's rows load before this tile's are
+            # reduced, the slots of the tile after it before those rows are used
+            sl, wt = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, 0, E, EW)
+            rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                           mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+            sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, EW, E, EW)
+            for e0 in range(0, E, EW):
+                ents = e0 + tl.arange(0, EW)
+                rows_n = tl.load(bank_ptr + sl_n.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                                 mask=(sl_n >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+                w_cur = wt
+                wt = wt_n
+                sl_n, wt_n = _entry_tile(slot_ptr, ev_ptr, seg, toks, tm, e0 + 2 * EW, E, EW)
+                r0, inter = _accumulate(rows, w_cur, ents, r0, inter, W)
+                rows = rows_n
             tg = c * C + toks
             tv = tm & (tg < T)
             vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
@@ -140,23 +128,16 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
         # pass C: each distinct written slot once, by the lane owning its run
         rb = b.to(tl.int64) * C * W
         lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
-        if HEAD_AHEAD:
-            sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                              run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
+        sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                          run_tok_ptr, run_coef_ptr, rb, 0, C * W, NG, KW)
         for f0 in range(0, C * W, NG):
-            if HEAD_AHEAD:
-                # the next tile's headers are in flight while this tile gathers
-                sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
-                    run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
-                    f0 + NG, C * W, NG, KW)
-                _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
-                sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
-            else:
-                sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
-                                                  run_tok_ptr, run_coef_ptr, rb, f0, C * W, NG, KW)
-                _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
-                            cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
+            # the next tile's headers are in flight while this tile gathers
+            sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(
+                run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr, rb,
+                f0 + NG, C * W, NG, KW)
+            _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk,
+                        cf, cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, BD)
+            sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
         tl.debug_barrier()
         c += 1
 
@@ -176,6 +157,5 @@ def column_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: b
            ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved, P, T, hd,
            pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(config["TB"], CP), EW=config["EW"], NG=config["NG"], CP=CP,
-           SAVE=save, PREC=prec, ROWS_AHEAD=config["ROWS_AHEAD"], KW=config["KW"],
-           HEAD_AHEAD=config["HEAD_AHEAD"], num_warps=config["WARPS"])
+           SAVE=save, PREC=prec, KW=config["KW"], num_warps=config["WARPS"])
 

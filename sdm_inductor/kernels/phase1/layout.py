@@ -66,15 +66,11 @@ class Groups:
     """The same for all ``C*E`` entries (``[B, C*E]``, ``perm`` order): one group per
     distinct touched slot, write members first; used by the backward's ``dB`` pass.
     The headers (``slot``, ``length``, ``n_w``, ``decay``, ``pos``, ``tok0``, ``ev0``) are
-    indexed by group,
-    in one of ``entry_groups``' layouts (``pack``): 2 (split), the segment's groups of
-    several members packed to the front of its row and those of one member packed from its
-    end, both in position order (from the end: the last column holds the first of them),
-    the empty
-    header -1 / 0 / 0 / 1 / -1 / 0 / 0 between; 1 (packed), all groups at the front in position
-    order, then the empty header; 0, by position, the empty header where no group starts.
-    ``tok`` and ``ev`` are by position: group ``i``'s members sit at positions ``pos[i]``
-    to ``pos[i] + length[i] - 1``."""
+    indexed by group, split: the segment's groups of several members packed to the front
+    of its row and those of one member packed from its end, both in position order (from
+    the end: the last column holds the first of them), the empty header -1 / 0 / 0 / 1 /
+    -1 / 0 / 0 between. ``tok`` and ``ev`` are by position: group ``i``'s members sit at
+    positions ``pos[i]`` to ``pos[i] + length[i] - 1``."""
     slot: Tensor    # int32 slot of the group, else -1
     length: Tensor  # int32 members (na) of the group, else 0
     n_w: Tensor     # int32 write members of the group

@@ -58,63 +58,13 @@ def _block(ptr, base, r0, c0, C: tl.constexpr, H: tl.constexpr):
 
 
 @triton.jit
-def _inverse_blocks_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr,
-                           H: tl.constexpr, PREC: tl.constexpr, LOG: tl.constexpr):
-    """``_inverse_kernel`` for ``H < C <= 2H`` by 2 x 2 blocks of ``H x H``:
-    ``X11 = L11^-1``, ``X22 = L22^-1`` (series), ``X21 = X22 N21 X11`` (``L21 = -N21``),
-    ``X12 = 0``; ``QKX`` blockwise (``QK`` is lower triangular too). Each block of X goes
-    to memory once computed and is loaded again where a later product needs it (after a
-    barrier: other threads stored it), so few H x H tiles are live at once."""
-    b = tl.program_id(0)
-    base = b.to(tl.int64) * C * C
-    r = tl.arange(0, H)
-    low = r[None, :] < r[:, None]
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    zero = tl.zeros([H, H], tl.float32)
-    b1 = tl.load(beta_ptr + b.to(tl.int64) * C + r)
-    b2 = tl.load(beta_ptr + b.to(tl.int64) * C + H + r, mask=H + r < C, other=0.0)
-    x11, m11 = _block(X_ptr, base, 0, 0, C, H)
-    x21, m21 = _block(X_ptr, base, H, 0, C, H)
-    x22, m22 = _block(X_ptr, base, H, H, C, H)
-    p, m = _block(A_ptr, base, 0, 0, C, H)
-    tl.store(x11, _series(tl.where(low, -b1[:, None] * tl.load(p, mask=m, other=0.0), 0.0),
-                          eye, PREC, LOG), mask=m11)
-    p, m = _block(X_ptr, base, 0, H, C, H)
-    tl.store(p, zero, mask=m)
-    p, m = _block(A_ptr, base, H, H, C, H)
-    tl.store(x22, _series(tl.where(low, -b2[:, None] * tl.load(p, mask=m, other=0.0), 0.0),
-                          eye, PREC, LOG), mask=m22)
-    tl.debug_barrier()
-    p, m = _block(A_ptr, base, H, 0, C, H)
-    T = tl.dot(-b2[:, None] * tl.load(p, mask=m, other=0.0), tl.load(x11, mask=m11, other=0.0),
-               input_precision=PREC)
-    tl.store(x21, tl.dot(tl.load(x22, mask=m22, other=0.0), T, input_precision=PREC), mask=m21)
-    tl.debug_barrier()
-    p, m = _block(QK_ptr, base, 0, 0, C, H)
-    q, qm = _block(QKX_ptr, base, 0, 0, C, H)
-    tl.store(q, tl.dot(tl.load(p, mask=m, other=0.0), tl.load(x11, mask=m11, other=0.0),
-                       input_precision=PREC), mask=qm)
-    q, qm = _block(QKX_ptr, base, 0, H, C, H)
-    tl.store(q, zero, mask=qm)
-    p, m = _block(QK_ptr, base, H, H, C, H)
-    q22 = tl.load(p, mask=m, other=0.0)
-    q, qm = _block(QKX_ptr, base, H, H, C, H)
-    tl.store(q, tl.dot(q22, tl.load(x22, mask=m22, other=0.0), input_precision=PREC), mask=qm)
-    p, m = _block(QK_ptr, base, H, 0, C, H)
-    y = tl.dot(q22, tl.load(x21, mask=m21, other=0.0), input_precision=PREC)
-    y += tl.dot(tl.load(p, mask=m, other=0.0), tl.load(x11, mask=m11, other=0.0),
-                input_precision=PREC)
-    q, qm = _block(QKX_ptr, base, H, 0, C, H)
-    tl.store(q, y, mask=qm)
-
-
-@triton.jit
 def _inverse_diag_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr,
                          H: tl.constexpr, PREC: tl.constexpr, LOG: tl.constexpr):
-    """The first launch of ``_inverse_blocks_kernel``'s work in two (``BLOCKED_SPLIT``):
+    """``_inverse_kernel`` for ``H < C <= 2H`` by 2 x 2 blocks of ``H x H``, first launch:
     program ``(chunk, h)`` forms the diagonal block ``X_hh = L_hh^-1`` (series) and
-    ``QKX_hh = QK_hh X_hh``, and the zero blocks ``X12``, ``QKX12`` (``h = 0``): the two
-    series of a chunk run in two programs instead of one after the other."""
+    ``QKX_hh = QK_hh X_hh``, and the zero blocks ``X12``, ``QKX12`` (``h = 0``; ``QK`` is
+    lower triangular too): a chunk's two series run in two programs, not one after the
+    other."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     base = b.to(tl.int64) * C * C
@@ -142,7 +92,7 @@ def _inverse_diag_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexp
 @triton.jit
 def _inverse_low_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr,
                         H: tl.constexpr, PREC: tl.constexpr):
-    """The second launch (``BLOCKED_SPLIT``): ``X21 = X22 N21 X11`` and ``QKX21 = QK22 X21
+    """The second launch: ``X21 = X22 N21 X11`` (``L21 = -N21``) and ``QKX21 = QK22 X21
     + QK21 X11`` from the diagonal blocks of ``_inverse_diag_kernel``."""
     b = tl.program_id(0)
     base = b.to(tl.int64) * C * C
@@ -164,14 +114,10 @@ def _inverse_low_kernel(A_ptr, QK_ptr, beta_ptr, X_ptr, QKX_ptr, C: tl.constexpr
     tl.store(q, y, mask=qm)
 
 
-# 2 x 2 blocks of 64 (``_inverse_blocks_kernel``) for 64 < C <= BLOCKED_MAX_C in eager calls
-# (traced calls keep torch's solve, as they keep the earlier Phase 1 forms: phase1.PAIR_SPLIT)
+# 2 x 2 blocks of 64 for 64 < C <= BLOCKED_MAX_C, in two launches (``_inverse_diag_kernel``:
+# a program per diagonal block; ``_inverse_low_kernel``: the off-diagonal ones)
 BLOCKED_MAX_C = 128
 BLOCKED_WARPS = 4
-# the blocked solve in two launches (``_inverse_diag_kernel``: a program per diagonal
-# block; ``_inverse_low_kernel``: the off-diagonal ones), so a chunk's two series run in
-# parallel programs; False: ``_inverse_blocks_kernel``, one program per chunk
-BLOCKED_SPLIT = True
 
 
 def inverse(A, QK, beta):
@@ -181,14 +127,10 @@ def inverse(A, QK, beta):
         X = torch.empty_like(A)
         QKX = torch.empty_like(A)
         LOG = max(1, (MAX_C - 1).bit_length())
-        if BLOCKED_SPLIT:
-            launch(_inverse_diag_kernel, (B, 2), A, QK, beta, X, QKX, C=C, H=MAX_C,
-                   PREC="tf32x3", LOG=LOG, num_warps=BLOCKED_WARPS)
-            launch(_inverse_low_kernel, (B,), A, QK, beta, X, QKX, C=C, H=MAX_C,
-                   PREC="tf32x3", num_warps=BLOCKED_WARPS)
-        else:
-            launch(_inverse_blocks_kernel, (B,), A, QK, beta, X, QKX, C=C, H=MAX_C,
-                   PREC="tf32x3", LOG=LOG, num_warps=BLOCKED_WARPS)
+        launch(_inverse_diag_kernel, (B, 2), A, QK, beta, X, QKX, C=C, H=MAX_C,
+               PREC="tf32x3", LOG=LOG, num_warps=BLOCKED_WARPS)
+        launch(_inverse_low_kernel, (B,), A, QK, beta, X, QKX, C=C, H=MAX_C,
+               PREC="tf32x3", num_warps=BLOCKED_WARPS)
         return X, QKX
     if C > MAX_C:
         L = torch.tril(beta[:, :, None] * A, -1) + torch.eye(C, device=A.device)
