@@ -16,7 +16,7 @@ as launches per chunk in chunk order (the dependency any exact walk has), and as
 launch over all chunks. The one-launch figures are no floor of an exact walk: their
 programs run column block by column block over every token of the sequence, so a
 block's ~38 MB of bank columns (B) stays in L2 while the sequence's repeated slots read
-it again (session 31 measured the read rows at 7 TB/s that way); they show what chunk
+it again (the read rows move at ~7 TB/s that way); they show what chunk
 order costs. ``gather R + rmw`` per chunk moves the spec floor's bytes; ``gather W+R +
 rmw`` moves what the step walk moves now (its write launch re-reads the written rows the
 gather read); ``training`` adds the undo log and the backward's rows (``bench_cuda``'s

@@ -486,7 +486,7 @@ BAD_BACKWARD = [  # (argument, index in the backward's args, replacement, messag
     ("grad_final", 1, lambda a: a.double(), "float32 or bfloat16"),
     ("final_bank", 2, lambda a: a[:7], "final bank"),
     ("final_bank", 2, lambda a: a.bfloat16(), "final bank"),
-    # the layout of session 3's snapshot (W + R rows per token) is refused by name
+    # a snapshot of W + R rows per token (an older layout) is refused by name
     ("saved_rows", 3, lambda a: torch.zeros(a.shape[0], 5, a.shape[2]), "undo log"),
     ("saved_rows", 3, lambda a: a[:0], "undo log"),
     ("saved_scales", 4, lambda a: torch.ones(3), "float32"),

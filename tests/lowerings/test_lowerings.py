@@ -294,8 +294,7 @@ def _dump(name: str, code: str):
 def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emit, monkeypatch):
     """``EMIT_KERNELS="always"``: static and symbolic lengths alike launch the single-kernel
     column walks from the output code (one compilation for every ``T``; the step walks
-    unrolled per chunk made Inductor define one kernel per call site: benchmarks/NOTES.md
-    run 11). The default ("aot"): one extern call of the eager op each way (its step
+    unrolled per chunk made Inductor define one kernel per call site). The default ("aot"): one extern call of the eager op each way (its step
     walks), the neighbours still fused around it."""
     monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
     fn = torch.compile(gated, fullgraph=True, dynamic=dynamic)

@@ -1,7 +1,7 @@
 """Phase 2 of the chunked form: the sequential walk over the chunks, in one launch (the
 column walk: what traced calls launch; eager calls take ``step_walk``'s launches per chunk).
 
-Every quantity of Phase 2 is separable by bank column (SDM_SPEC section 3), so one
+Every quantity of Phase 2 is separable by bank column (docs/spec.md section 3), so one
 program owns (stream ``p``, column block ``cb``) and walks all chunks of its stream
 inside the kernel (a runtime loop: a new ``T`` needs no new compilation). Per chunk:
 

@@ -1,4 +1,4 @@
-"""Decode path (few tokens, no backward): the token loop of SDM_SPEC section 1 itself.
+"""Decode path (few tokens, no backward): the token loop of docs/spec.md section 1 itself.
 
 For ``T <= DECODE_MAX_T`` the chunked machinery (sort, Gram matrices, solve) costs
 more than it saves. One program owns (stream, column block) and runs the tokens in

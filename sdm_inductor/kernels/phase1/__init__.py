@@ -1,4 +1,4 @@
-"""Phase 1 of the chunked form (SDM_SPEC section 3): everything that needs no bank.
+"""Phase 1 of the chunked form (docs/spec.md section 3): everything that needs no bank.
 
 Layout. The tokens of each stream are padded to ``NC * C`` and cut into *segments*
 ``b = p * NC + c`` (stream-major), so a per-token array ``[P, NC*C, X]`` is also the
