@@ -8,7 +8,8 @@
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
 #   bash benchmarks/device.sh aoti [N [J]]   # N fresh-process AOTInductor builds + loads, J at a time
 #                                            # (default 3 and 1; ~2 min each), each with its own
-#                                            # Inductor cache, so every round is a cold build
+#                                            # Inductor cache (a cold build) and seed (weights,
+#                                            # inputs, lengths)
 #
 # Segments run in the order given. The device image has torch 2.11 and no network: the
 # test extras (expecttest, hypothesis, ...) travel as wheels in .whl/ (carry [".whl"]) and
@@ -59,7 +60,7 @@ while [ $# -gt 0 ]; do
       rm -f "$OUT"/aoti_*.rc
       for i in $(seq 1 "$n"); do
         ( TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i \
-            run aoti_$i 290 python3 examples/export_aoti.py --device cuda
+            run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $i
           echo $? > "$OUT/aoti_$i.rc" ) &
         [ $((i % j)) -eq 0 ] && wait
       done

@@ -4,11 +4,23 @@ fresh process -> the same outputs.
     python examples/export_aoti.py            # a 2-layer SDM model
     python examples/export_aoti.py --small    # CI size
 
+    python examples/export_aoti.py --seed 3   # other weights, inputs and lengths
+
 The package calls the op through AOTInductor's proxy executor, which finds
 ``torch.ops.sdm.*`` through the dispatcher: the op is implemented in Python, so the
 process that loads the package must ``import sdm_inductor`` first (``--without-import``
 shows the error otherwise). The loading process here is a fresh interpreter that knows
 nothing of the model but the package file.
+
+The comparison is routing-aware. The layer picks its slots by top-k over scores; the
+package computes those scores with Inductor's kernels, which round differently from
+eager's (~1e-7 relative), so where two candidates are that close the two can pick
+different slots, and the readings of that token and of every later token that reads
+the slot differ by far more than rounding. The exported model therefore also returns
+every layer's chosen slots. Where the package chose eager's slots everywhere, its
+outputs must equal eager's to 1e-5; a differing choice passes only where eager's own
+scores are a near tie there (the chosen and the first unchosen candidate within
+``TIE`` of each other), and is reported as such; anything else is a MISMATCH.
 """
 from __future__ import annotations
 
@@ -23,19 +35,78 @@ import torch
 from torch import nn
 
 
+# a differing slot choice is a near tie when eager's scores of the chosen and the first
+# unchosen candidate differ by less than this (scores are O(1); the package's rounding
+# moves them by ~1e-7)
+TIE = 1e-5
+
+
+def routed_layer_class():
+    """``SparseDeltaMemory`` that also keeps the slots its addressing chose in this
+    forward (``routes``) and, when ``margins`` is set, how close each choice was."""
+    from sdm_inductor.nn import SparseDeltaMemory
+
+    class RoutedSDM(SparseDeltaMemory):
+        routes: list
+        margins: list | None = None
+
+        def _address(self, z):
+            slot, weights = super()._address(z)
+            self.routes.append(slot)
+            if self.margins is not None:
+                self.margins.append(self._margin(z))
+            return slot, weights
+
+        def _margin(self, z):
+            """Per token and head: the smallest gap between a chosen and the first
+            unchosen candidate, over the two sub-key top-k and the pair top-k (the same
+            scores as ``_address``)."""
+            B, T = z.shape[:2]
+            H, kk, k = self.num_heads, self.sub_top_k, self.top_k
+            z = z.view(B, T, H, 2, self.key_dim)
+            scores = torch.einsum("bthfd,hfnd->bthfn", z, self.sub_keys) * self.key_dim ** -0.5
+            gaps = []
+            s = scores.sort(dim=-1, descending=True).values
+            if kk < s.shape[-1]:
+                gaps.append((s[..., kk - 1] - s[..., kk]).amin(-1))
+            s1, s2 = s[..., 0, :kk], s[..., 1, :kk]
+            pair = (s1[..., :, None] + s2[..., None, :]).flatten(-2).sort(-1, descending=True).values
+            if k < pair.shape[-1]:
+                gaps.append(pair[..., k - 1] - pair[..., k])
+            return torch.stack(gaps).amin(0) if gaps else torch.full((B, T, H), float("inf"))
+
+    return RoutedSDM
+
+
 class SDMModel(nn.Module):
-    """Residual SDM layers on a ``[B, T, d_model]`` input."""
+    """Residual SDM layers on a ``[B, T, d_model]`` input; returns the output and every
+    layer's chosen write and read slots (``[B, T, H, top_k]`` each, in call order)."""
 
     def __init__(self, d_model: int, layers: int, **sdm_kwargs):
         super().__init__()
-        from sdm_inductor.nn import SparseDeltaMemory
-        self.blocks = nn.ModuleList(SparseDeltaMemory(d_model, **sdm_kwargs) for _ in range(layers))
+        layer = routed_layer_class()
+        self.blocks = nn.ModuleList(layer(d_model, **sdm_kwargs) for _ in range(layers))
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(layers))
 
     def forward(self, x):
+        routes = []
         for norm, block in zip(self.norms, self.blocks):
+            block.routes = routes
             x = x + block(norm(x))
-        return x
+        return (x, *routes)
+
+    def margins(self, x):
+        """Eager's routing margins for ``x``, in the order of the routes."""
+        out = []
+        for block in self.blocks:
+            block.margins = out
+        try:
+            with torch.no_grad():
+                self(x)
+        finally:
+            for block in self.blocks:
+                block.margins = None
+        return out
 
 
 def load_and_run(package: str, data: str, out: str, import_sdm: bool) -> None:
@@ -56,6 +127,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="CI size")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seeds the weights and inputs, and moves the lengths")
     ap.add_argument("--without-import", action="store_true",
                     help="also try loading in a process that does not import sdm_inductor")
     ap.add_argument("--load", nargs=3, metavar=("PACKAGE", "INPUTS", "OUTPUTS"), help=argparse.SUPPRESS)
@@ -65,7 +138,7 @@ def main(argv=None):
         return load_and_run(*args.load, import_sdm=not args.no_import)
 
     import sdm_inductor  # noqa: F401
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     dev = torch.device(args.device)
     if args.small:
         d, layers, sdm = 32, 1, dict(num_heads=2, slots_per_head=16, top_k=4, key_dim=8, chunk_size=16)
@@ -73,6 +146,7 @@ def main(argv=None):
     else:
         d, layers, sdm = 64, 2, dict(num_heads=4, slots_per_head=256, top_k=8, output_gate=True)
         lengths = (100, 1, 37, 300)
+    lengths = tuple(t + (7 * args.seed) % 23 for t in lengths)
     model = SDMModel(d, layers, **sdm).to(dev).eval()
     example = torch.randn(2, lengths[0], d, device=dev)
 
@@ -103,15 +177,10 @@ def main(argv=None):
                        check=True)
         got = torch.load(out)
         print(f"fresh process: load {got['load_s']:.1f}s, ran T = {list(lengths)} in {got['run_s']:.2f}s")
-        worst = 0.0
-        for t, y, y0 in zip(lengths, got["outputs"], expected):
-            if y.shape != y0.shape:  # a package that baked in the traced length
-                print(f"  T={t:4d}: output {list(y.shape)}, expected {list(y0.shape)}")
-                worst = float("inf")
-                continue
-            err = ((y.to(y0.device) - y0).norm() / y0.norm()).item()
-            worst = max(worst, err)
-            print(f"  T={t:4d}: output {list(y.shape)}, rel err vs eager {err:.2e}")
+        worst, flips = 0.0, 0
+        for x, y, y0 in zip(inputs, got["outputs"], expected):
+            err, n_flips = compare(model, x, y, y0)
+            worst, flips = max(worst, err), flips + n_flips
 
         if args.without_import:
             r = subprocess.run([sys.executable, os.path.abspath(__file__), "--load", package, data,
@@ -123,24 +192,65 @@ def main(argv=None):
         if dev.type != "cpu":
             blame(model, inputs, expected, got["outputs"])
         raise SystemExit(f"MISMATCH: the reloaded package differs from eager (worst rel err {worst:.2e})")
+    if flips:
+        print(f"OK: the AOTInductor package reloaded in a fresh process gives the eager outputs "
+              f"wherever eager's routing is not a near tie ({flips} near-tie slot choices "
+              f"differ, each within {TIE:g} of the next candidate)")
+        return worst
     print("OK: the AOTInductor package reloaded in a fresh process gives the eager outputs")
     return worst
 
 
+def compare(model, x, got, want) -> tuple[float, int]:
+    """(relative error that counts, near-tie slot choices that differ) of the package's
+    outputs ``got`` against eager's ``want`` (``(y, *routes)``) for input ``x``.
+
+    Where every route agrees, the whole output counts. Otherwise the first layer whose
+    routes differ must differ only at near ties of eager's scores (a layer's routing
+    reads only its own input token, so that layer's differences are where the rounding
+    decided; later layers see inputs changed by it), and the output counts for the tokens
+    before the first differing choice (a slot choice changes its token and later ones
+    only). Anything else is reported as an infinite error."""
+    y, y0 = got[0].to(want[0].device), want[0]
+    t = x.shape[1]
+    if y.shape != y0.shape:  # a package that baked in the traced length
+        print(f"  T={t:4d}: output {list(y.shape)}, expected {list(y0.shape)}")
+        return float("inf"), 0
+    rel = lambda a, b: ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    err = rel(y, y0)
+    # the chosen slots as sets: candidates that swap places inside the top-k change only
+    # the order of a token's sum
+    differ = [(a.to(b.device).sort(-1).values != b.sort(-1).values).any(-1)   # [B, T, H]
+              for a, b in zip(got[1:], want[1:])]
+    n = int(sum(d.sum() for d in differ))
+    if n == 0:
+        print(f"  T={t:4d}: output {list(y.shape)}, rel err vs eager {err:.2e}")
+        return err, 0
+    first = next(i for i, d in enumerate(differ) if d.any()) // 2 * 2   # k and q of a layer
+    margins = model.margins(x)
+    gap = max(float(margins[i][differ[i]].max()) for i in (first, first + 1) if differ[i].any())
+    t_first = min(int(d.any(-1).any(0).nonzero()[0]) for d in differ if d.any())
+    prefix = rel(y[:, :t_first], y0[:, :t_first]) if t_first else 0.0
+    print(f"  T={t:4d}: output {list(y.shape)}, {n} (token, head) slot choices differ from "
+          f"eager's, first in layer {first // 2} at token {t_first}; eager's largest score gap "
+          f"there {gap:.1e} (near tie below {TIE:g}); rel err vs eager before it {prefix:.2e}, "
+          f"whole output {err:.2e}")
+    return (prefix, n) if gap < TIE else (float("inf"), n)
+
+
 def blame(model, inputs, eager, package):
     """On a mismatch off the CPU: both sides against the same model run on the CPU (the CPU
-    implementation), so the report says which side computed differently (an intermittent
-    CUDA mismatch)."""
+    implementation), so the report says which side computed differently."""
     import copy
     cpu = copy.deepcopy(model).cpu()
     with torch.no_grad():
         for x, y_eager, y_pkg in zip(inputs, eager, package):
-            ref = cpu(x.cpu())
-            if y_pkg.shape != ref.shape:
+            ref = cpu(x.cpu())[0]
+            if y_pkg[0].shape != ref.shape:
                 continue
             rel = lambda y: ((y.cpu() - ref).norm() / ref.norm()).item()
-            print(f"  T={x.shape[1]:4d}: against the CPU: eager {rel(y_eager):.2e}, "
-                  f"package {rel(y_pkg):.2e}")
+            print(f"  T={x.shape[1]:4d}: against the CPU: eager {rel(y_eager[0]):.2e}, "
+                  f"package {rel(y_pkg[0]):.2e}")
 
 
 if __name__ == "__main__":
