@@ -1,7 +1,7 @@
 """CUDA benchmark of the Triton kernels (issue 3). One run on an H200 prints:
 
 - device-to-device copy bandwidth (the ceiling used for the floors);
-- configs A and B of SDM_SPEC section 5 for C in {64, 128, 256}: no-grad forward,
+- configs A and B of docs/spec.md section 5 for C in {64, 128, 256}: no-grad forward,
   training forward (saving the snapshot), forward + backward (the triton ops called
   one after the other, and through ``sdm::write_read`` and autograd, where the forward
   hands its Phase 1 and ``v - r0`` to the backward), peak memory of forward + backward; the bandwidth floor of each from the distinct written rows of
@@ -158,8 +158,8 @@ def run_config(name, C, bw, quick=False, mode="none"):
     # the step's leaves are copies of the inputs, which a training step would not hold twice
     peak_ag = torch.cuda.max_memory_allocated() - autograd.leaf_bytes
     # the same calls replayed from CUDA graphs: the GPU's own time. An eager call's host
-    # time comes near its GPU time here, and a slow host makes whole rows slow (NOTES.md
-    # run 17); the eager figures stay the benchmark's
+    # time comes near its GPU time here, and a slow host makes whole rows slow; the eager
+    # figures stay the benchmark's
     try:
         fwd_graph = bench_graph(lambda: torch.ops.sdm.triton_write_read_(work, *rest, C))
         fb_graph = bench_graph(fwdbwd, rep=200)
@@ -194,7 +194,7 @@ def autograd_step(ins, dy, dM, C, mode):
         grads = [x.grad for x in leaves]
         for x in leaves:
             x.grad = None
-        return [y, M] + grads   # for checks (pdl_check.py); the timed calls drop them
+        return [y, M] + grads   # for checks; the timed calls drop them
     step.leaf_bytes = sum(x.numel() * x.element_size() for x in leaves)
     return step
 
@@ -267,10 +267,10 @@ def main():
     rows = []
     walks = args.walks.split(",")
     if args.warmup > 0:
-        # the first row measured in a process read 15-35 % slow in session 15 (A C=64
-        # no-grad 4.26 / 4.87 ms against 3.64 for the same call later in the same run),
-        # and session 14's outliers were single rows too: the first config's rows once,
-        # unrecorded, before any row is kept (cause not found: clocks, first-touch costs)
+        # the first row measured in a process can read 15-35 % slow (A C=64 no-grad
+        # 4.26 / 4.87 ms against 3.64 for the same call later in the same process), and
+        # outliers come as single rows: the first config's rows run once, unrecorded,
+        # before any row is kept (cause not found: clocks, first-touch costs)
         first = args.configs.split(",")[0]
         t_end = time.perf_counter() + args.warmup
         while time.perf_counter() < t_end:

@@ -8,7 +8,8 @@ kernels that can (no Phase 1, no products, no gates), on the benchmark's own inp
 times them replayed from a CUDA graph (the GPU's time alone):
 
 - ``gather W+R``: one program per (token, 128 columns) sums its ``W + R`` weighted
-  chunk-start row segments, as the step walk's gather launch does (``step.py``);
+  chunk-start row segments, as the step walk's gather launch does
+  (``kernels/forward/step_walk.py``);
 - ``gather R``: the read rows alone;
 - ``rmw``: read and rewrite each distinct written row of a chunk once (the write launch);
 
@@ -16,7 +17,7 @@ as launches per chunk in chunk order (the dependency any exact walk has), and as
 launch over all chunks. The one-launch figures are no floor of an exact walk: their
 programs run column block by column block over every token of the sequence, so a
 block's ~38 MB of bank columns (B) stays in L2 while the sequence's repeated slots read
-it again (session 31 measured the read rows at 7 TB/s that way); they show what chunk
+it again (the read rows move at ~7 TB/s that way); they show what chunk
 order costs. ``gather R + rmw`` per chunk moves the spec floor's bytes; ``gather W+R +
 rmw`` moves what the step walk moves now (its write launch re-reads the written rows the
 gather read); ``training`` adds the undo log and the backward's rows (``bench_cuda``'s

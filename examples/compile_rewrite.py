@@ -4,7 +4,7 @@
     python examples/compile_rewrite.py --small    # CI size
 
 The model is ``SparseDeltaMemory(naive=True)``: its recurrence is the plain PyTorch
-token loop of SDM_SPEC section 1 (``M[idx]``, ``index_put``, mul + sum per token), the
+token loop of docs/spec.md section 1 (``M[idx]``, ``index_put``, mul + sum per token), the
 code a user writes first. ``sdm_inductor.explain`` shows what the rewrite
 recognises; ``torch.compile`` then replaces the unrolled loop by one call of
 ``torch.ops.sdm.write_read``. The compiled training step is checked against eager and

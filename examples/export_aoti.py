@@ -129,8 +129,8 @@ def main(argv=None):
 
 def blame(model, inputs, eager, package):
     """On a mismatch off the CPU: both sides against the same model run on the CPU (the CPU
-    implementation), so the report says which side computed differently (an intermittent
-    CUDA mismatch, benchmarks/NOTES.md run 31)."""
+    implementation), so the report says which side computed differently (the intermittent
+    CUDA mismatch of README.md, Known issues)."""
     import copy
     cpu = copy.deepcopy(model).cpu()
     with torch.no_grad():

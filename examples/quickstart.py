@@ -4,7 +4,7 @@
     python examples/quickstart.py --small    # CI size
 
 One call of ``sdm_inductor.write_read`` (``torch.ops.sdm.write_read`` underneath) runs
-every token of every stream through the recurrence of SDM_SPEC section 1, chunked
+every token of every stream through the recurrence of docs/spec.md section 1, chunked
 (section 3), and is checked here against the plain token loop.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The chunked form of SDM (SDM_SPEC section 3) in plain torch: the CPU implementation.
+"""The chunked form of SDM (docs/spec.md section 3) in plain torch: the CPU implementation.
 
 Work is organised in *segments*: one segment is one chunk of ``C`` tokens of one
 stream. Phase 1 (no bank needed) runs vectorised over a block of chunks of all

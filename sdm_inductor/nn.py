@@ -5,7 +5,7 @@ Per token ``x_t`` and head ``h`` the layer computes
 - write and read addresses by *product keys*: two query halves score two sub-key
   tables of ``n`` keys each (``slots_per_head = n * n``), top-``sub_top_k`` of each,
   then top-``top_k`` over the ``sub_top_k**2`` sums; a slot is ``i1 * n + i2``. The
-  ``(i1, i2)`` pairs are distinct, so a token never writes a slot twice (SDM_SPEC
+  ``(i1, i2)`` pairs are distinct, so a token never writes a slot twice (docs/spec.md
   section 1: no repeated slots, which keeps the naive loop and the op identical);
 - write and read weights: softmax over the ``top_k`` selected scores;
 - value ``v = W_v x``, write strength ``beta = sigmoid(W_b x)`` and log-decay
@@ -13,7 +13,7 @@ Per token ``x_t`` and head ``h`` the layer computes
   (``sdm::write_read_gated``, from the projections' raw ``[B, T, H]`` outputs); with
   ``key_weighted_decay`` each written slot decays by ``g * k_val`` (its own write weight:
   a slot that is mostly overwritten forgets more), computed before ``sdm::write_read``;
-- one SDM stream per (batch, head): stream ``b * H + h`` (SDM_SPEC section 2) owns the
+- one SDM stream per (batch, head): stream ``b * H + h`` (docs/spec.md section 2) owns the
   rows ``[(b*H + h) * slots_per_head, (b*H + h + 1) * slots_per_head)`` of a per-batch
   private copy (``torch.ops.sdm.expand_bank``) of the learned ``memory`` parameter
   ``[H * slots_per_head, head_dim]``;
@@ -21,7 +21,7 @@ Per token ``x_t`` and head ``h`` the layer computes
   to ``d_model``.
 
 ``naive=True`` runs the very same layer with the recurrence written as the plain token
-loop of SDM_SPEC section 1 (the code ``torch.compile``'s pattern rewrite recognises),
+loop of docs/spec.md section 1 (the code ``torch.compile``'s pattern rewrite recognises),
 instead of the fused op. A :class:`SDMCache` holds the advanced bank for token-by-token
 decoding.
 """
@@ -65,7 +65,7 @@ class SDMCache:
 
 def sdm_token_loop(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                    g: Tensor, q_idx: Tensor, q_val: Tensor):
-    """SDM_SPEC section 1 as a plain PyTorch loop over tokens, one stream after the other.
+    """docs/spec.md section 1 as a plain PyTorch loop over tokens, one stream after the other.
 
     ``bank [S, hd]``; ``k_idx/k_val [P, T, W]``, ``v [P, T, hd]``, ``beta [P, T]``,
     ``g [P, T, 1 or W]``, ``q_idx/q_val [P, T, R]``; the write slots of a token must be

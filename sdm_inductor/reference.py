@@ -1,4 +1,4 @@
-"""The oracle: SDM write/read as the plain token loop of SDM_SPEC section 1.
+"""The oracle: SDM write/read as the plain token loop of docs/spec.md section 1.
 
 Used by tests (and by nothing on the fast path). Written with differentiable,
 out-of-place torch ops so that autograd through it gives the reference gradients.

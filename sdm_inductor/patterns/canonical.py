@@ -1,4 +1,4 @@
-"""The canonical token step (SDM_SPEC section 1) in the normal form of ``algebra``.
+"""The canonical token step (docs/spec.md section 1) in the normal form of ``algebra``.
 
 A write of rows ``idx`` of bank state ``v`` with values ``V[w, d]`` is a token step iff
 
