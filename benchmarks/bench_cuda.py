@@ -194,7 +194,7 @@ def autograd_step(ins, dy, dM, C, mode):
         grads = [x.grad for x in leaves]
         for x in leaves:
             x.grad = None
-        return [y, M] + grads   # for checks (pdl_check.py); the timed calls drop them
+        return [y, M] + grads   # for checks; the timed calls drop them
     step.leaf_bytes = sum(x.numel() * x.element_size() for x in leaves)
     return step
 
@@ -267,10 +267,10 @@ def main():
     rows = []
     walks = args.walks.split(",")
     if args.warmup > 0:
-        # the first rows measured in a process can read 15-35 % slow (A C=64 no-grad
-        # 4.26 / 4.87 ms against 3.64 for the same call later in the same run): the first
-        # config's rows run unrecorded for a few seconds before any row is kept (cause not
-        # found: clocks, first-touch costs)
+        # the first row measured in a process can read 15-35 % slow (A C=64 no-grad
+        # 4.26 / 4.87 ms against 3.64 for the same call later in the same process), and
+        # outliers come as single rows: the first config's rows run once, unrecorded,
+        # before any row is kept (cause not found: clocks, first-touch costs)
         first = args.configs.split(",")[0]
         t_end = time.perf_counter() + args.warmup
         while time.perf_counter() < t_end:

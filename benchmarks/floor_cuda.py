@@ -8,7 +8,8 @@ kernels that can (no Phase 1, no products, no gates), on the benchmark's own inp
 times them replayed from a CUDA graph (the GPU's time alone):
 
 - ``gather W+R``: one program per (token, 128 columns) sums its ``W + R`` weighted
-  chunk-start row segments, as the step walk's gather launch does (``step.py``);
+  chunk-start row segments, as the step walk's gather launch does
+  (``kernels/forward/step_walk.py``);
 - ``gather R``: the read rows alone;
 - ``rmw``: read and rewrite each distinct written row of a chunk once (the write launch);
 

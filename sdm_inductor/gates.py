@@ -8,7 +8,7 @@ The layer's per-token gates (Gated DeltaNet / Mamba-2 form), per stream ``p``:
 ``b`` and ``a`` (the *raw* gate inputs) come as ``[P, T]`` or as a projection's
 ``[B, T, H]`` output (token-major, stream ``p = b * H + h``); ``A_log`` and ``dt_bias``
 are ``[P]``. Everything is computed in fp32. The CUDA kernels compute the same inside
-Phase 1's prep kernel (``kernels/phase1.py``); these functions serve the CPU
+Phase 1's prep kernel (``kernels/phase1/entries.py``); these functions serve the CPU
 implementation, the compiled CPU graph and the backward (which recomputes the gates).
 """
 from __future__ import annotations

@@ -14,8 +14,7 @@ Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules`
    whose compilation serves every ``T``.
 3. Otherwise (CPU; CUDA under ``torch.compile`` by default) the op stays one extern call
    of the eager implementation per op call: on CUDA the step walks, launches per chunk
-   that a graph of fixed launches cannot hold (unrolled per chunk: one kernel per call
-   site, 192 at config A, a 69 s compile; docs/performance.md), or for small
+   that a graph of fixed launches cannot hold (docs/design.md, Lowerings), or for small
    shapes the column walks (``kernels.runtime.launch.column_suits``). A functional
    call that saves nothing for a backward becomes ``clone`` + ``sdm::write_read_``:
    Inductor reinplaces the clone, so the copy of the bank that the eager op makes
@@ -44,7 +43,7 @@ TRITON_DEVICES = ("cuda",)
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
 # calls the eager implementation, whose step walks run 2.5-2.6x faster at config A than
-# the column walks (the only walk a graph can hold: docs/performance.md). "always":
+# the column walks (the only walk a graph can hold; docs/performance.md). "always":
 # torch.compile's output code launches them too. SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 

@@ -9,7 +9,7 @@ writes a slot twice. ``explain(fn, *args)`` reports what is rewritten and why no
 logs the decisions while compiling: ``torch._logging.set_logs(modules={"sdm": True})``, or
 ``TORCH_LOGS="sdm"`` (torch parses that variable at its import, before this package
 registers the artifact, so the environment form needs the ``torch.backends`` entry point
-``sdm_logs = "sdm_inductor.patterns.log:register"`` in the package metadata).
+``sdm_logs = "sdm_inductor_logging:register"`` in the package metadata).
 
 What is recognised (one canonical token step, docs/spec.md section 1, checked in a symbolic
 normal form, so spellings do not matter): chains of steps whose bank flows from each step
