@@ -1,4 +1,4 @@
-"""CUDA benchmark of the Triton kernels (issue 3). One run on an H200 prints:
+"""CUDA benchmark of the Triton kernels. One run on an H200 prints:
 
 - device-to-device copy bandwidth (the ceiling used for the floors);
 - configs A and B of docs/spec.md section 5 for C in {64, 128, 256}: no-grad forward,

@@ -1,5 +1,5 @@
 """Several processes: the sdm ops on DTensors (stream / column sharding, redistribution,
-errors) and FSDP2 training of SparseDeltaMemory layers, eager and compiled (issue 7).
+errors) and FSDP2 training of SparseDeltaMemory layers, eager and compiled.
 
 The tests run on 2 CPU processes with the gloo backend, started once for the module
 (rendezvous through a file, no port to pick), and compare what they compute with one

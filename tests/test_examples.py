@@ -1,5 +1,5 @@
 """Every example runs at its CI size (``--small``) in a fresh interpreter and shows what it
-claims (issue 6). The examples check themselves and exit non-zero on a mismatch; these
+claims. The examples check themselves and exit non-zero on a mismatch; these
 tests also read the figures they print."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``sdm::write_read_gated``: the gate prologue inside the op (issue 4, deliverable 2).
+"""``sdm::write_read_gated``: the gate prologue inside the op.
 
 ``beta = sigmoid(b)`` and ``g = -exp(A_log) * softplus(a + dt_bias)`` from the raw gate
 inputs, computed inside the op (on CUDA by Phase 1's prep kernel). Checked against

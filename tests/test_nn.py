@@ -1,4 +1,4 @@
-"""SparseDeltaMemory: op mode vs naive token loop, decode cache, gradients, errors (issue 6)."""
+"""SparseDeltaMemory: op mode vs naive token loop, decode cache, gradients, errors."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The sdm op contract on CPU, against the token-loop oracle (issue 2)."""
+"""The sdm op contract on CPU, against the token-loop oracle."""
 from __future__ import annotations
 
 import pytest

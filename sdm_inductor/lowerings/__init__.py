@@ -1,4 +1,4 @@
-"""Inductor lowerings for the sdm ops (issue 4).
+"""Inductor lowerings for the sdm ops.
 
 Importing this package registers rules that rewrite the sdm ops while AOTDispatcher
 functionalizes a graph for a backend (torch.compile, AOTInductor), the hook

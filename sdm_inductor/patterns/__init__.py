@@ -1,4 +1,4 @@
-"""Pattern rewrites: reference token-loop code -> the fused sdm op (issue 5).
+"""Pattern rewrites: reference token-loop code -> the fused sdm op.
 
 On by import: the torch-level pass (Dynamo graph, before AOTAutograd) and the aten-level
 pass (post-grad graphs) are installed into Inductor's config, next to any passes already

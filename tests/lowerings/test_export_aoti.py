@@ -1,4 +1,4 @@
-"""AOTInductor (issue 4): torch.export -> aoti_compile_and_package -> aoti_load_package of a
+"""AOTInductor: torch.export -> aoti_compile_and_package -> aoti_load_package of a
 model using the sdm op, outputs equal eager for lengths other than the traced one.
 
 On CPU the op is a Python custom op: AOTInductor emits a call through its proxy executor

@@ -1,4 +1,4 @@
-"""The sdm lowerings under Inductor (issue 4): what the generated code calls, what fuses,
+"""The sdm lowerings under Inductor: what the generated code calls, what fuses,
 dynamic shapes, backward, a module with a learned bank, CUDA kernels in the output code.
 
 Each CPU ``torch.compile`` costs 15-45 s on two cores: the compiled functions live in
