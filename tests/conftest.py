@@ -11,7 +11,9 @@
   core beside the rest of the suite; their tests run last, each waiting for its own
   subprocess's result (``background`` fixture) and, while it waits, running the queued
   ones itself (so both cores work at the end). ``job(item)`` gives the subprocess of one
-  test: ``dict(argv=[...], env={...}, timeout=s)``; the result is its
+  test: ``dict(argv=[...], env={...}, timeout=s, cost=s)``, ``cost`` a rough run time that
+  orders the queue (longest first, so that the last ones to finish are short); the result
+  is its
   ``subprocess.CompletedProcess`` (text output). ``SDM_TEST_BACKGROUND=0`` runs each one in
   its test instead.
 """
@@ -52,8 +54,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 class _Job:
-    def __init__(self, argv, env=None, timeout=900):
-        self.argv, self.env, self.timeout = argv, env, timeout
+    def __init__(self, argv, env=None, timeout=900, cost=0.0):
+        self.argv, self.env, self.timeout, self.cost = argv, env, timeout, cost
         self.started = False
         self.done = threading.Event()
         self.proc = self.result = self.error = None
@@ -93,7 +95,7 @@ class _Jobs:
             spec = _job_of(item)
             if spec is not None:
                 self.jobs[item.nodeid] = _Job(**spec)
-        self.queue = list(self.jobs.values())
+        self.queue = sorted(self.jobs.values(), key=lambda j: -j.cost)
         self.closed = False
         self.thread = threading.Thread(target=self._work, name="sdm-background-jobs", daemon=True)
         self.thread.start()

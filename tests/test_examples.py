@@ -36,11 +36,11 @@ def run_example(name: str, *args: str, timeout: int = 240, device: str = "cpu") 
     return _output(name, proc)
 
 
-def example(name: str, timeout: int = 240):
-    """The test's example runs on CPU beside the suite (``tests/conftest.py``); the test
-    reads its output with ``example_output``."""
+def example(name: str, cost: float, timeout: int = 240):
+    """The test's example runs on CPU beside the suite (``tests/conftest.py``; ``cost``:
+    its rough run time in seconds, cold); the test reads its output with ``example_output``."""
     return pytest.mark.background(
-        job=lambda item: dict(argv=_argv(name, "cpu"), env=_env(), timeout=timeout))
+        job=lambda item: dict(argv=_argv(name, "cpu"), env=_env(), timeout=timeout, cost=cost))
 
 
 def example_output(name: str, background) -> str:
@@ -66,7 +66,7 @@ def number(pattern: str, text: str) -> float:
     return float(m.group(1))
 
 
-@example("quickstart.py")
+@example("quickstart.py", cost=5)
 def test_quickstart(background):
     out = example_output("quickstart.py", background)
     assert "OK: the op matches the token loop" in out
@@ -74,14 +74,14 @@ def test_quickstart(background):
     assert number(r"\|d loss/d bank\| = ([\d.e+-]+)", out) > 0
 
 
-@example("decode.py")
+@example("decode.py", cost=5)
 def test_decode(background):
     out = example_output("decode.py", background)
     assert "same greedy tokens: True" in out
     assert number(r"logits rel err ([\d.e+-]+)", out) < 1e-5
 
 
-@example("train_recall.py")
+@example("train_recall.py", cost=15)
 def test_train_recall_learns(background):
     check_learned(example_output("train_recall.py", background))
 
@@ -96,7 +96,7 @@ def check_learned(out: str) -> None:
 
 
 @pytest.mark.compile
-@example("compile_rewrite.py")
+@example("compile_rewrite.py", cost=60)
 def test_compile_rewrite(background):
     out = example_output("compile_rewrite.py", background)
     assert re.search(r"1 chain\(s\) rewritten, 0 candidate\(s\) left alone", out), out
@@ -104,7 +104,7 @@ def test_compile_rewrite(background):
 
 
 @pytest.mark.compile
-@example("export_aoti.py", timeout=400)
+@example("export_aoti.py", cost=45, timeout=400)
 def test_export_aoti(background):
     out = aoti_output("cpu", lambda: example_output("export_aoti.py", background))
     lengths = re.findall(r"T=\s*(\d+): output \[2, (\d+), 32\], rel err vs eager ([\d.e+-]+)", out)

@@ -276,9 +276,11 @@ def test_layer_compiled_matches_eager():
 
 def _job(item) -> dict:
     """The case's subprocess (``tests/conftest.py`` starts it with the session)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE))
-    return dict(argv=[sys.executable, os.path.abspath(__file__), item.callspec.params["case"]],
-                env=env, timeout=600)
+    case = item.callspec.params["case"]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE),
+               OMP_NUM_THREADS="1")
+    return dict(argv=[sys.executable, os.path.abspath(__file__), case], env=env, timeout=600,
+                cost=dict(forward=45, prep=10)[case])
 
 
 @pytest.mark.background(job=_job)

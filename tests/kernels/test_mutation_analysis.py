@@ -149,9 +149,9 @@ def _analysis(case: str) -> list:
 
 def _job(item) -> dict:
     """The interpreter half of the case (``tests/conftest.py`` starts it with the session)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     return dict(argv=[sys.executable, __file__, item.callspec.params["case"]], env=env,
-                timeout=600)
+                timeout=600, cost=8)
 
 
 @pytest.mark.background(job=_job)
