@@ -96,7 +96,7 @@ def check_learned(out: str) -> None:
 
 
 @pytest.mark.compile
-@example("compile_rewrite.py", cost=60)
+@example("compile_rewrite.py", cost=25)
 def test_compile_rewrite(background):
     out = example_output("compile_rewrite.py", background)
     assert re.search(r"1 chain\(s\) rewritten, 0 candidate\(s\) left alone", out), out
@@ -104,7 +104,7 @@ def test_compile_rewrite(background):
 
 
 @pytest.mark.compile
-@example("export_aoti.py", cost=45, timeout=400)
+@example("export_aoti.py", cost=20, timeout=400)
 def test_export_aoti(background):
     out = aoti_output("cpu", lambda: example_output("export_aoti.py", background))
     lengths = re.findall(r"T=\s*(\d+): output \[2, (\d+), 32\], rel err vs eager ([\d.e+-]+)", out)

@@ -280,7 +280,7 @@ def _job(item) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE),
                OMP_NUM_THREADS="1")
     return dict(argv=[sys.executable, os.path.abspath(__file__), case], env=env, timeout=600,
-                cost=dict(forward=45, prep=10)[case])
+                cost=dict(forward=22, prep=8)[case])
 
 
 @pytest.mark.background(job=_job)

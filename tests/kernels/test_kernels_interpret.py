@@ -23,10 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 
 
 # rough seconds of each case on one core (the order of the background queue)
-COST = dict(step_walk_kept=100, step_walk=85, chunk_start_sources=36, extreme_gates=34,
-            snapshots=30, column_walk=25, step_walk_windows=25, entry_groups=9,
-            phase1_scans=8, train_fp32=8, train_bf16_shared=6, windows_and_tiles=3,
-            decode_and_masking=3, solve_blocks=3, window_sums=3)
+COST = dict(step_walk=130, step_walk_kept=120, step_walk_windows=90, phase1_scans=55,
+            column_walk=46, extreme_gates=34, chunk_start_sources=30, snapshots=30,
+            train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
+            windows_and_tiles=3, solve_blocks=3, window_sums=2)
 
 
 def _job(item) -> dict:
