@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -275,17 +274,21 @@ def test_layer_compiled_matches_eager():
 
 # ------------------------------------------------------------------ kernels under the interpreter
 
-def _interpret(case: str):
+def _job(item) -> dict:
+    """The case's subprocess (``tests/conftest.py`` starts it with the session)."""
+    case = item.callspec.params["case"]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE),
+               OMP_NUM_THREADS="1")
+    return dict(argv=[sys.executable, os.path.abspath(__file__), case], env=env, timeout=600,
+                cost=dict(forward=22, prep=8)[case])
+
+
+@pytest.mark.background(job=_job)
+@pytest.mark.parametrize("case", ["forward", "prep"])
+def test_gated_kernels_under_interpreter(case, background):
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE))
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = background()
     assert res.returncode == 0, f"case {case} failed:\n{res.stdout}\n{res.stderr[-4000:]}"
-
-
-@pytest.mark.parametrize("case", ["prep", "forward"])
-def test_gated_kernels_under_interpreter(case):
-    _interpret(case)
 
 
 def case_prep():

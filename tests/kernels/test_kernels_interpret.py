@@ -3,17 +3,15 @@
 The interpreter must be switched on before the kernels are decorated, and must not leak
 into other test files that use Triton in the same pytest process, so each check runs
 in a subprocess: ``python tests/kernels/test_kernels_interpret.py <case>``. The selected
-cases' subprocesses start together on first use, as many at a time as this process may use
-cores, the longest first; each test waits for its own. Sizes are tiny (the interpreter runs
+cases' subprocesses start with the session, the longest first, and run beside the rest of
+the suite (``tests/conftest.py``); each test waits for its own. Sizes are tiny (the interpreter runs
 every program in numpy) but cover several chunks, T not a multiple of C, several token
 tiles per chunk, partial column blocks, P > 1, shared and private banks, per-write gates,
 repeated slots, out-of-range indices and every snapshot mode.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import subprocess
 import sys
 
 import pytest
@@ -24,30 +22,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not an installed copy
 
 
-def _run(case: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env,
-                          capture_output=True, text=True, timeout=900)
+# rough seconds of each case on one core (the order of the background queue)
+COST = dict(step_walk=130, step_walk_kept=120, step_walk_windows=90, phase1_scans=55,
+            column_walk=46, extreme_gates=34, chunk_start_sources=30, snapshots=30,
+            train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
+            windows_and_tiles=3, solve_blocks=3, window_sums=2)
 
 
-@pytest.fixture(scope="module")
-def runs(request):
-    """The selected cases' subprocesses, started in the parametrize order (longest first)."""
-    cases = [item.callspec.params["case"] for item in request.session.items
-             if item.module is request.module and hasattr(item, "callspec")]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(cases), cores or 1)))
-    yield {case: pool.submit(_run, case) for case in cases}
-    pool.shutdown(wait=True, cancel_futures=True)
+def _job(item) -> dict:
+    """This case's subprocess (``tests/conftest.py`` starts it with the session)."""
+    case = item.callspec.params["case"]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    return dict(argv=[sys.executable, os.path.abspath(__file__), case], env=env, timeout=900,
+                cost=COST[case])
 
 
-@pytest.mark.parametrize("case", ["extreme_gates", "step_walk", "step_walk_windows", "step_walk_kept",
-                                  "column_walk", "phase1_scans", "chunk_start_sources",
-                                  "train_fp32", "snapshots", "train_bf16_shared",
-                                  "decode_and_masking", "windows_and_tiles", "entry_groups",
-                                  "solve_blocks", "window_sums"])
-def test_kernels_under_interpreter(case, runs):
-    res = runs[case].result()
+@pytest.mark.background(job=_job)
+@pytest.mark.parametrize("case", list(COST))
+def test_kernels_under_interpreter(case, background):
+    res = background()
     assert res.returncode == 0, f"case {case} failed:\n{res.stdout}\n{res.stderr[-4000:]}"
 
 

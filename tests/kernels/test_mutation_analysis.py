@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -148,14 +147,20 @@ def _analysis(case: str) -> list:
         triton.runtime.driver._active = old
 
 
+def _job(item) -> dict:
+    """The interpreter half of the case (``tests/conftest.py`` starts it with the session)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    return dict(argv=[sys.executable, __file__, item.callspec.params["case"]], env=env,
+                timeout=600, cost=8)
+
+
+@pytest.mark.background(job=_job)
 @pytest.mark.parametrize("case", CASES)
-def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, tmp_path, monkeypatch):
-    out = tmp_path / "truth.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__, case, str(out)], env=env,
-                          capture_output=True, text=True, timeout=600)
+def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, background, monkeypatch):
+    proc = background()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    truth = [tuple(x) for x in json.loads(out.read_text())]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith(TRUTH)]
+    truth = [tuple(x) for x in json.loads(line[len(TRUTH):])]
     for m in _kernel_modules():   # the recorder must not outlive the test
         if hasattr(m, "launch"):
             monkeypatch.setattr(m, "launch", m.launch)
@@ -167,7 +172,7 @@ def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, tmp_pat
         assert not missed, f"{kernel}: writes {sorted(missed)} that the analysis misses"
 
 
+TRUTH = "truth: "   # the line of the interpreter half's output that holds its result
+
 if __name__ == "__main__":   # the interpreter half, in its own process
-    case, path = sys.argv[1:3]
-    with open(path, "w") as f:
-        json.dump(_truth(case), f)
+    print(TRUTH + json.dumps(_truth(sys.argv[1])))

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
-from torch._inductor.utils import run_and_get_code
+from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import sdm_inductor
 from sdm_inductor.lowerings import write_read as lowering
@@ -29,11 +29,21 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and the sdm T
 
 @pytest.fixture(scope="module", autouse=True)
 def fresh_caches():
-    # The rules run while AOTAutograd traces; a warm FX/AOT cache would skip them.
-    with torch._inductor.config.patch(force_disable_caches=True):
+    # The rules run while AOTAutograd traces; a warm FX/AOT cache would skip them. A cache
+    # of this module's own (cold when it starts): each graph compiled here is a different
+    # one, so every compile runs the rules, and later ones reuse the C++ kernels built.
+    with fresh_cache():
         torch._dynamo.reset()
         yield
         torch._dynamo.reset()
+
+
+@pytest.fixture
+def no_caches():
+    """For tests that compile one graph several times under settings that the cache keys
+    do not see (``lowering.EMIT_KERNELS``): nothing cached, every compile from scratch."""
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
 
 
 def gated(bank, k_idx, k_logit, v, b_logit, a, q_idx, q_logit, A_log, dt_bias, z):
@@ -291,7 +301,8 @@ def _dump(name: str, code: str):
 @pytest.mark.cuda
 @pytest.mark.compile
 @pytest.mark.parametrize("dynamic,emit", [(True, "always"), (False, "always"), (False, "aot")])
-def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emit, monkeypatch):
+def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emit, monkeypatch,
+                                                                   no_caches):
     """``EMIT_KERNELS="always"``: static and symbolic lengths alike launch the single-kernel
     column walks from the output code (one compilation for every ``T``; the step walks
     unrolled per chunk made Inductor define one kernel per call site). The default ("aot"): one extern call of the eager op each way (its step
@@ -338,7 +349,7 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
 @pytest.mark.cuda
 @pytest.mark.compile
 @pytest.mark.parametrize("emit", ["aot", "always"])
-def test_cuda_graphs_reduce_overhead(emit, monkeypatch):
+def test_cuda_graphs_reduce_overhead(emit, monkeypatch, no_caches):
     """CUDA graphs of both forms: the extern call of the eager op (its index checks run in
     the warm-up, not while the graph records) and the emitted column walks."""
     from torch._dynamo.utils import counters
@@ -357,7 +368,7 @@ def test_cuda_graphs_reduce_overhead(emit, monkeypatch):
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
-def test_cuda_in_place_api_routes_to_in_place_kernels(monkeypatch):
+def test_cuda_in_place_api_routes_to_in_place_kernels(monkeypatch, no_caches):
     """``sdm_write_read`` (2.0.0 API) without grad: ``sdm::write_read_`` on the caller's
     bank becomes ``sdm::triton_write_read_`` (kernels emitted); the bank is advanced in
     place."""

@@ -1,0 +1,180 @@
+"""Session plumbing of the suite (CI runs it on a fresh 2-core machine).
+
+* One Inductor / FX / AOTAutograd cache for the run, in a fresh temporary folder
+  (``TORCHINDUCTOR_CACHE_DIR``, unless set): the run starts as cold as a fresh machine,
+  and a later compile of code already compiled in the run (the same C++ kernel, the same
+  graph) reuses it; subprocesses inherit it. Tests whose point is a cold build make their
+  own fresh cache (``torch._inductor.utils.fresh_cache``).
+
+* Subprocess checks (``@pytest.mark.background(job=job)``: the kernels under
+  ``TRITON_INTERPRET=1``, the examples, ...) start when the session does and run on one
+  core beside the rest of the suite; their tests run last, each waiting for its own
+  subprocess's result (``background`` fixture) and, while it waits, running the queued
+  ones itself (so both cores work at the end). ``job(item)`` gives the subprocess of one
+  test: ``dict(argv=[...], env={...}, timeout=s, cost=s)``, ``cost`` a rough run time that
+  orders the queue (longest first, so that the last ones to finish are short); the result
+  is its
+  ``subprocess.CompletedProcess`` (text output). ``SDM_TEST_BACKGROUND=0`` runs each one in
+  its test instead.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "background(job=job): the test's subprocess (job(item) -> dict(argv, env, "
+        "timeout)) runs beside the suite; the test takes its result from the background fixture")
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        folder = tempfile.mkdtemp(prefix="sdm-tests-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def _job_of(item):
+    marker = item.get_closest_marker("background")
+    return marker.kwargs["job"](item) if marker is not None else None
+
+
+@pytest.hookimpl(trylast=True)   # after -k / -m deselection
+def pytest_collection_modifyitems(session, config, items):
+    """The background tests last (in their order): the rest of the suite runs meanwhile."""
+    if os.environ.get("SDM_TEST_BACKGROUND", "1") == "0":
+        return
+    front = [i for i in items if i.get_closest_marker("background") is None]
+    items[:] = front + [i for i in items if i.get_closest_marker("background") is not None]
+
+
+class _Job:
+    def __init__(self, argv, env=None, timeout=900, cost=0.0):
+        self.argv, self.env, self.timeout, self.cost = argv, env, timeout, cost
+        self.started = False
+        self.done = threading.Event()
+        self.proc = self.result = self.error = None
+        self.seconds = None
+
+    def run(self):
+        start = time.monotonic()
+        try:
+            with subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) as self.proc:
+                try:
+                    out, err = self.proc.communicate(timeout=self.timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    out, err = self.proc.communicate()
+                    raise subprocess.TimeoutExpired(self.argv, self.timeout, out, err) from None
+            self.result = subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
+        except BaseException as e:   # noqa: BLE001 - raised again in the test
+            self.error = e
+        finally:
+            self.seconds = time.monotonic() - start
+            self.done.set()
+
+    def kill(self):
+        if self.proc is not None and not self.done.is_set():
+            self.proc.kill()
+
+
+class _Jobs:
+    """The session's background subprocesses: a queue in the tests' order, one worker
+    thread, and the waiting test as a second worker."""
+
+    def __init__(self, items):
+        self.lock = threading.Lock()
+        self.jobs = {}
+        for item in items:
+            spec = _job_of(item)
+            if spec is not None:
+                self.jobs[item.nodeid] = _Job(**spec)
+        self.queue = sorted(self.jobs.values(), key=lambda j: -j.cost)
+        self.closed = False
+        self.thread = threading.Thread(target=self._work, name="sdm-background-jobs", daemon=True)
+        self.thread.start()
+
+    def _next(self):
+        with self.lock:
+            while self.queue and not self.closed:
+                job = self.queue.pop(0)
+                if not job.started:
+                    job.started = True
+                    return job
+            return None
+
+    def _work(self):
+        while (job := self._next()) is not None:
+            job.run()
+
+    def result(self, nodeid):
+        job = self.jobs[nodeid]
+        while not job.done.is_set():
+            with self.lock:
+                mine = not job.started
+                job.started = True
+            if mine:
+                job.run()
+            elif (other := self._next()) is not None:
+                other.run()   # help with the queue while this one runs
+            else:
+                job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def close(self):
+        """The session ended (maybe early): nothing more starts, and what runs is stopped."""
+        with self.lock:
+            self.closed = True
+        for job in self.jobs.values():
+            job.kill()
+
+
+_JOBS: list[_Jobs] = []
+
+
+_TIMES: list[tuple[float, str]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session):
+    if (not session.config.option.collectonly
+            and os.environ.get("SDM_TEST_BACKGROUND", "1") != "0"):
+        _JOBS.append(_Jobs(session.items))
+    try:
+        yield
+    finally:
+        for jobs in _JOBS:
+            jobs.close()
+            _TIMES.extend((j.seconds, k) for k, j in jobs.jobs.items() if j.seconds is not None)
+        _JOBS.clear()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The background subprocesses' own run times (their tests' durations are waits; the
+    ``cost`` of a job should stay near its time here)."""
+    if _TIMES:
+        terminalreporter.write_sep("=", f"background subprocesses ({len(_TIMES)}), own run times")
+        for seconds, nodeid in sorted(_TIMES, reverse=True):
+            terminalreporter.write_line(f"{seconds:8.2f}s  {nodeid}")
+
+
+@pytest.fixture
+def background(request):
+    """``background()``: the ``subprocess.CompletedProcess`` of this test's job."""
+    def result():
+        if _JOBS and request.node.nodeid in _JOBS[0].jobs:
+            return _JOBS[0].result(request.node.nodeid)
+        job = _Job(**_job_of(request.node))   # not scheduled (SDM_TEST_BACKGROUND=0)
+        job.run()
+        if job.error is not None:
+            raise job.error
+        return job.result
+    return result
