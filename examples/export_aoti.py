@@ -59,21 +59,18 @@ def routed_layer_class():
 
         def _margin(self, z):
             """Per token and head: the smallest gap between a chosen and the first
-            unchosen candidate, over the two sub-key top-k and the pair top-k (the same
-            scores as ``_address``)."""
-            B, T = z.shape[:2]
-            H, kk, k = self.num_heads, self.sub_top_k, self.top_k
-            z = z.view(B, T, H, 2, self.key_dim)
-            scores = torch.einsum("bthfd,hfnd->bthfn", z, self.sub_keys) * self.key_dim ** -0.5
+            unchosen candidate, over the two sub-key top-k and the pair top-k of the
+            scores ``_address`` ranks."""
+            kk, k = self.sub_top_k, self.top_k
+            s = self._sub_scores(z).sort(dim=-1, descending=True).values
             gaps = []
-            s = scores.sort(dim=-1, descending=True).values
             if kk < s.shape[-1]:
                 gaps.append((s[..., kk - 1] - s[..., kk]).amin(-1))
             s1, s2 = s[..., 0, :kk], s[..., 1, :kk]
             pair = (s1[..., :, None] + s2[..., None, :]).flatten(-2).sort(-1, descending=True).values
             if k < pair.shape[-1]:
                 gaps.append(pair[..., k - 1] - pair[..., k])
-            return torch.stack(gaps).amin(0) if gaps else torch.full((B, T, H), float("inf"))
+            return torch.stack(gaps).amin(0) if gaps else torch.full(s.shape[:3], float("inf"))
 
     return RoutedSDM
 

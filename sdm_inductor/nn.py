@@ -185,12 +185,16 @@ class SparseDeltaMemory(nn.Module):
 
     # ------------------------------------------------------------------ addressing
 
+    def _sub_scores(self, z: Tensor) -> Tensor:
+        """The two sub-key tables' scores of ``z [B, T, H*2*dk]``: ``[B, T, H, 2, n]``."""
+        B, T = z.shape[:2]
+        z = z.view(B, T, self.num_heads, 2, self.key_dim)
+        return torch.einsum("bthfd,hfnd->bthfn", z, self.sub_keys) * self.key_dim ** -0.5
+
     def _address(self, z: Tensor):
         """Product-key top-k: ``z [B, T, H*2*dk]`` -> (slots [B, T, H, k] long, weights)."""
-        B, T = z.shape[:2]
-        H, n, kk, k = self.num_heads, self.n_sub, self.sub_top_k, self.top_k
-        z = z.view(B, T, H, 2, self.key_dim)
-        scores = torch.einsum("bthfd,hfnd->bthfn", z, self.sub_keys) * self.key_dim ** -0.5
+        n, kk, k = self.n_sub, self.sub_top_k, self.top_k
+        scores = self._sub_scores(z)
         s1, i1 = scores[..., 0, :].topk(kk, dim=-1)            # [B, T, H, kk]
         s2, i2 = scores[..., 1, :].topk(kk, dim=-1)
         pair = (s1[..., :, None] + s2[..., None, :]).flatten(-2)  # [B, T, H, kk*kk]

@@ -77,7 +77,6 @@ def _index_check_settled():
     """The body of an eager op: its index check has been waited for when the body ends
     (an implementation path that never called ``await_index_check`` still raises), and
     none is left behind for a later call when the body fails."""
-    _PENDING.check = None
     try:
         yield
         await_index_check()

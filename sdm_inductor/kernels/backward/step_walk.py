@@ -85,7 +85,7 @@ def _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, w
         e = tl.arange(0, NP)
         src = tl.load(src_ptr + base + e, mask=e < n, other=-1)
         lo = src.to(tl.int64)[:, None] * width + cols[None, :]
-        if (QMODE == 0) & (log_ptr.dtype.element_ty == work_ptr.dtype.element_ty):
+        if log_ptr.dtype.element_ty == work_ptr.dtype.element_ty:
             # a log of the bank's dtype: one load through either pointer (one tile of
             # registers, as the working bank's)
             rows = tl.load(tl.where((src >= 0)[:, None], log_ptr + lo, work_ptr + ro), mask=m2,
