@@ -57,16 +57,23 @@ while [ $# -gt 0 ]; do
       n=3; j=1
       case ${1:-} in ''|*[!0-9]*) ;; *) n=$1; shift ;; esac
       case ${1:-} in ''|*[!0-9]*) ;; *) j=$1; shift ;; esac
-      rm -f "$OUT"/aoti_*.rc
+      # one log for all rounds, each appended as it ends (the device returns few files,
+      # and a call cut at its limit keeps what was appended)
+      rounds=$(mktemp -d); : > "$OUT/aoti.log"
+      # rounds side by side compile in one thread each (no worker pool per round)
+      [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
       for i in $(seq 1 "$n"); do
         ( TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i \
-            run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $i
-          echo $? > "$OUT/aoti_$i.rc" ) &
+            OUT=$rounds run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $i > /dev/null
+          rc=$?
+          echo $rc > "$rounds/aoti_$i.rc"
+          flock "$OUT/aoti.log" -c "{ echo '===== round $i (seed $i): rc $rc'; cat $rounds/aoti_$i.log; } >> $OUT/aoti.log" ) &
         [ $((i % j)) -eq 0 ] && wait
       done
       wait
-      bad=$(cat "$OUT"/aoti_*.rc | grep -cv '^0$')
-      rm -f "$OUT"/aoti_*.rc
+      bad=$(cat "$rounds"/aoti_*.rc | grep -cv '^0$')
+      rm -rf "$rounds"
+      grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
       echo "unknown segment: $seg (tests, bench, floor, user, compile, aoti [N [J]])"; exit 2 ;;

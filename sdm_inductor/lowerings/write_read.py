@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch._inductor.config
 from torch._inductor.virtualized import V
 
 from .. import gates, ops
@@ -46,6 +47,19 @@ TRITON_DEVICES = ("cuda",)
 # the column walks (the only walk a graph can hold; docs/performance.md). "always":
 # torch.compile's output code launches them too. SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
+
+# Before AOTInductor writes its C++ wrapper it runs every kernel of the graph once
+# (``triton.autotune_at_compile_time``, on by default for AOT) to compile and tune it. By
+# default each kernel gets made-up buffers there: random floats, zero integers, and for the
+# outputs of ops that are not Triton kernels (Phase 1's sorts) never computed values. Phase
+# 1's and the walks' kernels index rows through such buffers (a sort's permutation, run
+# starts), so on made-up data they read and write out of bounds: an illegal memory access
+# during the build (8 of 20 builds of examples/export_aoti.py on an H200), or device memory
+# overwritten without an error. With ``autotune_with_sample_inputs`` Inductor runs the
+# graph on the example inputs once and gives each user-defined kernel the arguments it got
+# there (at the cost of a copy of the example inputs during the build). It changes only
+# graphs that hold user-defined Triton kernels; set it back to False after import to opt out.
+torch._inductor.config.triton.autotune_with_sample_inputs = True
 
 
 def triton_op(name: str, device: torch.device):
