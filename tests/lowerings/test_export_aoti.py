@@ -113,3 +113,11 @@ def test_aoti_cuda_dynamic_length_carries_kernels(tmp_path):
         got = torch.load(tmp_path / f"y{T}.pt")
         assert got.shape == want.shape == (2, T, 32)
         assert rel_err(got, want) < 1e-4, (T, rel_err(got, want))
+
+
+def test_aoti_runs_the_kernels_ahead_on_the_example_inputs():
+    """AOTInductor runs each kernel once before writing its C++ wrapper, by default on
+    made-up buffers (random floats, zero integers, never-computed sort outputs); the SDM
+    kernels index rows through such buffers and fault there (8 of 20 CUDA builds). The
+    lowerings switch that run to the arguments the example inputs give each kernel."""
+    assert torch._inductor.config.triton.autotune_with_sample_inputs is True
