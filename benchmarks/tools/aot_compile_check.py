@@ -150,7 +150,7 @@ def main(dtype="bf16"):
         compile_one(groups._block_writes_kernel,
                     dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32, gate_ptr=f32,
                          val_ptr=f32, sgate_ptr=f32, sval_ptr=f32, stok_ptr=i32),
-                    dict(E=W + R, BLK=blk, FLAT=kt == i32, SORTED=groups.PAIR_SORTED))
+                    dict(E=W + R, BLK=blk, FLAT=kt == i32, SORTED=True))
         compile_one(groups._group_bounds_kernel,
                     dict(skey_ptr=kt, cnt_ptr=i32, wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32),
                     dict(BLK=blk, NBP=16))
@@ -185,7 +185,7 @@ def main(dtype="bf16"):
                          ev_ptr=f32, coef_ptr=f32, decay_ptr=f32, A_ptr=f32, QK_ptr=f32,
                          lx_ptr=f32, lt_ptr=i32),
                     dict(W=W, R=R, CP=CC, KM=pairs.PAIR_MEMBERS,
-                         SPLIT=split, SORTED=split and groups.PAIR_SORTED,
+                         SPLIT=split, SORTED=split,
                          **dict(zip(("EB", "LMAX"),
                                     pairs._pair_launch_blocks(CC, W, R, split)))),
                     pairs._pair_warps(CC) if split else 4)

@@ -205,18 +205,12 @@ GROUPS_WARPS = 8
 GROUPS_SPLIT = True
 GROUPS_SPLIT_BLK = 1024
 
-# With the split groups, ``_block_writes_kernel`` also writes each sorted write position's
-# gate, weight and token, and the pairs kernel reads a group's members there (one round trip)
-# instead of through ``perm`` (two dependent ones, which bound the kernel). The same values: bitwise the same plan.
-PAIR_SORTED = True
-
 
 def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Tensor,
                  val: Tensor, C: int, W: int, R: int):
     """``perm`` (int32 positions within the segment), ``gs, nw, na`` (entry order), the
     write runs' ``slot, length, tok`` and entry index (run order) of every segment, and
-    (split form with ``PAIR_SORTED``, else None) the sorted positions' gates, weights and
-    tokens, from the sorted keys ``skey`` and the sort's int64 permutation ``sperm``
+    (split form, else None) the sorted positions' gates, weights and tokens, from the sorted keys ``skey`` and the sort's int64 permutation ``sperm``
     (``flat``: of the flat sort, ``_flat_span``), by ``_groups_kernel`` or its split form."""
     B, CE = skey.shape
     CW = C * W
@@ -231,11 +225,12 @@ def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Te
         cnt = torch.empty(B, nb, **i32)
         gep = torch.empty(B, CE, **i32)
         perm = torch.empty(B, CE, **i32)
-        if PAIR_SORTED:
-            srt = (torch.empty_like(gate), torch.empty_like(val), torch.empty(B, CE, **i32))
-        launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, gate, val,
-               *(srt or (perm,) * 3), CE, nb, E=W + R, BLK=blk, FLAT=flat,
-               SORTED=srt is not None, num_warps=4)
+        # each sorted write position's gate, weight and token: the pairs kernel reads a
+        # group's members there (one round trip) instead of through ``perm`` (two dependent
+        # ones, which bound that kernel); the same values, bitwise the same plan
+        srt = (torch.empty_like(gate), torch.empty_like(val), torch.empty(B, CE, **i32))
+        launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, gate, val, *srt,
+               CE, nb, E=W + R, BLK=blk, FLAT=flat, SORTED=True, num_warps=4)
         launch(_group_bounds_kernel, (B * nb,), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
                NBP=pow2(nb), num_warps=4)
         launch(_group_sizes_kernel, (B * nb,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,

@@ -246,9 +246,11 @@ PAIR_ENTRIES_WIDE = 16
 
 # the pairs kernel as two programs per token, write entries / A and read entries / QK.
 # Eager calls only, like ``entries.PREP_REPEAT_BRANCH``: traced calls (torch.compile,
-# export, AOTInductor) keep the single-program forms, the ones the AOTInductor CUDA test
-# with a dynamic length (tests/test_export_aoti.py) passes on the H200; with both split
-# forms it failed once there (relative error 0.24), cause not found.
+# export, AOTInductor) keep the single-program forms, the ones the AOTInductor CUDA builds
+# were verified with on the H200. With both split forms one such build gave a relative error
+# of 0.24, at a time when AOTInductor ran each kernel ahead of its wrapper on made-up
+# buffers (see ``lowerings.write_read``: out-of-bounds writes there are the likely cause);
+# the split forms have not been tried in traced calls since.
 PAIR_SPLIT = True
 
 # warps of the split ``_pairs_kernel`` at C <= 64, 64 < C <= 128 and C > 128; the single
