@@ -400,9 +400,11 @@ def _(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_
     _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
                     k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant)
     dt = grad_final.dtype
+    # the implementations return the gate gradients contiguous whatever the gates' strides
+    # (a traced graph may hand a transposed view: the layer's [B, T, H] gates per stream)
     return (torch.empty_like(grad_final), k_val.new_empty(k_val.shape, dtype=dt),
-            v.new_empty(v.shape, dtype=dt), torch.empty_like(beta, dtype=torch.float32),
-            torch.empty_like(g, dtype=torch.float32), q_val.new_empty(q_val.shape, dtype=dt))
+            v.new_empty(v.shape, dtype=dt), beta.new_empty(beta.shape, dtype=torch.float32),
+            g.new_empty(g.shape, dtype=torch.float32), q_val.new_empty(q_val.shape, dtype=dt))
 
 
 # ---------------------------------------------------------------- write_read_ (in place)

@@ -115,6 +115,25 @@ def test_inputs_untouched_by_functional_op():
     assert all(torch.equal(a, b) for a, b in zip(ins, copies))
 
 
+def test_in_place_op_marks_the_bank_modified():
+    """``sdm::write_read_`` bumps the bank's version (its ADInplaceOrView kernel), also
+    when the options come as keywords: autograd refuses a backward through a tensor the
+    op advanced after it was saved, and the other inputs keep their versions."""
+    ins = make_inputs(1, 20, slots_per_stream=64)
+    x = ins.bank.clone().requires_grad_()
+    bank = x * 1
+    loss = (bank * bank).sum()   # saves bank for the backward
+    versions = [t._version for t in ins[1:]]
+    before = bank._version
+    with torch.no_grad():
+        torch.ops.sdm.write_read_(bank, *ins[1:], chunk_size=16, slots_per_stream=64,
+                                  shared_bank=False)
+    assert bank._version > before
+    assert [t._version for t in ins[1:]] == versions
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 @pytest.mark.parametrize("mode,tol", [("bf16", 1e-2), ("fp8", 6e-2), ("int4", 0.35)])
 def test_snapshot_quant(mode, tol):
     """Quantized snapshots change only the backward, within the storage's precision."""
@@ -475,6 +494,22 @@ def test_opcheck_write_read(cfg):
 
 def test_opcheck_backward_op():
     ins = make_inputs(2, 20, W=3, R=2, hd=4, slots_per_stream=16)
+    _, final, rows, scales = torch.ops.sdm.write_read(*ins, 16, 16)
+    args = (torch.randn(2, 20, 4), torch.randn(32, 4), final, rows, scales, *ins[1:], 16, "none",
+            False)
+    opcheck(torch.ops.sdm.write_read_backward.default, args)
+
+
+def test_backward_op_gates_strided():
+    """Gates that are views of another layout (the layer's per-token gates of a
+    ``[1, T, H]`` projection, per stream: ``[H, T]`` with strides ``(1, H)``): the fake
+    impl gives their gradients the layout the implementation returns (contiguous), or a
+    compiled backward fails its output's stride assertion."""
+    ins = make_inputs(2, 20, W=3, R=2, hd=4, slots_per_stream=16)
+    beta = ins.beta.t().contiguous().t()
+    g = ins.g[..., 0].t().contiguous().t()[..., None]
+    assert not beta.is_contiguous() and not g.is_contiguous()
+    ins = ins._replace(beta=beta, g=g)
     _, final, rows, scales = torch.ops.sdm.write_read(*ins, 16, 16)
     args = (torch.randn(2, 20, 4), torch.randn(32, 4), final, rows, scales, *ins[1:], 16, "none",
             False)
