@@ -9,7 +9,8 @@
 #   bash benchmarks/device.sh aoti [N [J]]   # N fresh-process AOTInductor builds + loads, J at a time
 #                                            # (default 3 and 1; ~2 min each), each with its own
 #                                            # Inductor cache (a cold build) and seed (weights,
-#                                            # inputs, lengths)
+#                                            # inputs, lengths); all rounds log to $OUT/aoti.log
+#                                            # (20 rounds, 20 at a time: ~4 min on the H200)
 #
 # Segments run in the order given. The device image has torch 2.11 and no network: the
 # test extras (expecttest, hypothesis, ...) travel as wheels in .whl/ (carry [".whl"]) and
