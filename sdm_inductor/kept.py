@@ -33,8 +33,19 @@ _KEPT = _Kept()
 def keep_for_backward(readings: Tensor, obj) -> None:
     """Offer ``obj`` (what the backward of this forward would otherwise recompute) to the
     autograd context of the eager call that returns ``readings``; a later offer replaces
-    an untaken one, so at most one is ever held here."""
-    _KEPT.offered = (weakref.ref(readings), obj)
+    an untaken one, so at most one is ever held here. An untaken offer goes with its
+    readings: a compiled graph's forward has no context to take it and frees its readings
+    early, and what it kept then lives only as long as the undo log that keys it
+    (``register_by_log``), not until the next call."""
+    ref = weakref.ref(readings)
+    _KEPT.offered = (ref, obj)
+    weakref.finalize(readings, _drop_offer_of, ref)
+
+
+def _drop_offer_of(ref) -> None:
+    offered = _KEPT.offered   # this thread's: an offer is only ever this thread's
+    if offered is not None and offered[0] is ref:
+        _KEPT.offered = None
 
 
 def drop_offer() -> None:

@@ -243,6 +243,42 @@ def test_forward_hands_kept_values_to_its_own_backward(monkeypatch):
     assert seen == ["call 3", "call 1", None, "call 5", None, None], seen
 
 
+def test_untaken_offer_lives_as_long_as_its_log(monkeypatch):
+    """A forward called with no autograd context (as a compiled graph calls it) keeps its
+    offer only while its undo log lives (found by the log's identity), not until the next
+    call: with the readings and the log gone, what it kept is freed."""
+    import gc
+    import weakref
+    from sdm_inductor import cpu, kept, ops
+
+    class Marker:
+        pass
+    refs = []
+
+    class Keeping:
+        NAME = "cpu-keeping"
+
+        def forward(self, *args):
+            out = cpu.forward(*args)
+            marker = Marker()
+            refs.append(weakref.ref(marker))
+            kept.keep_for_backward(out[0], marker)
+            return out
+
+        def backward(self, *args):
+            return cpu.backward(*args)
+
+    monkeypatch.setitem(ops.IMPLS, "cpu", Keeping())
+    ins = make_inputs(1, 20, W=2, R=2, hd=4, slots_per_stream=8)
+    y, final, rows, scales = torch.ops.sdm.write_read(*ins, 16, 8)
+    del y
+    gc.collect()
+    assert refs[0]() is not None and kept.kept_by_log(rows, final, tuple(ins)[1:]) is refs[0]()
+    del rows
+    gc.collect()
+    assert refs[0]() is None
+
+
 def test_block_bounded_working_memory(monkeypatch):
     """Phase 1 runs on blocks of chunks: results do not depend on the block size."""
     from sdm_inductor import cpu
