@@ -101,11 +101,12 @@ def test_static_shapes_trace_the_flat_sort():
 
 def test_traced_phase1_keeps_the_earlier_kernel_forms():
     """Traced calls launch the pairs kernel as one program per token and the prep kernel
-    without its repeat branch (``phase1.pairs.PAIR_SPLIT`` / ``entries.PREP_REPEAT_BRANCH``
-    are for eager calls: the traced forms are the ones verified in AOTInductor CUDA builds)."""
+    without its repeat branch (the split pairs kernel, ``phase1.pairs.PAIR_SPLIT``, and the
+    repeat branch are for eager calls: the traced forms are the ones verified in AOTInductor
+    CUDA builds)."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     from sdm_inductor.kernels import phase1
-    assert phase1.pairs.PAIR_SPLIT and phase1.entries.PREP_REPEAT_BRANCH
+    assert phase1.pairs.PAIR_SPLIT
     gm = make_fx(_forward, tracing_mode="symbolic")(*_inputs(37))
     seen = {}
     for n in gm.graph.nodes:

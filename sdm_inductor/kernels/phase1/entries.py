@@ -134,10 +134,6 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
 # no-grad 1-2.5 % faster at A and B (the plan alone: 0.92 at A C=128, 1.07 at C=64)
 PREP_WARPS = 1
 
-# the prep kernel sums repeated slots' weights only in tokens that repeat a slot (eager
-# calls only, see ``pairs.PAIR_SPLIT``)
-PREP_REPEAT_BRANCH = True
-
 
 def _key_dtype(S, C: int, E: int) -> torch.dtype:
     """int32 sort keys when every key fits (``2 * (S + C*E) + 1 < 2**31``): the radix
@@ -200,5 +196,7 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, 
     launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, beta, A_log, dt_bias,
            slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa, span,
            W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None,
-           REPEAT_BRANCH=PREP_REPEAT_BRANCH and not is_fake(k_idx), num_warps=PREP_WARPS)
+           # repeated slots' weights summed only in tokens that repeat a slot: eager calls
+           # only, like the split pairs kernel (``pairs.PAIR_SPLIT``)
+           REPEAT_BRANCH=not is_fake(k_idx), num_warps=PREP_WARPS)
     return slot, val, gate, key, first, NC, bout

@@ -245,7 +245,7 @@ PAIR_ENTRIES_WIDE = 16
 
 
 # the pairs kernel as two programs per token, write entries / A and read entries / QK.
-# Eager calls only, like ``entries.PREP_REPEAT_BRANCH``: traced calls (torch.compile,
+# Eager calls only, like the prep kernel's repeat branch: traced calls (torch.compile,
 # export, AOTInductor) keep the single-program forms, the ones the AOTInductor CUDA builds
 # were verified with on the H200. With both split forms one such build gave a relative error
 # of 0.24, at a time when AOTInductor ran each kernel ahead of its wrapper on made-up
