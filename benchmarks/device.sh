@@ -61,10 +61,10 @@ while [ $# -gt 0 ]; do
       # one log for all rounds, each appended as it ends (the device returns few files,
       # and a call cut at its limit keeps what was appended)
       rounds=$(mktemp -d); : > "$OUT/aoti.log"
-      # rounds side by side compile in one thread each (no worker pool per round)
-      [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
       for i in $(seq 1 "$n"); do
-        ( TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i \
+        # rounds side by side compile in one thread each (no worker pool per round)
+        ( [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
+          TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i \
             OUT=$rounds run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $i > /dev/null
           rc=$?
           echo $rc > "$rounds/aoti_$i.rc"

@@ -150,7 +150,7 @@ def main(dtype="bf16"):
         compile_one(groups._block_writes_kernel,
                     dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32, gate_ptr=f32,
                          val_ptr=f32, sgate_ptr=f32, sval_ptr=f32, stok_ptr=i32),
-                    dict(E=W + R, BLK=blk, FLAT=kt == i32, SORTED=True))
+                    dict(E=W + R, BLK=blk, FLAT=kt == i32))
         compile_one(groups._group_bounds_kernel,
                     dict(skey_ptr=kt, cnt_ptr=i32, wex_ptr=i32, gsp_ptr=i32, gep_ptr=i32),
                     dict(BLK=blk, NBP=16))

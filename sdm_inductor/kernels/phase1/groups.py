@@ -94,12 +94,12 @@ def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
 @triton.jit
 def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, gate_ptr, val_ptr, sgate_ptr,
                          sval_ptr, stok_ptr, CE, NB, E: tl.constexpr, BLK: tl.constexpr,
-                         FLAT: tl.constexpr, SORTED: tl.constexpr):
+                         FLAT: tl.constexpr):
     """The write entries (even keys) of each block of ``BLK`` sorted positions of each
     segment (grid ``(B * NB,)``): the carries of ``_group_bounds_kernel``'s write ranks.
     Also the sort's int64 permutation as int32 positions within the segment (``FLAT``: it
     came from the flat sort of all segments, offset by the segment's first position), and
-    with ``SORTED`` each sorted write position's gate, weight and token, so that the pairs
+    each sorted write position's gate, weight and token, so that the pairs
     kernel reads a group's members at their positions instead of through ``perm`` (the
     read positions stay unwritten)."""
     b = (tl.program_id(0) // NB).to(tl.int64)
@@ -112,12 +112,11 @@ def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, gate_ptr, val_p
     if FLAT:
         sp -= b * CE
     tl.store(perm_ptr + b * CE + j, sp.to(tl.int32), mask=m)
-    if SORTED:
-        # write entries only: the pairs kernel reads no other member (a group's first nw)
-        wm = m & ((k & 1) == 0)
-        tl.store(sgate_ptr + b * CE + j, tl.load(gate_ptr + b * CE + sp, mask=wm), mask=wm)
-        tl.store(sval_ptr + b * CE + j, tl.load(val_ptr + b * CE + sp, mask=wm), mask=wm)
-        tl.store(stok_ptr + b * CE + j, (sp // E).to(tl.int32), mask=wm)
+    # write entries only: the pairs kernel reads no other member (a group's first nw)
+    wm = m & ((k & 1) == 0)
+    tl.store(sgate_ptr + b * CE + j, tl.load(gate_ptr + b * CE + sp, mask=wm), mask=wm)
+    tl.store(sval_ptr + b * CE + j, tl.load(val_ptr + b * CE + sp, mask=wm), mask=wm)
+    tl.store(stok_ptr + b * CE + j, (sp // E).to(tl.int32), mask=wm)
 
 
 @triton.jit
@@ -210,8 +209,9 @@ def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Te
                  val: Tensor, C: int, W: int, R: int):
     """``perm`` (int32 positions within the segment), ``gs, nw, na`` (entry order), the
     write runs' ``slot, length, tok`` and entry index (run order) of every segment, and
-    (split form, else None) the sorted positions' gates, weights and tokens, from the sorted keys ``skey`` and the sort's int64 permutation ``sperm``
-    (``flat``: of the flat sort, ``_flat_span``), by ``_groups_kernel`` or its split form."""
+    (split form, else None) the sorted positions' gates, weights and tokens, from the
+    sorted keys ``skey`` and the sort's int64 permutation ``sperm`` (``flat``: of the flat
+    sort, ``_flat_span``), by ``_groups_kernel`` or its split form."""
     B, CE = skey.shape
     CW = C * W
     dev = skey.device
@@ -230,7 +230,7 @@ def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Te
         # ones, which bound that kernel); the same values, bitwise the same plan
         srt = (torch.empty_like(gate), torch.empty_like(val), torch.empty(B, CE, **i32))
         launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, gate, val, *srt,
-               CE, nb, E=W + R, BLK=blk, FLAT=flat, SORTED=True, num_warps=4)
+               CE, nb, E=W + R, BLK=blk, FLAT=flat, num_warps=4)
         launch(_group_bounds_kernel, (B * nb,), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
                NBP=pow2(nb), num_warps=4)
         launch(_group_sizes_kernel, (B * nb,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,

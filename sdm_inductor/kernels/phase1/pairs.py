@@ -246,11 +246,10 @@ PAIR_ENTRIES_WIDE = 16
 
 # the pairs kernel as two programs per token, write entries / A and read entries / QK.
 # Eager calls only, like the prep kernel's repeat branch: traced calls (torch.compile,
-# export, AOTInductor) keep the single-program forms, the ones the AOTInductor CUDA builds
-# were verified with on the H200. With both split forms one such build gave a relative error
-# of 0.24, at a time when AOTInductor ran each kernel ahead of its wrapper on made-up
-# buffers (see ``lowerings.write_read``: out-of-bounds writes there are the likely cause);
-# the split forms have not been tried in traced calls since.
+# export, AOTInductor) keep the single-program forms, the ones AOTInductor CUDA builds are
+# verified with on the H200. The split forms are unverified there: the one build that used
+# them gave a relative error of 0.24 while AOTInductor still ran kernels on made-up buffers
+# (``lowerings.write_read``), so that result does not tell whether they are sound.
 PAIR_SPLIT = True
 
 # warps of the split ``_pairs_kernel`` at C <= 64, 64 < C <= 128 and C > 128; the single
