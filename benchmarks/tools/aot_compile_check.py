@@ -25,7 +25,7 @@ from sdm_inductor.kernels.backward import phase1_grads, reverse_walk, sources
 from sdm_inductor.kernels.backward import step_walk as step_reverse
 from sdm_inductor.kernels.common.tiles import ROWS_MAX_CP
 from sdm_inductor.kernels.config import CONFIG as CFG
-from sdm_inductor.kernels.forward import column_walk, decode, quantize, step_walk
+from sdm_inductor.kernels.forward import column_walk, decode, queue_walk, quantize, step_walk
 from sdm_inductor.kernels.phase1 import entries, groups, headers, pairs, solve
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -190,6 +190,18 @@ def main(dtype="bf16"):
                                     pairs._pair_launch_blocks(CC, W, R, split)))),
                     pairs._pair_warps(CC) if split else 4)
     for CC in (64, 128, 256):
+        compile_one(queue_walk._queue_walk_kernel,
+                    dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
+                         X_ptr=f32, QKX_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
+                         run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
+                         run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=bank, log_ptr=bank,
+                         sync_ptr=i32),
+                    dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=CC,
+                         TB=CFG["TB_MIX"], MB=CFG["MB_MIX"], NG=CFG["NG_STEP"],
+                         KW=CFG["KW_STEP"], SAVE=CC != 64, PREC="tf32",
+                         LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
+                         KT=CFG["QUEUE_WRITE_TILES"]),
+                    num_warps=CFG["WARPS_QUEUE"])
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,

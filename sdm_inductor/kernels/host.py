@@ -21,10 +21,11 @@ from . import backward as bwd
 from .config import CONFIG
 from .forward.column_walk import column_walk
 from .forward.decode import DECODE_MAX_T, decode
+from .forward.queue_walk import queue_walk
 from .forward.quantize import pack_log
 from .forward.step_walk import step_walk
 from .phase1 import plan
-from .runtime.launch import direct_launches, pow2, step_walks
+from .runtime.launch import column_suits, direct_launches, pow2, step_walks
 from .runtime.pipeline import ahead, token_windows
 
 __all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_once",
@@ -71,7 +72,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    walk = step_walk if walk_kind(C, bank, P, W, R) == "step" else column_walk
+    walk = dict(step=step_walk, column=column_walk, queue=queue_walk)[walk_kind(C, bank, P, W, R)]
     _await_index_check()
     walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype))
     return out
@@ -79,11 +80,18 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
 
 def walk_kind(C: int, bank: Tensor, P: int, W: int, R: int) -> str:
     """The Phase 2 walk of a call on ``bank`` with ``P`` streams and ``W`` / ``R`` slots per
-    token. A traced call (Inductor's generated code, AOTInductor) needs one launch whose
-    compilation serves every ``T``: the column walk; eager calls (and CUDA graphs of them)
-    loop over the chunks on the host: the step walk, except for the small shapes where the
-    column walk measured faster (``launch.step_walks``, the backward's rule too)."""
-    return "step" if step_walks(CONFIG, bank, (P, W, R, C)) else "column"
+    token. Eager calls (and CUDA graphs of them) loop over the chunks on the host: the
+    step walk. A traced call (Inductor's generated code, AOTInductor) needs one launch whose
+    compilation serves every ``T``: the queue walk (the step walk's items in one launch).
+    Both leave the small shapes where the column walk measured faster
+    (``launch.column_suits``) to the column walk; ``WALK`` forces one."""
+    if CONFIG["WALK"] == "queue":
+        return "queue"
+    if step_walks(CONFIG, bank, (P, W, R, C)):
+        return "step"
+    if CONFIG["WALK"] == "column" or column_suits(P, W, R, C, bank.shape[1]):
+        return "column"
+    return "queue"
 
 
 def saved_buffers(bank: Tensor, P: int, T: int, W: int, C: int, mode: str, save: bool):

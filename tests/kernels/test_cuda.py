@@ -61,11 +61,11 @@ def step_walks_by_default():
     host.CONFIG.update(old)
 
 
-@pytest.fixture(params=["step", "column", "windows"])
+@pytest.fixture(params=["step", "column", "queue", "windows"])
 def walk(request):
-    """The Phase 2 walk of eager calls: the step walk, the column walk, and the step walk
-    over token windows of 64 (each window's Phase 1 on a side stream, ahead of the walk:
-    ``pipeline.ahead``)."""
+    """The Phase 2 walk of eager calls: the step walk, the column walk, the queue walk (what
+    traced calls run), and the step walk over token windows of 64 (each window's Phase 1
+    on a side stream, ahead of the walk: ``pipeline.ahead``)."""
     from sdm_inductor.kernels import host
     if request.param == "windows":
         host.CONFIG.update(WALK="step", WINDOW_TOKENS=64, TRAIN_WINDOW_TOKENS=64)
@@ -265,6 +265,33 @@ def test_auto_walk_follows_the_shape_rule(shape):
     assert column == (shape["W"] <= 16)
     assert ops.last_dispatch()["walk"] == ("column" if column else "step")
     assert ops.last_dispatch()["phase1_backward"] == ("recomputed" if column else "kept")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_queue_walk_matches_the_step_walk_and_repeats(dtype):
+    """The queue walk (``forward/queue_walk.py``) at a size where its ~1000 programs take
+    items of many groups and chunks at once (4 streams x 3 column blocks, 16 chunks): the
+    step walk's readings and bank within the oracle tolerance, and bitwise the
+    same results on every run (a missed dependency between items would read rows or
+    deltas too early, differently from run to run)."""
+    from sdm_inductor.kernels import host
+    ins = _inputs(dtype, P=4, T=1000, W=32, R=32, hd=320, slots_per_stream=2048,
+                  per_write_gate=True, repeats=True)
+
+    def run(walk):
+        host.CONFIG["WALK"] = walk
+        bank = ins.bank.clone()
+        y, rows, _ = host.forward(bank, *tuple(ins)[1:], 64, "none", True)
+        return y, bank, rows
+
+    ref = run("step")
+    first = run("queue")
+    assert ops.last_dispatch()["walk"] == "queue"
+    for n, a, b in zip(("readings", "bank"), first, ref):
+        _check(n, a, b, TOL[dtype])
+    for _ in range(3):
+        for a, b in zip(run("queue")[:2], first[:2]):
+            assert torch.equal(a, b)
 
 
 def test_deterministic_bitwise(walk):

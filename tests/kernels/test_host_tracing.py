@@ -43,17 +43,23 @@ def _backward_args(T):
             *rest)
 
 
-@pytest.mark.parametrize("which", ["forward", "forward_fp8", "backward"])
-def test_traced_host_code_serves_other_lengths(which):
-    fn, make = {"forward": (_forward, _inputs), "forward_fp8": (_forward_fp8, _inputs),
+@pytest.mark.parametrize("which", ["forward", "forward_column", "forward_fp8", "backward"])
+def test_traced_host_code_serves_other_lengths(which, monkeypatch):
+    """Symbolic tracing makes ``P`` symbolic too: the forward takes the queue walk
+    (``column_suits`` is not certain), unless ``WALK="column"`` forces the column walk."""
+    fn, make = {"forward": (_forward, _inputs), "forward_column": (_forward, _inputs),
+                "forward_fp8": (_forward_fp8, _inputs),
                 "backward": (_backward, _backward_args)}[which]
+    if which == "forward_column":
+        monkeypatch.setitem(host.CONFIG, "WALK", "column")
     gm = make_fx(fn, tracing_mode="symbolic")(*make(37))
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert launches, "no kernel launch was traced"
-    # a traced call takes the single-launch column walks, never the per-chunk step walks
+    # a traced call takes single-launch walks (column or queue), never the per-chunk step walks
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     names = {kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ for n in launches}
-    want = {"forward": {"_forward_kernel"}, "forward_fp8": {"_forward_kernel", "_quantize_kernel"},
+    want = {"forward": {"_queue_walk_kernel"}, "forward_column": {"_forward_kernel"},
+            "forward_fp8": {"_queue_walk_kernel", "_quantize_kernel"},
             "backward": {"_reverse_kernel"}}[which]
     assert want <= names, names
     assert not any(name.startswith("_step") for name in names), names
@@ -146,7 +152,8 @@ def test_traced_gated_call_hands_the_kernels_contiguous_raw_gates():
 def test_auto_walk_rule_and_its_boundaries():
     """``WALK="auto"`` on an eager call: the column walks exactly where ``column_suits``
     holds (W, R <= 16, P * hd <= 4096, C <= 64), the step walks one past each bound;
-    "step" / "column" force theirs, and a traced (fake) call always takes the column walks."""
+    "step" / "column" force theirs; a traced (fake) call takes the queue walk, or the column
+    walk where ``column_suits`` holds for certain (a symbolic P is not certain)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from sdm_inductor.kernels.runtime.launch import column_suits, step_walks
@@ -162,3 +169,8 @@ def test_auto_walk_rule_and_its_boundaries():
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(bank)
         assert not step_walks(auto, fake, (2, 64, 64, 128))
+        assert host.walk_kind(128, fake, 2, 64, 64) == "queue"
+        assert host.walk_kind(64, fake, 32, 16, 16) == "column"
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    P = ShapeEnv().create_unbacked_symint()
+    assert not column_suits(P, 16, 16, 64, 128)

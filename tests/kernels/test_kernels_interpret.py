@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 
 
 # rough seconds of each case on one core (the order of the background queue)
-COST = dict(step_walk=130, step_walk_kept=120, step_walk_windows=90, phase1_scans=55,
+COST = dict(step_walk=130, queue_walk=40, step_walk_kept=120, step_walk_windows=90, phase1_scans=55,
             column_walk=46, extreme_gates=34, chunk_start_sources=30, snapshots=30,
             train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
             windows_and_tiles=3, solve_blocks=3, window_sums=2)
@@ -257,6 +257,42 @@ def case_column_walk():
     # one inline run member, one write tile, the backward in one window
     host.CONFIG.update(KW=1, KW_BWD=1, NG_BWD=512, BWD_WINDOWS=1)
     _train(make_inputs(P=1, T=40, W=3, R=2, hd=16, slots_per_stream=12, repeats=True, seed=20), 16)
+
+
+def case_queue_walk():
+    """The queue walk (``forward/queue_walk.py``: the step walk's items in one launch):
+    several chunks and groups (streams x column blocks, the last partial), several token
+    blocks and column slices of the mix items, several write tiles per chunk, runs longer
+    than the inline members, the undo log, a bf16 bank; the readings and final bank equal
+    the step walk's bitwise (the same tiles in the same order)."""
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import make_inputs
+    _step_config()
+    host.CONFIG.update(WALK="queue", TB_MIX=16)
+    ins = make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=10, per_write_gate=True,
+                      repeats=True, seed=31)
+    rows = _train(ins, 16)[0]
+    assert ops.last_dispatch().get("walk") == "queue", ops.last_dispatch()
+    _train(make_inputs(P=1, T=70, W=2, R=3, hd=16, slots_per_stream=200, seed=32), 32)
+    _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
+                       repeats=True, dtype=torch.bfloat16, seed=33), 16, tol=2e-2)
+    # bitwise the step walk's readings and bank; its undo log too, through the gradients
+    # of one backward (rows no run starts at are unset in both logs and never read)
+    outs = {}
+    gen = torch.Generator().manual_seed(3)
+    dy = torch.randn(ins.v.shape, generator=gen)
+    dM = torch.randn(ins.bank.shape, generator=gen)
+    for walk in ("queue", "step"):
+        host.CONFIG["WALK"] = walk
+        bank = ins.bank.clone()
+        y, r, sc = host.forward(bank, *tuple(ins)[1:], 16, "none", True)
+        host.CONFIG["WALK"] = "step"
+        outs[walk] = (y, bank, *host.backward(dy, dM, bank, r, sc, *tuple(ins)[1:], 16, "none",
+                                              False))
+    for a, b, name in zip(outs["queue"], outs["step"], ("readings", "bank") + NAMES):
+        assert torch.equal(a, b), f"queue walk: {name} differs from the step walk's"
 
 
 def case_step_walk():

@@ -4,7 +4,7 @@ says the launch writes. A write the analysis missed would let a compiled graph o
 AOTInductor package read a buffer before the kernel wrote it, or hand a later kernel the
 buffer's memory while it is still live: wrong results that depend on the memory plan.
 
-So for every launch of the traced host code (the column walks and the traced Phase 1
+So for every launch of the traced host code (the column and queue walks and the traced Phase 1
 forms that compiled graphs and packages launch on CUDA), the analysis, run here on CPU for
 an sm_90 target, must list every tensor the launch changes when run under the Triton
 interpreter (a subprocess with ``TRITON_INTERPRET=1`` and the traced forms forced).
@@ -22,13 +22,15 @@ import torch
 pytest.importorskip("triton")
 
 C = 16
-CASES = ("forward", "forward_gated", "forward_fp8", "backward")
+CASES = ("forward", "forward_queue", "forward_gated", "forward_fp8", "backward")
 
 
 def _case_inputs(case: str) -> tuple:
     """The case's tensors (real; the analysis half converts them to fake ones)."""
     from sdm_inductor.testing import make_inputs
-    ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, seed=5)
+    # W = 17 takes the queue walk (past ``column_suits``), W = 4 the column walk
+    ins = make_inputs(P=2, T=37, W=17 if case == "forward_queue" else 4, R=3, hd=18,
+                      slots_per_stream=24, seed=5)
     gen = torch.Generator().manual_seed(7)
     base = (ins.bank, ins.k_idx, ins.k_val, ins.v, ins.beta, ins.g, ins.q_idx, ins.q_val)
     P, T, hd = ins.v.shape
@@ -45,7 +47,7 @@ def _run_case(case: str, args: tuple):
     """The case's host-code call (``host.forward_once`` / ``host.backward``)."""
     from sdm_inductor.kernels import host
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = args[:8]
-    if case == "forward":
+    if case in ("forward", "forward_queue"):
         return host.forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "none", True)
     if case == "forward_fp8":
         return host.forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "fp8", True)
@@ -65,11 +67,11 @@ def _run_case(case: str, args: tuple):
 def _kernel_modules():
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.backward import phase1_grads, reverse_walk, sources, step_walk
-    from sdm_inductor.kernels.forward import column_walk, decode, quantize
+    from sdm_inductor.kernels.forward import column_walk, decode, quantize, queue_walk
     from sdm_inductor.kernels.phase1 import entries, groups, headers, pairs, solve
     from sdm_inductor.kernels.runtime import launch
-    return (launch, host, entries, groups, pairs, headers, solve, column_walk, decode, quantize,
-            reverse_walk, phase1_grads, sources, step_walk)
+    return (launch, host, entries, groups, pairs, headers, solve, column_walk, queue_walk, decode,
+            quantize, reverse_walk, phase1_grads, sources, step_walk)
 
 
 def _record_launches(on_launch):

@@ -10,6 +10,7 @@ import triton
 from torch._library.triton import is_wrap_triton_enabled as _wrap_triton_enabled
 from torch._library.triton import set_wrap_triton_enabled
 from torch._subclasses.fake_tensor import is_fake as _is_fake
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import wrap_triton
 from triton import knobs
 from triton.runtime import driver
@@ -31,8 +32,9 @@ def column_suits(P: int, W: int, R: int, C: int, hd: int) -> bool:
     0.67-0.97); of the 20 it leaves to the step walks, the column walks were faster in
     three, by at most 14 % (0.86 no-grad, 0.91 forward + backward). Of 6 shapes left out
     of the fit, one (W = 24, 8 x 96 columns) ran 15 % faster on the column walks than
-    the rule's choice."""
-    return max(W, R) <= 16 and P * hd <= 4096 and C <= 64
+    the rule's choice. Traced calls ask too (the queue walk otherwise): there a symbolic
+    ``P`` counts as too many columns, so the choice adds no guard."""
+    return max(W, R) <= 16 and C <= 64 and statically_known_true(P * hd <= 4096)
 
 
 def step_walks(config: dict, t, shape: tuple) -> bool:
@@ -40,7 +42,7 @@ def step_walks(config: dict, t, shape: tuple) -> bool:
     (launches per chunk): ``WALK`` "step", or "auto" (the default) unless ``column_suits``
     the call's ``shape = (P, W, R, C)``; and eager. A traced call (fake, or functional
     over fake, tensors) must launch one kernel per walk, whose compilation serves every
-    ``T``: the column walks."""
+    ``T`` (``host.walk_kind``)."""
     if _is_fake(t) or config["WALK"] not in ("step", "auto"):
         return False
     return config["WALK"] == "step" or not column_suits(*shape, t.shape[1])

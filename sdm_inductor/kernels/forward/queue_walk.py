@@ -1,0 +1,205 @@
+"""Phase 2 in one launch whose programs take the step walk's work items from a queue (the
+queue walk: what traced calls launch for the chunked forward).
+
+The step walk (``step_walk.py``) spreads each chunk step over the whole GPU in three
+launches, and kernel boundaries order them; its host loop over the chunks cannot live in a
+graph that serves every ``T``. Here the same three kinds of items run inside one launch:
+
+- gather (stream, token, column block): the token's chunk-start row segments, ``u`` and
+  ``inter`` (``step_walk._step_gather_kernel``'s body);
+- mix (stream, token block, column slice): ``delta = X u`` and the readings;
+- write (stream, tile of write positions, column block): each distinct written row once,
+  the old row to the undo log with ``SAVE``.
+
+Phase 2 is separable by stream and column, so a *group* (stream ``p``, column block
+``cb`` of ``BD`` columns) depends only on itself: its mix items of chunk ``c`` need its
+gather items of ``c``, its write items its mix items, its gather items of ``c + 1`` its
+write items of ``c``. Each group counts its finished items per kind; an item waits until
+its group's count says what it needs is done (an acquire of the count, after the finished
+items' release), so different groups, and different kinds of one group, run side by side.
+
+Items are handed out by one ticket counter in an order where every item's dependencies
+have smaller tickets (chunk, then kind, then item, groups interleaved). A program waits
+only for items of smaller tickets, all taken by programs that are already running and
+that themselves wait only for smaller tickets: the walk cannot deadlock, whatever the
+grid size and however many programs are resident (the interpreter runs one program at a
+time, which then takes every ticket in order). No float atomics: every output element has
+one writer and sums run in a fixed order, so results are bitwise those of the step walk
+with the same tiles.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..common.tiles import _gather_index, _gather_rows, _write_head, _write_tile
+from ..runtime.launch import launch, pow2
+from .step_walk import _mix_block, _store_u_inter
+
+# counters sit one 128-byte line apart (``LINE`` int32s): polls of one group's count do
+# not contend with the releases of another's
+LINE = 32
+
+
+@triton.jit
+def _await_count(cnt_ptr, target):
+    """Wait until the count at ``cnt_ptr`` reaches ``target``; then what the items behind
+    the count wrote is visible (an acquiring load of the count, which their release
+    wrote)."""
+    while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < target:
+        pass
+
+
+@triton.jit
+def _finish(cnt_ptr):
+    """Count an item as done once all of its program's stores are (release)."""
+    tl.debug_barrier()
+    tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, wdone_ptr, c, p, cb,
+                 i0, P, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                 BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
+                 KG: tl.constexpr):
+    """Tokens ``[i0, i0 + KG)`` of the chunk: their chunk-start rows, ``u`` and ``inter``.
+    Each token's slots and weights (Phase 1's) load while the token before it gathers, the
+    first token's before the wait."""
+    b = p * NC + c
+    cols = cb * BD + tl.arange(0, BD)
+    cm = cols < hd
+    base = (b.to(tl.int64) * C + i0) * (W + R)
+    slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
+    slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
+    _await_count(wdone_ptr, c * NWB)                              # chunk c - 1 written
+    for k in range(KG):
+        i = i0 + k
+        r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd)
+        inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd)
+        if k + 1 < KG:   # the next token's (KG divides C)
+            base += W + R
+            slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
+            slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
+        _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, u_ptr, r0, inter, p, b, c, i, P, T, hd,
+                       cols, cm, C, CP, False)
+
+
+@triton.jit
+def _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
+                run_coef_ptr, log_ptr, mdone_ptr, c, p, cb, j0, P, hd, NC, NM,
+                C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
+                KW: tl.constexpr, CP: tl.constexpr, SAVE: tl.constexpr, KT: tl.constexpr):
+    """Write tiles ``[j0, j0 + KT)`` of the chunk's slot-sorted write positions; each tile's
+    run headers load while the tile before it writes, the first's before the wait."""
+    b = p * NC + c
+    rb = b.to(tl.int64) * C * W
+    lb = (c * P + p).to(tl.int64) * C * W   # the undo log is chunk-major
+    sc = tl.arange(0, BD)
+    cols = cb * BD + sc
+    scr_d = d_ptr + p.to(tl.int64) * CP * hd + cb * BD
+    f0 = j0 * NG
+    sl, ln, dec, tk, cf = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
+                                      run_coef_ptr, rb, f0, C * W, NG, KW)
+    _await_count(mdone_ptr, (c + 1) * NM)                         # chunk c's deltas
+    for k in range(KT):
+        sl_n, ln_n, dec_n, tk_n, cf_n = _write_head(run_slot_ptr, run_len_ptr, run_decay_ptr,
+                                                    run_tok_ptr, run_coef_ptr, rb, f0 + NG,
+                                                    C * W, NG, KW)
+        _write_tile(bank_ptr, run_tok_ptr, run_coef_ptr, scr_d, rb, f0, sl, ln, dec, tk, cf,
+                    cols, cols < hd, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd)
+        sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
+        f0 += NG
+
+
+@triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
+def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_ptr, out_ptr,
+                       run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
+                       u_ptr, i_ptr, d_ptr, log_ptr, sync_ptr, P, T, hd, NC, NCB,
+                       C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+                       WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, TB: tl.constexpr,
+                       MB: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr,
+                       SAVE: tl.constexpr, PREC: tl.constexpr,
+                       LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr):
+    NMS: tl.constexpr = BD // MB
+    NMI: tl.constexpr = (CP // TB) * NMS        # mix items per group and chunk
+    NGB: tl.constexpr = C // KG                 # gather items (KG tokens each)
+    NRT: tl.constexpr = (C * W + NG - 1) // NG  # write tiles
+    NWB: tl.constexpr = (NRT + KT - 1) // KT    # write items (KT tiles each)
+    G = P * NCB
+    n_gather = G * NGB
+    n_mix = G * NMI
+    per_chunk = n_gather + n_mix + G * NWB
+    total = NC * per_chunk
+    # sync: the ticket counter, then the gather / mix / write counts of each group
+    gdone = sync_ptr + LINE
+    mdone = gdone + G * LINE
+    wdone = mdone + G * LINE
+    t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+    while t < total:
+        # ticket order: chunk, then kind, then item, the groups interleaved (a group's
+        # items of one kind spread over many programs; group-major order measured 1.7x)
+        c = t // per_chunk
+        r = t % per_chunk
+        kind = tl.where(r < n_gather, 0, tl.where(r < n_gather + n_mix, 1, 2))
+        q = tl.where(r < n_gather, r, tl.where(r < n_gather + n_mix, r - n_gather,
+                                                r - n_gather - n_mix))
+        g = q % G
+        j = q // G
+        p = g // NCB
+        if kind == 0:
+            _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
+                         wdone + g * LINE, c, p, g % NCB, j * KG, P, T, hd, NC, NWB, C, W, R,
+                         BD, WP, RP, CP, KG)
+            _finish(gdone + g * LINE)
+        elif kind == 1:
+            cols = (g % NCB) * BD + (j % NMS) * MB + tl.arange(0, MB)
+            _await_count(gdone + g * LINE, (c + 1) * NGB)         # chunk c's u, inter
+            _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, p * NC + c, p, c, T, hd,
+                       (j // NMS) * TB, cols, cols < hd, C, MB, TB, CP, PREC)
+            _finish(mdone + g * LINE)
+        else:
+            _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
+                        run_coef_ptr, log_ptr, mdone + g * LINE, c, p, g % NCB,
+                        j * KT, P, hd, NC, NMI, C, W, BD, NG, KW, CP, SAVE, KT)
+            _finish(wdone + g * LINE)
+        t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+
+
+def _programs(device: torch.device, config: dict) -> int:
+    """The grid: ``QUEUE_PROGRAMS_PER_SM`` programs per SM (any number is correct; one
+    under the interpreter, which runs programs one after another)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return sms * config["QUEUE_PROGRAMS_PER_SM"]
+
+
+def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
+               config: dict, prec: str):
+    """The queue walk of plan ``pl``: one launch; advances ``bank``, writes the readings to
+    ``out`` and with ``save`` the undo log to ``saved``."""
+    P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
+    hd = bank.shape[1]
+    CP = pow2(C)
+    BD = config["BD_STEP"]
+    NCB = -(-hd // BD)
+    f32 = dict(dtype=torch.float32, device=bank.device)
+    u, inter = (torch.empty(P, CP, hd, **f32) for _ in range(2))
+    low = bank.dtype == torch.bfloat16   # as the step walk: delta in bf16 for bf16 banks
+    delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
+                        device=bank.device)
+    sync = torch.zeros((1 + 3 * P * NCB) * LINE, dtype=torch.int32, device=bank.device)
+    ru = pl.runs
+    launch(_queue_walk_kernel, (_programs(bank.device, config),), bank, pl.slot, pl.ev, v,
+           pl.beta, pl.X, pl.QKX, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
+           delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W,
+           R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, TB=min(config["TB_MIX"], CP),
+           MB=config["MB_MIX"], NG=config["NG_STEP"], KW=config["KW_STEP"], SAVE=save,
+           PREC=prec, LINE=LINE,
+           KG=math.gcd(C, config["QUEUE_GATHER_TOKENS"]), KT=config["QUEUE_WRITE_TILES"],
+           num_warps=config["WARPS_QUEUE"], num_stages=1)
