@@ -19,9 +19,13 @@ from sdm_inductor.kernels import host  # noqa: E402
 C = 16
 
 
-def _inputs(T):
-    ins = make_inputs(P=2, T=T, W=4, R=3, hd=18, slots_per_stream=24, seed=T)
+def _inputs(T, W=4):
+    ins = make_inputs(P=2, T=T, W=W, R=3, hd=18, slots_per_stream=24, seed=T)
     return (ins.bank, ins.k_idx, ins.k_val, ins.v, ins.beta, ins.g, ins.q_idx, ins.q_val)
+
+
+def _wide_inputs(T):   # W = 17: past ``column_suits``, so a traced call takes the queue walk
+    return _inputs(T, W=17)
 
 
 def _forward(bank, *rest):
@@ -43,23 +47,20 @@ def _backward_args(T):
             *rest)
 
 
-@pytest.mark.parametrize("which", ["forward", "forward_column", "forward_fp8", "backward"])
-def test_traced_host_code_serves_other_lengths(which, monkeypatch):
-    """Symbolic tracing makes ``P`` symbolic too: the forward takes the queue walk
-    (``column_suits`` is not certain), unless ``WALK="column"`` forces the column walk."""
-    fn, make = {"forward": (_forward, _inputs), "forward_column": (_forward, _inputs),
+@pytest.mark.parametrize("which", ["forward", "forward_queue", "forward_fp8", "backward"])
+def test_traced_host_code_serves_other_lengths(which):
+    """(``P`` is symbolic too: the walk is chosen by its example value, with no guard.)"""
+    fn, make = {"forward": (_forward, _inputs), "forward_queue": (_forward, _wide_inputs),
                 "forward_fp8": (_forward_fp8, _inputs),
                 "backward": (_backward, _backward_args)}[which]
-    if which == "forward_column":
-        monkeypatch.setitem(host.CONFIG, "WALK", "column")
     gm = make_fx(fn, tracing_mode="symbolic")(*make(37))
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert launches, "no kernel launch was traced"
     # a traced call takes single-launch walks (column or queue), never the per-chunk step walks
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     names = {kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ for n in launches}
-    want = {"forward": {"_queue_walk_kernel"}, "forward_column": {"_forward_kernel"},
-            "forward_fp8": {"_queue_walk_kernel", "_quantize_kernel"},
+    want = {"forward": {"_forward_kernel"}, "forward_queue": {"_queue_walk_kernel"},
+            "forward_fp8": {"_forward_kernel", "_quantize_kernel"},
             "backward": {"_reverse_kernel"}}[which]
     assert want <= names, names
     assert not any(name.startswith("_step") for name in names), names
@@ -153,7 +154,8 @@ def test_auto_walk_rule_and_its_boundaries():
     """``WALK="auto"`` on an eager call: the column walks exactly where ``column_suits``
     holds (W, R <= 16, P * hd <= 4096, C <= 64), the step walks one past each bound;
     "step" / "column" force theirs; a traced (fake) call takes the queue walk, or the column
-    walk where ``column_suits`` holds for certain (a symbolic P is not certain)."""
+    walk where ``column_suits`` holds (a symbolic P by its example value, an unbacked one
+    never)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from sdm_inductor.kernels.runtime.launch import column_suits, step_walks

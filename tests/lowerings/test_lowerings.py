@@ -306,8 +306,7 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
     """``EMIT_KERNELS="always"``: static and symbolic lengths alike launch single-kernel
     walks from the output code (one compilation for every ``T``; the step walks unrolled
     per chunk made Inductor define one kernel per call site): this small shape's column
-    walk when its sizes are static, the queue walk when ``dynamic=True`` makes the number of
-    streams symbolic too (``launch.column_suits`` is then not certain). The default ("aot"): one extern call of the eager op each way (its step
+    walk (``launch.column_suits``; larger ones take the queue walk). The default ("aot"): one extern call of the eager op each way (its step
     walks), the neighbours still fused around it."""
     monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
     fn = torch.compile(gated, fullgraph=True, dynamic=dynamic)
@@ -331,8 +330,7 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
         assert not in_fw | in_bw, (in_fw, in_bw)
     else:
         assert not extern_calls(fw) and not extern_calls(bw), (extern_calls(fw), extern_calls(bw))
-        walk = "_queue_walk_kernel" if dynamic else "_forward_kernel"
-        assert walk in in_fw and "_reverse_kernel" in in_bw, (in_fw, in_bw)
+        assert "_forward_kernel" in in_fw and "_reverse_kernel" in in_bw, (in_fw, in_bw)
         assert not any(n.startswith("_step") for n in in_fw | in_bw), (in_fw, in_bw)
         assert in_bw - in_fw, (names, in_bw)
     # the lowering against the eager op (the same kernels): only fusion-order rounding

@@ -10,7 +10,6 @@ import triton
 from torch._library.triton import is_wrap_triton_enabled as _wrap_triton_enabled
 from torch._library.triton import set_wrap_triton_enabled
 from torch._subclasses.fake_tensor import is_fake as _is_fake
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import wrap_triton
 from triton import knobs
 from triton.runtime import driver
@@ -32,9 +31,20 @@ def column_suits(P: int, W: int, R: int, C: int, hd: int) -> bool:
     0.67-0.97); of the 20 it leaves to the step walks, the column walks were faster in
     three, by at most 14 % (0.86 no-grad, 0.91 forward + backward). Of 6 shapes left out
     of the fit, one (W = 24, 8 x 96 columns) ran 15 % faster on the column walks than
-    the rule's choice. Traced calls ask too (the queue walk otherwise): there a symbolic
-    ``P`` counts as too many columns, so the choice adds no guard."""
-    return max(W, R) <= 16 and C <= 64 and statically_known_true(P * hd <= 4096)
+    the rule's choice. Traced calls ask too (the queue walk otherwise): a symbolic ``P``
+    is judged by its example value, as Inductor's heuristics use size hints, so the choice
+    adds no guard (either walk is correct for every ``P``; an unbacked one counts as too
+    many columns)."""
+    return max(W, R) <= 16 and C <= 64 and _hint(P * hd, 4097) <= 4096
+
+
+def _hint(n, fallback: int) -> int:
+    """``n``, or a symbolic ``n``'s example value (``fallback`` if it has none), read
+    without adding a guard."""
+    if isinstance(n, torch.SymInt):
+        hint = n.node.hint
+        return fallback if hint is None else int(hint)
+    return int(n)
 
 
 def step_walks(config: dict, t, shape: tuple) -> bool:
