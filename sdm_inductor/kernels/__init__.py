@@ -14,8 +14,9 @@ Layout, in the order a call runs:
 - ``phase1/``: what needs no bank (``plan``): ``entries`` (dense and sort keys),
   ``groups`` (groups and write runs), ``pairs`` (decays, Gram matrices), ``solve`` (the
   chunks' triangular inverses), ``headers`` (the backward's dB groups), ``layout``;
-- ``forward/``: ``step_walk`` (launches per chunk: eager calls), ``column_walk`` (one
-  launch: traced calls), ``decode`` (short sequences), ``quantize`` (the undo log's packing);
+- ``forward/``: ``step_walk`` (launches per chunk: eager calls), ``queue_walk`` (its
+  items in one launch: traced calls), ``column_walk`` (one launch, small shapes),
+  ``decode`` (short sequences), ``quantize`` (the undo log's packing);
 - ``backward/``: ``dispatch``, ``step_walk`` (eager), ``reverse_walk`` (traced),
   ``sources`` (chunk-start rows from the final bank and the log), ``phase1_grads``;
 - ``runtime/``: ``launch`` (traceable launches, ``Relaunch``, the walk rule), ``graphs``

@@ -8,10 +8,10 @@ import os
 # the tiles (the interpreter's shapes are tiny) and the benchmarks may override entries.
 # Every default is the measured-best form on an H200 (docs/performance.md).
 CONFIG = dict(
-    # --- which walk (eager step walk / traced column walk), and the eager call's extras
-    # WALK: "auto" (step walk when eager, except the small shapes of
-    # ``runtime.launch.column_suits``; column walk when traced), or "column" / "step" to force one
-    # (a traced call always takes the column walk). Environment: SDM_INDUCTOR_WALK.
+    # --- which walk (eager step walk / traced queue walk), and the eager call's extras
+    # WALK: "auto" (step walk when eager, queue walk when traced, except the small shapes
+    # of ``runtime.launch.column_suits``: column walk), or "step" / "queue" / "column" to
+    # force one (a traced call never takes the step walk). Environment: SDM_INDUCTOR_WALK.
     WALK=os.environ.get("SDM_INDUCTOR_WALK", "auto"),
     # WALK_GRAPHS: an eager step walk whose launches (kernels, grids, every argument) are
     # those of an earlier call replays them from a CUDA graph (``runtime/graphs.py``); 0 makes every

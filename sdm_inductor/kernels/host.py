@@ -6,7 +6,8 @@ Python, so the same functions serve the eager op (``IMPLS['cuda']``), CUDA-graph
 and the ``triton_op`` bodies that Inductor traces (``triton_ops.py``). The one choice that
 depends on how a call runs is the walk (``walk_kind``): eager calls loop over the chunks
 on the host (the step walks; small shapes take the column walks, ``launch.column_suits``),
-traced calls launch one kernel for all chunks.
+traced calls launch one kernel for all chunks (the queue walk forward; small shapes the
+column walks).
 """
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ each program and measured slower still. Here the hardware schedules the items: a
 
 Kernel boundaries order the steps (chunk c + 1 gathers what chunk c wrote). No float
 atomics: bitwise reproducible. The host loops over the chunks (shapes only), so this
-walk serves eager calls and CUDA graphs; a traced call keeps the single-launch column
-walk, whose one compilation covers every ``T`` (docs/spec.md section 6).
+walk serves eager calls and CUDA graphs; a traced call runs the same items in one launch
+(``queue_walk.py``), whose one compilation covers every ``T`` (docs/spec.md section 6).
 """
 from __future__ import annotations
 
