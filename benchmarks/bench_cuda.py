@@ -251,7 +251,9 @@ def main():
     ap.add_argument("--configs", default="A,B")
     ap.add_argument("--chunks", default="64,128,256")
     ap.add_argument("--walks", default=host.CONFIG["WALK"],
-                    help="forward walks to compare, e.g. step,column (forward/step_walk.py, forward/column_walk.py)")
+                    help="forward walks to compare, e.g. step,queue,column (forward/step_walk.py, "
+                         "queue_walk.py, column_walk.py; the queue and column rows' backward is "
+                         "the reverse column walk)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=INT",
                     help="override kernels.host.CONFIG entries, e.g. NG_STEP=64 WARPS_STEP_W=8")
     ap.add_argument("--no-extras", action="store_true",
