@@ -176,3 +176,19 @@ def test_auto_walk_rule_and_its_boundaries():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     P = ShapeEnv().create_unbacked_symint()
     assert not column_suits(P, 16, 16, 64, 128)
+
+
+def test_queue_walk_refuses_more_items_than_its_int32_tickets():
+    """The queue walk's tickets are int32: a call with 2**31 items or more is refused
+    before its launch (a guard when the length is symbolic), never run with a wrapped
+    ticket count."""
+    from types import SimpleNamespace
+
+    from sdm_inductor.kernels.forward.queue_walk import queue_walk
+    bank = torch.empty(8, 128, device="meta")
+    pl = SimpleNamespace(P=2, C=16, W=64, R=64, NC=2 ** 27, T=2 ** 31)   # 32 items a chunk
+    with pytest.raises(RuntimeError, match="int32 tickets"):
+        queue_walk(bank, pl, None, None, None, False, host.CONFIG, "tf32")
+    pl.NC = 2 ** 26 - 1   # 2**31 - 32 items: past the check (the launch then needs a plan)
+    with pytest.raises(AttributeError, match="runs"):
+        queue_walk(bank, pl, None, None, None, False, host.CONFIG, "tf32")

@@ -200,13 +200,18 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     low = bank.dtype == torch.bfloat16   # as the step walk: delta in bf16 for bf16 banks
     delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
                         device=bank.device)
+    TB, MB, NG = min(config["TB_MIX"], CP), config["MB_MIX"], config["NG_STEP"]
+    KG, KT = math.gcd(C, config["QUEUE_GATHER_TOKENS"]), config["QUEUE_WRITE_TILES"]
+    write_tiles = -(-C * W // NG)
+    items = P * NCB * (C // KG + (CP // TB) * (BD // MB) + -(-write_tiles // KT))
+    # the kernel's tickets are int32 (a symbolic NC makes this a guard, never a silent wrap)
+    torch._check(NC * items < 2 ** 31, lambda: f"sdm: the queue walk's {items} items per "
+                 f"chunk times {NC} chunks exceed its int32 tickets: split the sequence")
     sync = torch.zeros((1 + 3 * P * NCB) * LINE, dtype=torch.int32, device=bank.device)
     ru = pl.runs
     launch(_queue_walk_kernel, (_programs(bank.device, config),), bank, pl.slot, pl.ev, v,
            pl.beta, pl.X, pl.QKX, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
            delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W,
-           R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, TB=min(config["TB_MIX"], CP),
-           MB=config["MB_MIX"], NG=config["NG_STEP"], KW=config["KW_STEP"], SAVE=save,
-           PREC=prec, LINE=LINE,
-           KG=math.gcd(C, config["QUEUE_GATHER_TOKENS"]), KT=config["QUEUE_WRITE_TILES"],
-           num_warps=config["WARPS_QUEUE"], num_stages=1)
+           R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"],
+           SAVE=save, PREC=prec, LINE=LINE, KG=KG, KT=KT, num_warps=config["WARPS_QUEUE"],
+           num_stages=1)
