@@ -56,8 +56,10 @@ LINE = 32
 @triton.jit
 def _await_count(cnt_ptr, target):
     """Wait until the count at ``cnt_ptr`` reaches ``target``; then what the items behind
-    the count wrote is visible (an acquiring load of the count, which their release
-    wrote)."""
+    the count wrote is visible (an acquiring read of the count, which their release wrote).
+    Triton has no acquiring load: an acquiring add of 0 whose result is used compiles to
+    ``ld.acquire.gpu``; one whose result is unused is dropped by the compiler, and the walk
+    then read rows and deltas before their writers' stores were visible."""
     while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < target:
         pass
 
