@@ -1,12 +1,14 @@
-"""Step walks against column walks over a grid of shapes, eager (``WALK`` = "step" /
-"column"), interleaved per shape: the data a per-call choice of walk would rest on.
+"""Walks against each other over a grid of shapes (``WALK`` forced on eager calls),
+interleaved per shape: the data a per-call choice of walk would rest on.
 
-    python benchmarks/tools/bench_walks.py [--rounds 2] [--grid]
+    python benchmarks/tools/bench_walks.py [--rounds 2] [--grid] [--walks step,column]
 
 Prints, per shape (P streams, T tokens, hd columns, slots per stream, W = R, C), the
 no-grad forward and the forward + backward through autograd of each walk (medians of the
-rounds), column / step, and the walk ``WALK="auto"`` takes (``launch.column_suits``,
-whose rule was fitted on ``--grid``'s first 27 shapes).
+rounds), each over the first walk's, and the walk an eager call with ``WALK="auto"`` takes
+(``launch.column_suits``, whose rule was fitted on ``--grid``'s first 27 shapes, step
+against column). ``--walks queue,column`` compares what traced calls can take (their
+forward + backward rows both run the reverse column walk backward).
 """
 from __future__ import annotations
 
@@ -49,10 +51,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--grid", action="store_true", help="GRID then HELD_OUT instead of SHAPES")
+    ap.add_argument("--walks", default="step,column", help="WALK values, the first the base")
     args = ap.parse_args()
+    walks = args.walks.split(",")
     shapes = GRID + HELD_OUT if args.grid else SHAPES
-    print("| P | T | hd | sph | W=R | C | no-grad step / column ms | ratio | fwd+bwd step / column ms "
-          "| ratio | auto |")
+    names = " / ".join(walks)
+    print(f"| P | T | hd | sph | W=R | C | no-grad {names} ms | ratios | fwd+bwd {names} ms "
+          "| ratios | auto |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     keep = dict(host.CONFIG)
     for P, T, hd, sph, W, C in shapes:
@@ -62,17 +67,18 @@ def main():
         def fwd():
             return host.forward(bank, *rest, C, "none", False)
         ag = autograd_step((bank, *rest), dy, dM, C, "none")
-        t = {(w, k): [] for w in ("step", "column") for k in ("fwd", "ag")}
+        t = {(w, k): [] for w in walks for k in ("fwd", "ag")}
         for _ in range(args.rounds):
-            for walk in ("step", "column"):
+            for walk in walks:
                 host.CONFIG.update(keep, WALK=walk)
                 t[(walk, "fwd")].append(bench(fwd, rep=50))
                 t[(walk, "ag")].append(bench(ag, rep=100))
         m = {k: statistics.median(v) for k, v in t.items()}
-        print(f"| {P} | {T} | {hd} | {sph} | {W} | {C} | {m['step', 'fwd']:.2f} / "
-              f"{m['column', 'fwd']:.2f} | {m['column', 'fwd'] / m['step', 'fwd']:.2f} | "
-              f"{m['step', 'ag']:.2f} / {m['column', 'ag']:.2f} | "
-              f"{m['column', 'ag'] / m['step', 'ag']:.2f} | "
+        cells = []
+        for k in ("fwd", "ag"):
+            cells.append(" / ".join(f"{m[w, k]:.2f}" for w in walks))
+            cells.append(" / ".join(f"{m[w, k] / m[walks[0], k]:.2f}" for w in walks[1:]))
+        print(f"| {P} | {T} | {hd} | {sph} | {W} | {C} | " + " | ".join(cells) + " | "
               f"{'column' if column_suits(P, W, W, C, hd) else 'step'} |", flush=True)
     host.CONFIG.update(keep)
 
