@@ -255,7 +255,7 @@ def raw_gate_layout(x: Tensor) -> Tensor:
 
 def _record(path: str, windows: int, bank: Tensor, walk: str | None):
     from .. import ops
-    bd = CONFIG["BD_STEP"] if walk == "step" else CONFIG["BD"]
+    bd = CONFIG["BD_STEP"] if walk in ("step", "queue") else CONFIG["BD"]
     ops.record_dispatch(kernel_path=path, windows=windows, walk=walk, block_cols=bd,
                         decode_max_t=DECODE_MAX_T, column_blocks=-(-bank.shape[1] // bd))
 
