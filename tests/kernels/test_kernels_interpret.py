@@ -291,7 +291,8 @@ def case_queue_walk():
         host.CONFIG["WALK"] = "step"
         outs[walk] = (y, bank, *host.backward(dy, dM, bank, r, sc, *tuple(ins)[1:], 16, "none",
                                               False))
-    for a, b, name in zip(outs["queue"], outs["step"], ("readings", "bank") + NAMES):
+    names = ("readings", "final bank") + tuple("grad " + n for n in NAMES)
+    for a, b, name in zip(outs["queue"], outs["step"], names):
         assert torch.equal(a, b), f"queue walk: {name} differs from the step walk's"
 
 

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from ..common.tiles import _gather_index, _gather_rows, _write_head, _write_tile
 from ..runtime.launch import launch, pow2
-from .step_walk import _mix_block, _store_u_inter
+from .step_walk import _mix_block, _store_u_inter, step_buffers
 
 # counters sit one 128-byte line apart (``LINE`` int32s): polls of one group's count do
 # not contend with the releases of another's
@@ -197,11 +197,7 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     CP = pow2(C)
     BD = config["BD_STEP"]
     NCB = -(-hd // BD)
-    f32 = dict(dtype=torch.float32, device=bank.device)
-    u, inter = (torch.empty(P, CP, hd, **f32) for _ in range(2))
-    low = bank.dtype == torch.bfloat16   # as the step walk: delta in bf16 for bf16 banks
-    delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
-                        device=bank.device)
+    u, inter, delta = step_buffers(bank, P, CP)
     TB, MB, NG = min(config["TB_MIX"], CP), config["MB_MIX"], config["NG_STEP"]
     KG, KT = math.gcd(C, config["QUEUE_GATHER_TOKENS"]), config["QUEUE_WRITE_TILES"]
     write_tiles = -(-C * W // NG)

@@ -170,6 +170,20 @@ def _step_write_kernel(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr
                     cols, cm, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd)
 
 
+def step_buffers(bank: Tensor, P: int, CP: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A chunk step's ``[P, CP, hd]`` scratch, as the gather, product and write items read
+    it: ``u`` and ``inter`` in fp32, ``delta`` in bf16 for a bf16 bank (the write reads
+    delta for every run member: half the L2 traffic; the written rows are stored in bf16
+    anyway, and the sums over a run stay fp32), else fp32."""
+    hd = bank.shape[1]
+    u, inter = (torch.empty(P, CP, hd, dtype=torch.float32, device=bank.device)
+                for _ in range(2))
+    low = bank.dtype == torch.bfloat16
+    delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
+                        device=bank.device)
+    return u, inter, delta
+
+
 def step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
               config: dict, prec: str, keep: Tensor | None = None):
     """The step walk of plan ``pl``: three launches per chunk, in chunk order; advances
@@ -181,13 +195,7 @@ def step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: boo
     BD, BDW, NG = config["BD_STEP"], config["BD_STEP_W"], config["NG_STEP"]
     NCB, NCBW = -(-hd // BD), -(-hd // BDW)
     nrt = -(-C * W // NG)
-    f32 = dict(dtype=torch.float32, device=bank.device)
-    u, inter = (torch.empty(P, CP, hd, **f32) for _ in range(2))
-    # the write launch reads delta for every run member: in bf16 for a bf16 bank, half the
-    # L2 traffic (the written rows are stored in bf16 anyway; the sums over a run stay fp32)
-    low = bank.dtype == torch.bfloat16
-    delta = torch.empty(P, CP, hd, dtype=torch.bfloat16 if low else torch.float32,
-                        device=bank.device)
+    u, inter, delta = step_buffers(bank, P, CP)
     ru = pl.runs
     MBM, TBM = config["MB_MIX"], min(config["TB_MIX"], CP)
     pd = pdl(config, bank)
