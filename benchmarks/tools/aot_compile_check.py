@@ -57,8 +57,10 @@ def _code_hash(ptx: str) -> str:
     """A hash of the PTX's instructions: without line records, comments, labels' debug
     names and the DWARF sections (``.b8`` data), which move with the source's lines."""
     skip = re.compile(r"\s*(\.loc|\.file|//|\.section|\.b8|\.b16|\.b32|\.b64)")
+    tmp = re.compile(r"\$L__tmp\d+:$")   # inlined functions' debug labels
     lines = [ln for ln in ptx.splitlines()
-             if not skip.match(ln) and "DW_" not in ln and "debug" not in ln]
+             if not skip.match(ln) and not tmp.match(ln) and "DW_" not in ln
+             and "debug" not in ln]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
 
 

@@ -349,6 +349,53 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkeypatch,
+                                                                  no_caches):
+    """A shape past ``launch.column_suits`` (W = 17, two 128-column groups per stream):
+    the output code launches the queue walk; one compilation serves two lengths, and its
+    readings, bank and gradients are the eager step walks' up to rounding order (bf16: its
+    gathers sum a token's rows over 4 warps, the step walk's over one) and the oracle's."""
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
+    counter = CompileCounterWithBackend("inductor")
+
+    def call(bank, k_idx, k_val, v, beta, g, q_idx, q_val):
+        return sdm_inductor.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                       chunk_size=C, slots_per_stream=64)
+
+    fn = torch.compile(call, backend=counter, fullgraph=True, dynamic=True)
+    tol = dict(eager=1e-5, oracle=1e-4) if dtype == torch.float32 else dict(eager=1e-2,
+                                                                             oracle=2e-2)
+    for T, seed in ((70, 41), (149, 42)):
+        ins = make_inputs(2, T, W=17, R=5, hd=160, slots_per_stream=64, dtype=dtype,
+                          seed=seed, device="cuda")
+        args = float_leaves(list(ins))
+        if T == 70:   # (run_and_get_code resets Dynamo: the first call only)
+            (y, M), (fw, *_) = run_and_get_code(fn, *args)
+            assert "_queue_walk_kernel" in fw and not extern_calls(fw), extern_calls(fw)
+        else:
+            y, M = fn(*args)
+        dy, dM = torch.randn_like(y), torch.randn_like(M)
+        torch.autograd.backward((y, M), (dy, dM))
+        eager = float_leaves(list(ins))
+        y_e, M_e = call(*eager)
+        torch.autograd.backward((y_e, M_e), (dy, dM))
+        errs = {"y": rel_err(y, y_e), "M": rel_err(M, M_e)}
+        errs.update({f"grad {n}": rel_err(a.grad, b.grad)
+                     for n, a, b in zip(ins._fields, args, eager) if a.requires_grad})
+        print(f"T={T}: compiled vs eager", errs)
+        assert max(errs.values()) < tol["eager"], (T, errs)
+        y_ref, M_ref = sdm_write_read_reference(*[a.detach().cpu().double() if
+                                                  a.is_floating_point() else a.cpu()
+                                                  for a in ins], compute_dtype=torch.float64)
+        errs = rel_err(y.cpu(), y_ref), rel_err(M.cpu(), M_ref)
+        assert max(errs) < tol["oracle"], (T, errs)
+    assert counter.frame_count == 1
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.compile
 @pytest.mark.parametrize("emit", ["aot", "always"])
 def test_cuda_graphs_reduce_overhead(emit, monkeypatch, no_caches):
     """CUDA graphs of both forms: the extern call of the eager op (its index checks run in

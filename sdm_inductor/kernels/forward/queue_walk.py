@@ -29,10 +29,11 @@ one writer and sums run in a fixed order, so results are bitwise reproducible. T
 the step walk's bitwise under the interpreter; on a GPU they differ in the last bits, as
 a gather item reduces a token's rows over 4 warps where the step walk's launch uses one.
 
-A step costs more than the step walk's (1.37-1.47x its no-grad time at configs A and B):
-each item pays a ticket, a wait and a count (round trips to L2 that a launch's programs
-do not make), and ~3 programs per SM (168 registers) keep fewer gathers in flight than
-the step walk's gather launch (docs/performance.md).
+A step costs more than the step walk's (1.37-1.47x its no-grad time at configs A and B),
+almost all of it in the gathers: a gather item's 4 warps meet in shared memory for each
+token's sums, so a token's loads drain before the next token's start, where the step
+walk's one-warp gather programs stream independently. Tickets, waits and counts cost
+little (docs/performance.md, "Traced walks").
 """
 from __future__ import annotations
 
