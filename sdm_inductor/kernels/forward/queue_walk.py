@@ -30,9 +30,9 @@ the step walk's bitwise under the interpreter; on a GPU they differ in the last 
 a gather item reduces a token's rows over 4 warps where the step walk's launch uses one.
 
 A step costs more than the step walk's (1.37-1.47x its no-grad time at configs A and B),
-almost all of it in the gathers: a gather item's 4 warps meet in shared memory for each
-token's sums, so a token's loads drain before the next token's start, where the step
-walk's one-warp gather programs stream independently. Tickets, waits and counts cost
+almost all of it in the gathers (twice the step walk's gather launch per chunk step); a
+likely cause is that a gather item's 4 warps meet in shared memory for each token's sums,
+so a token's loads drain before the next token's start. Tickets, waits and counts cost
 little (docs/performance.md, "Traced walks").
 """
 from __future__ import annotations
