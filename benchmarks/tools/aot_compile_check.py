@@ -198,11 +198,11 @@ def main(dtype="bf16"):
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
                          run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=bank, log_ptr=bank,
                          sync_ptr=i32),
-                    dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], WP=64, RP=64, CP=CC,
+                    dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], CP=CC,
                          TB=CFG["TB_MIX"], MB=CFG["MB_MIX"], NG=CFG["NG_STEP"],
                          KW=CFG["KW_STEP"], SAVE=CC != 64, PREC="tf32",
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
-                         KT=CFG["QUEUE_WRITE_TILES"]),
+                         KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"]),
                     num_warps=CFG["WARPS_QUEUE"])
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

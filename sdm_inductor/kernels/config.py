@@ -56,9 +56,12 @@ CONFIG = dict(
     CL_WRITE=1, MB_MIX=32, TB_MIX=32, WARPS_MIX=4, MIX_ROWS=1,
     # --- the queue walk (forward/queue_walk.py: traced calls): the step walk's items in one
     # launch of QUEUE_PROGRAMS_PER_SM programs per SM of WARPS_QUEUE warps; a gather item
-    # takes QUEUE_GATHER_TOKENS tokens, a write item QUEUE_WRITE_TILES tiles (one wait and
-    # one count each: 4 and 4 were 8 % faster than 1 and 1, 8 and 8 slower)
-    QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_WRITE_TILES=4,
+    # takes QUEUE_GATHER_TOKENS tokens at once (a power of two; one per warp at 4), summing
+    # QUEUE_GATHER_ENTRIES (a power of two) of each token's entries a step; a write item
+    # takes QUEUE_WRITE_TILES tiles (one wait and one count per item: 4 and 4 were 8 %
+    # faster than 1 and 1, 8 and 8 slower)
+    QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_GATHER_ENTRIES=2,
+    QUEUE_WRITE_TILES=4,
     # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE

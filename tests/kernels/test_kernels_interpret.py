@@ -263,8 +263,9 @@ def case_queue_walk():
     """The queue walk (``forward/queue_walk.py``: the step walk's items in one launch):
     several chunks and groups (streams x column blocks, the last partial), several token
     blocks and column slices of the mix items, several write tiles per chunk, runs longer
-    than the inline members, the undo log, a bf16 bank; the readings and final bank equal
-    the step walk's bitwise (the same tiles in the same order)."""
+    than the inline members, the undo log, a bf16 bank, odd numbers of slots; the readings,
+    final bank and gradients equal the step walk's up to fp32 rounding (its gathers sum a
+    token's rows in pairs, the step walk's in one tile)."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -278,8 +279,8 @@ def case_queue_walk():
     _train(make_inputs(P=1, T=70, W=2, R=3, hd=16, slots_per_stream=200, seed=32), 32)
     _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                        repeats=True, dtype=torch.bfloat16, seed=33), 16, tol=2e-2)
-    # bitwise the step walk's readings and bank; its undo log too, through the gradients
-    # of one backward (rows no run starts at are unset in both logs and never read)
+    # the step walk's readings and bank; its undo log too, through the gradients of one
+    # backward (rows no run starts at are unset in both logs and never read)
     outs = {}
     gen = torch.Generator().manual_seed(3)
     dy = torch.randn(ins.v.shape, generator=gen)
@@ -293,7 +294,7 @@ def case_queue_walk():
                                               False))
     names = ("readings", "final bank") + tuple("grad " + n for n in NAMES)
     for a, b, name in zip(outs["queue"], outs["step"], names):
-        assert torch.equal(a, b), f"queue walk: {name} differs from the step walk's"
+        _check(f"queue walk against the step walk: {name}", a, b, 1e-6)
 
 
 def case_step_walk():

@@ -6,8 +6,8 @@ The step walk (``step_walk.py``) spreads each chunk step over the whole GPU in t
 launches, and kernel boundaries order them; its host loop over the chunks cannot live in a
 graph that serves every ``T``. Here the same three kinds of items run inside one launch:
 
-- gather (stream, token, column block): the token's chunk-start row segments, ``u`` and
-  ``inter`` (``step_walk._step_gather_kernel``'s body);
+- gather (stream, ``KG`` tokens, column block): the tokens' chunk-start row segments, ``u``
+  and ``inter`` (the step walk's gather launch, one token per warp);
 - mix (stream, token block, column slice): ``delta = X u`` and the readings;
 - write (stream, tile of write positions, column block): each distinct written row once,
   the old row to the undo log with ``SAVE``.
@@ -26,14 +26,11 @@ that themselves wait only for smaller tickets: the walk cannot deadlock, whateve
 grid size and however many programs are resident (the interpreter runs one program at a
 time, which then takes every ticket in order). No float atomics: every output element has
 one writer and sums run in a fixed order, so results are bitwise reproducible. They equal
-the step walk's bitwise under the interpreter; on a GPU they differ in the last bits, as
-a gather item reduces a token's rows over 4 warps where the step walk's launch uses one.
+the step walk's up to rounding order: a gather sums a token's rows ``ES`` at a time, the
+step walk's launch in one tile.
 
-A step costs more than the step walk's (1.37-1.47x its no-grad time at configs A and B),
-almost all of it in the gathers (twice the step walk's gather launch per chunk step); a
-likely cause is that a gather item's 4 warps meet in shared memory for each token's sums,
-so a token's loads drain before the next token's start. Tickets, waits and counts cost
-little (docs/performance.md, "Traced walks").
+The walk takes 1.20-1.24x the step walk's no-grad time at configs A and B; tickets, waits
+and counts cost little (docs/performance.md, "Traced walks").
 """
 from __future__ import annotations
 
@@ -45,9 +42,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..common.tiles import _gather_index, _gather_rows, _write_head, _write_tile
+from ..common.tiles import _write_head, _write_tile
 from ..runtime.launch import launch, pow2
-from .step_walk import _mix_block, _store_u_inter, step_buffers
+from .step_walk import _mix_block, step_buffers
 
 # counters sit one 128-byte line apart (``LINE`` int32s): polls of one group's count do
 # not contend with the releases of another's
@@ -73,30 +70,49 @@ def _finish(cnt_ptr):
 
 
 @triton.jit
+def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, E: tl.constexpr,
+                KG: tl.constexpr, ES: tl.constexpr, cols, cm, hd):
+    """``sum_e wt_e M0[sl_e, cols]`` over ``n`` entries of ``KG`` tokens at once, whose
+    entries start ``E`` apart from ``base``, taking ``ES`` entries of each token per step.
+    The ``[KG, ES, BD]`` tile puts the tokens on the warps, so each warp sums its token's
+    rows in registers as they arrive and nothing meets in shared memory until the last
+    step (a ``[W, BD]`` tile per token spreads its rows over the warps, and each token's
+    loads then drain before the next token's start)."""
+    tk = tl.arange(0, KG)
+    es = tl.arange(0, ES)
+    acc = tl.zeros([KG, ES, cols.shape[0]], tl.float32)
+    for r in tl.static_range(0, n, ES):
+        em = (r + es) < n
+        at = base + tk[:, None] * E + r + es[None, :]
+        sl = tl.load(slot_ptr + at, mask=em[None, :], other=-1)
+        wt = tl.load(ev_ptr + at, mask=em[None, :], other=0.0)
+        rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                       mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+        acc += wt[:, :, None] * rows.to(tl.float32)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, wdone_ptr, c, p, cb,
-                 i0, P, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                 BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                 KG: tl.constexpr):
-    """Tokens ``[i0, i0 + KG)`` of the chunk: their chunk-start rows, ``u`` and ``inter``.
-    Each token's slots and weights (Phase 1's) load while the token before it gathers, the
-    first token's before the wait."""
+                 i0, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                 BD: tl.constexpr, CP: tl.constexpr, KG: tl.constexpr, ES: tl.constexpr):
+    """Tokens ``[i0, i0 + KG)`` of the chunk, one per warp: their chunk-start rows, ``u``
+    and ``inter``."""
     b = p * NC + c
     cols = cb * BD + tl.arange(0, BD)
     cm = cols < hd
+    toks = i0 + tl.arange(0, KG)
     base = (b.to(tl.int64) * C + i0) * (W + R)
-    slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
-    slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
+    tg = c * C + toks
+    vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
+                 mask=(tg < T)[:, None] & cm[None, :], other=0.0).to(tl.float32)
+    bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks)
     _await_count(wdone_ptr, c * NWB)                              # chunk c - 1 written
-    for k in range(KG):
-        i = i0 + k
-        r0 = _gather_rows(bank_ptr, slw, evw, cols, cm, hd)
-        inter = _gather_rows(bank_ptr, slr, evr, cols, cm, hd)
-        if k + 1 < KG:   # the next token's (KG divides C)
-            base += W + R
-            slw, evw = _gather_index(slot_ptr, ev_ptr, base, W, WP)
-            slr, evr = _gather_index(slot_ptr, ev_ptr, base + W, R, RP)
-        _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, u_ptr, r0, inter, p, b, c, i, P, T, hd,
-                       cols, cm, C, CP, False)
+    r0 = _token_sums(bank_ptr, slot_ptr, ev_ptr, base, W, W + R, KG, ES, cols, cm, hd)
+    inter = _token_sums(bank_ptr, slot_ptr, ev_ptr, base + W, R, W + R, KG, ES, cols, cm, hd)
+    buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
+    tl.store(u_ptr + buf, bt[:, None] * (vv - r0), mask=cm[None, :])
+    tl.store(i_ptr + buf, inter, mask=cm[None, :])
 
 
 @triton.jit
@@ -131,10 +147,11 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
                        u_ptr, i_ptr, d_ptr, log_ptr, sync_ptr, P, T, hd, NC, NCB,
                        C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                       WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr, TB: tl.constexpr,
+                       CP: tl.constexpr, TB: tl.constexpr,
                        MB: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr,
                        SAVE: tl.constexpr, PREC: tl.constexpr,
-                       LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr):
+                       LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr,
+                       ES: tl.constexpr):
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # mix items per group and chunk
     NGB: tl.constexpr = C // KG                 # gather items (KG tokens each)
@@ -163,8 +180,8 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
         p = g // NCB
         if kind == 0:
             _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
-                         wdone + g * LINE, c, p, g % NCB, j * KG, P, T, hd, NC, NWB, C, W, R,
-                         BD, WP, RP, CP, KG)
+                         wdone + g * LINE, c, p, g % NCB, j * KG, T, hd, NC, NWB, C, W, R,
+                         BD, CP, KG, ES)
             _finish(gdone + g * LINE)
         elif kind == 1:
             cols = (g % NCB) * BD + (j % NMS) * MB + tl.arange(0, MB)
@@ -211,6 +228,7 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     launch(_queue_walk_kernel, (_programs(bank.device, config),), bank, pl.slot, pl.ev, v,
            pl.beta, pl.X, pl.QKX, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
            delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W,
-           R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"],
-           SAVE=save, PREC=prec, LINE=LINE, KG=KG, KT=KT, num_warps=config["WARPS_QUEUE"],
+           R=R, BD=BD, CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"],
+           SAVE=save, PREC=prec, LINE=LINE, KG=KG, KT=KT, ES=config["QUEUE_GATHER_ENTRIES"],
+           num_warps=config["WARPS_QUEUE"],
            num_stages=1)
