@@ -147,9 +147,8 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
                        u_ptr, i_ptr, d_ptr, log_ptr, sync_ptr, P, T, hd, NC, NCB,
                        C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-                       CP: tl.constexpr, TB: tl.constexpr,
-                       MB: tl.constexpr, NG: tl.constexpr, KW: tl.constexpr,
-                       SAVE: tl.constexpr, PREC: tl.constexpr,
+                       CP: tl.constexpr, TB: tl.constexpr, MB: tl.constexpr, NG: tl.constexpr,
+                       KW: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                        LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr,
                        ES: tl.constexpr):
     NMS: tl.constexpr = BD // MB
@@ -227,8 +226,6 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     ru = pl.runs
     launch(_queue_walk_kernel, (_programs(bank.device, config),), bank, pl.slot, pl.ev, v,
            pl.beta, pl.X, pl.QKX, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
-           delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W,
-           R=R, BD=BD, CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"],
-           SAVE=save, PREC=prec, LINE=LINE, KG=KG, KT=KT, ES=config["QUEUE_GATHER_ENTRIES"],
-           num_warps=config["WARPS_QUEUE"],
-           num_stages=1)
+           delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W, R=R, BD=BD, CP=CP, TB=TB, MB=MB,
+           NG=NG, KW=config["KW_STEP"], SAVE=save, PREC=prec, LINE=LINE, KG=KG, KT=KT,
+           ES=config["QUEUE_GATHER_ENTRIES"], num_warps=config["WARPS_QUEUE"], num_stages=1)
