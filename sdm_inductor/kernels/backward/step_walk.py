@@ -107,6 +107,16 @@ def _step_bwd_gather_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_
                             SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     p, i, _, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
+    _vmr_token(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, p, i,
+               base, cols, cm, c, T, hd, width, C, W, WP, CP, PDL, QMODE, SRC)
+
+
+@triton.jit
+def _vmr_token(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, p, i,
+               base, cols, cm, c, T, hd, width, C: tl.constexpr, W: tl.constexpr,
+               WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr, QMODE: tl.constexpr,
+               SRC: tl.constexpr):
+    """``v - r0`` of token ``i`` of stream ``p`` in columns ``cols`` (a gather program)."""
     sl, wt = _gather_index(slot_ptr, ev_ptr, base, W, WP)
     _grid_dependency(PDL >= 2)
     if SRC:
@@ -122,12 +132,10 @@ def _step_bwd_gather_kernel(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_
 
 
 @triton.jit
-def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
-                 C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-                 PREC: tl.constexpr, PDL: tl.constexpr):
-    """The first product launch in blocks of ``TB`` key tokens, all after the wait."""
-    _grid_dependency(PDL)
-    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, t0, cols, cm, c,
+                 T, hd, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+                 CP: tl.constexpr, PREC: tl.constexpr):
+    """The first product launch in blocks of ``TB`` key tokens (after the launch's wait)."""
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
@@ -158,12 +166,10 @@ def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, 
 
 @triton.jit
 def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
-                 pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
-                 TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
-    """The second product launch in blocks of ``TB`` tokens, all after the wait."""
-    _grid_dependency(PDL)
-    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
-    ms = tl.program_id(1)        # the column slice: its row of the partial sums
+                 pb_ptr, p, b, t0, cols, cm, ms, c, T, hd, NB, NCW, vmr_cs, C: tl.constexpr,
+                 MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr):
+    """The second product launch in blocks of ``TB`` tokens (after the launch's wait);
+    ``ms``: the column slice, its row of the partial sums."""
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
@@ -208,15 +214,13 @@ def _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr
 
 
 @triton.jit
-def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
-               C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-               PREC: tl.constexpr, PDL: tl.constexpr):
+def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, t0, cols, cm, c,
+               T, hd, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+               CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     """The first product launch with the token block's whole rows at once (``ROWS``):
     ``QK^T dy`` needs only what was written before the walk (Phase 1's Gram matrix, the
     output gradient), so it is loaded and computed before the wait, with X's rows and the
     gates; after it, one load of the chunk's ``v - r0`` and one product, ``delta = X u``."""
-    _grid_dependency(PDL == 1)
-    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
@@ -239,14 +243,12 @@ def _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd
 
 @triton.jit
 def _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
-               pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C: tl.constexpr, MB: tl.constexpr,
-               TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+               pb_ptr, p, b, t0, cols, cm, ms, c, T, hd, NB, NCW, vmr_cs, C: tl.constexpr,
+               MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr,
+               PDL: tl.constexpr):
     """The second product launch with the token block's whole columns of X, its output
     gradient and gates loaded before the wait (``ROWS``); after it one load each of
     ``d delta`` and ``delta`` for all the chunk's tokens, and one product per result."""
-    _grid_dependency(PDL == 1)
-    p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
-    ms = tl.program_id(1)        # the column slice: its row of the partial sums
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
@@ -290,11 +292,15 @@ def _step_bwd_mix1_kernel(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_pt
     # (With PDL == 3 and the forward's v - r0 kept, this launch could run whole before its
     # wait; measured 2 % slower in autograd calls, so it waits as with 2.)
     if ROWS:
-        _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC, vmr_cs,
-                   C, MB, TB, CP, PREC, PDL)
+        _grid_dependency(PDL == 1)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+        _mix1_rows(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, t0, cols, cm,
+                   c, T, hd, vmr_cs, C, MB, TB, CP, PREC, PDL)
     else:
-        _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, c, T, hd, NC,
-                     vmr_cs, C, MB, TB, CP, PREC, PDL)
+        _grid_dependency(PDL)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
+        _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, t0, cols, cm,
+                     c, T, hd, vmr_cs, C, MB, TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["c", "NC", "NB", "NCW"])
@@ -305,7 +311,17 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
                         QMODE: tl.constexpr = 0, SRC: tl.constexpr = False):
     _grid_dependency(PDL == 1)
     p, i, b, base, cols, cm = _token_program(NC, c, hd, C, W + R, BD)
-    cb = tl.program_id(1)
+    _dw_token(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
+              pc_ptr, pm_ptr, p, i, base, cols, cm, tl.program_id(1), c, hd, width, NB, NCW, C,
+              W, WP, CP, PDL, CG, QMODE, SRC)
+
+
+@triton.jit
+def _dw_token(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
+              pc_ptr, pm_ptr, p, i, base, cols, cm, cb, c, hd, width, NB, NCW, C: tl.constexpr,
+              W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
+              CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr):
+    """``Dw`` of token ``i`` of stream ``p`` in column block ``cb`` (a dw program)."""
     w = tl.arange(0, WP)
     wm = w < W
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
@@ -337,11 +353,17 @@ def _step_bwd_mix2_kernel(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_pt
                           MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
                           PREC: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr = False):
     if ROWS:
+        _grid_dependency(PDL == 1)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
         _mix2_rows(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
-                   pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL)
+                   pb_ptr, p, b, t0, cols, cm, tl.program_id(1), c, T, hd, NB, NCW, vmr_cs, C,
+                   MB, TB, CP, PREC, PDL)
     else:
+        _grid_dependency(PDL)
+        p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
         _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
-                     pl_ptr, pb_ptr, c, T, hd, NC, NB, NCW, vmr_cs, C, MB, TB, CP, PREC, PDL)
+                     pl_ptr, pb_ptr, p, b, t0, cols, cm, tl.program_id(1), c, T, hd, NB, NCW,
+                     vmr_cs, C, MB, TB, CP, PREC)
 
 
 @triton.jit
