@@ -22,6 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sdm_inductor.kernels.backward import phase1_grads, reverse_walk, sources
+from sdm_inductor.kernels.backward import queue_walk as queue_reverse
 from sdm_inductor.kernels.backward import step_walk as step_reverse
 from sdm_inductor.kernels.common.tiles import ROWS_MAX_CP
 from sdm_inductor.kernels.config import CONFIG as CFG
@@ -203,6 +204,21 @@ def main(dtype="bf16"):
                          KW=CFG["KW_STEP"], SAVE=CC != 64, PREC="tf32",
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
                          KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"]),
+                    num_warps=CFG["WARPS_QUEUE"])
+        compile_one(queue_reverse._queue_reverse_kernel,
+                    dict(dB_ptr=bank, fin_ptr=bank, log_ptr=bank, scale_ptr=f32, src_ptr=i32,
+                         slot_ptr=i32, ev_ptr=f32, coef_ptr=f32, v_ptr=bank, X_ptr=f32,
+                         QK_ptr=f32, beta_ptr=f32, dy_ptr=bank, vmr_ptr=f32, d_ptr=f32,
+                         dd_ptr=f32, dr_ptr=f32, dv_ptr=bank, pc_ptr=f32, pm_ptr=f32,
+                         pqk_ptr=f32, pl_ptr=f32, pb_ptr=f32, pe_ptr=f32, g_slot_ptr=i32,
+                         g_len_ptr=i32, g_nw_ptr=i32, g_decay_ptr=f32, g_pos_ptr=i32,
+                         g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32, g_ev0_ptr=f32,
+                         sync_ptr=i32),
+                    dict(C=CC, W=W, R=R, BD=CFG["BD_STEP_B"], WP=W, RP=R, CP=CC,
+                         MB=min(CFG["MB_MIX_B_WIDE"], CFG["BD_STEP_B"]),
+                         TB=min(CFG["TB_MIX_B_WIDE"], CC), BDE=CFG["BD_GROUP"],
+                         BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
+                         KT=CFG["QUEUE_TOKENS_B"], PREC="tf32", LINE=queue_walk.LINE),
                     num_warps=CFG["WARPS_QUEUE"])
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

@@ -59,9 +59,10 @@ CONFIG = dict(
     # takes QUEUE_GATHER_TOKENS tokens at once (a power of two; one per warp at 4), summing
     # QUEUE_GATHER_ENTRIES (a power of two) of each token's entries a step; a write item
     # takes QUEUE_WRITE_TILES tiles (one wait and one count per item: 4 and 4 were 8 %
-    # faster than 1 and 1, 8 and 8 slower)
+    # faster than 1 and 1, 8 and 8 slower). The reverse queue walk (backward/queue_walk.py)
+    # takes the same grid; its gather, dw and dev items QUEUE_TOKENS_B tokens each
     QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_GATHER_ENTRIES=2,
-    QUEUE_WRITE_TILES=4,
+    QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=4,
     # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE

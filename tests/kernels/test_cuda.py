@@ -63,8 +63,8 @@ def step_walks_by_default():
 
 @pytest.fixture(params=["step", "column", "queue", "windows"])
 def walk(request):
-    """The Phase 2 walk of eager calls: the step walk, the column walk, the queue walk (what
-    traced calls run), and the step walk over token windows of 64 (each window's Phase 1
+    """The Phase 2 walks of eager calls: the step walks, the column walks, the queue walks
+    (what traced calls run), and the step walks over token windows of 64 (each window's Phase 1
     on a side stream, ahead of the walk: ``pipeline.ahead``)."""
     from sdm_inductor.kernels import host
     if request.param == "windows":
@@ -269,28 +269,36 @@ def test_auto_walk_follows_the_shape_rule(shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_queue_walk_matches_the_step_walk_and_repeats(dtype):
-    """The queue walk (``forward/queue_walk.py``) at a size where its ~1000 programs take
-    items of many groups and chunks at once (4 streams x 3 column blocks, 16 chunks): the
-    step walk's readings and bank within the oracle tolerance, and bitwise the
-    same results on every run (a missed dependency between items would read rows or
-    deltas too early, differently from run to run)."""
+    """The queue walks (``forward/queue_walk.py``, ``backward/queue_walk.py``) at a size
+    where their ~1000 programs take items of many groups and chunks at once (4 streams x 3
+    column blocks, 16 chunks): the step walks' readings, bank and gradients within the
+    oracle tolerance, and bitwise the same results on every run (a missed dependency
+    between items would read rows, deltas or dB rows too early, differently from run to
+    run)."""
     from sdm_inductor.kernels import host
     ins = _inputs(dtype, P=4, T=1000, W=32, R=32, hd=320, slots_per_stream=2048,
                   per_write_gate=True, repeats=True)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    dy = torch.randn(ins.v.shape, generator=gen, device="cuda").to(dtype)
+    dM = torch.randn(ins.bank.shape, generator=gen, device="cuda").to(dtype)
 
     def run(walk):
         host.CONFIG["WALK"] = walk
         bank = ins.bank.clone()
-        y, rows, _ = host.forward(bank, *tuple(ins)[1:], 64, "none", True)
-        return y, bank, rows
+        y, rows, scales = host.forward(bank, *tuple(ins)[1:], 64, "none", True)
+        grads = host.backward(dy, dM, bank, rows, scales, *tuple(ins)[1:], 64, "none", False)
+        return (y, bank, *grads)
 
+    names = ("readings", "bank") + tuple("grad " + n for n in
+                                         ("bank", "k_val", "v", "beta", "g", "q_val"))
     ref = run("step")
     first = run("queue")
     assert ops.last_dispatch()["walk"] == "queue"
-    for n, a, b in zip(("readings", "bank"), first, ref):
+    assert ops.last_dispatch()["reverse_walk"] == "queue"
+    for n, a, b in zip(names, first, ref):
         _check(n, a, b, TOL[dtype])
     for _ in range(3):
-        for a, b in zip(run("queue")[:2], first[:2]):
+        for a, b in zip(run("queue"), first):
             assert torch.equal(a, b)
 
 

@@ -40,19 +40,25 @@ def _backward(dy, dM, final, rows, scales, *rest):
     return host.backward(dy, dM, final, rows, scales, *rest, C, "none", False)
 
 
-def _backward_args(T):
-    bank, *rest = _inputs(T)
-    log = torch.randn(-(-T // C) * 2 * C, 4, bank.shape[1])   # the undo log, W = 4
+def _backward_args(T, W=4):
+    bank, *rest = _inputs(T, W)
+    log = torch.randn(-(-T // C) * 2 * C, W, bank.shape[1])   # the undo log
     return (torch.randn(2, T, bank.shape[1]), torch.randn_like(bank), bank, log, torch.empty(0),
             *rest)
 
 
-@pytest.mark.parametrize("which", ["forward", "forward_queue", "forward_fp8", "backward"])
+def _wide_backward_args(T):
+    return _backward_args(T, W=17)
+
+
+@pytest.mark.parametrize("which", ["forward", "forward_queue", "forward_fp8", "backward",
+                                   "backward_queue"])
 def test_traced_host_code_serves_other_lengths(which):
     """(``P`` is symbolic too: the walk is chosen by its example value, with no guard.)"""
     fn, make = {"forward": (_forward, _inputs), "forward_queue": (_forward, _wide_inputs),
                 "forward_fp8": (_forward_fp8, _inputs),
-                "backward": (_backward, _backward_args)}[which]
+                "backward": (_backward, _backward_args),
+                "backward_queue": (_backward, _wide_backward_args)}[which]
     gm = make_fx(fn, tracing_mode="symbolic")(*make(37))
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert launches, "no kernel launch was traced"
@@ -61,7 +67,7 @@ def test_traced_host_code_serves_other_lengths(which):
     names = {kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ for n in launches}
     want = {"forward": {"_forward_kernel"}, "forward_queue": {"_queue_walk_kernel"},
             "forward_fp8": {"_forward_kernel", "_quantize_kernel"},
-            "backward": {"_reverse_kernel"}}[which]
+            "backward": {"_reverse_kernel"}, "backward_queue": {"_queue_reverse_kernel"}}[which]
     assert want <= names, names
     assert not any(name.startswith("_step") for name in names), names
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 
 
 # rough seconds of each case on one core (the order of the background queue)
-COST = dict(step_walk=130, queue_walk=40, step_walk_kept=120, step_walk_windows=90, phase1_scans=55,
+COST = dict(step_walk=130, queue_walk=120, step_walk_kept=120, step_walk_windows=90, phase1_scans=55,
             column_walk=46, extreme_gates=34, chunk_start_sources=30, snapshots=30,
             train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
             windows_and_tiles=3, solve_blocks=3, window_sums=2)
@@ -260,12 +260,14 @@ def case_column_walk():
 
 
 def case_queue_walk():
-    """The queue walk (``forward/queue_walk.py``: the step walk's items in one launch):
-    several chunks and groups (streams x column blocks, the last partial), several token
-    blocks and column slices of the mix items, several write tiles per chunk, runs longer
-    than the inline members, the undo log, a bf16 bank, odd numbers of slots; the readings,
-    final bank and gradients equal the step walk's up to fp32 rounding (its gathers sum a
-    token's rows in pairs, the step walk's in one tile)."""
+    """The queue walks (``forward/queue_walk.py``, ``backward/queue_walk.py``: the step
+    walks' items in one launch): several chunks and groups (streams x column blocks, the
+    last partial), several token blocks and column slices of the product items, several
+    write and dB tiles per chunk, runs and groups longer than the inline members, the undo
+    log, a bf16 bank, odd numbers of slots, dB and ``d ev`` items of one and of two column
+    blocks; the readings, final bank and gradients equal the step walks' up to fp32
+    rounding (the forward's gathers sum a token's rows in pairs, the step walk's in one
+    tile)."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -276,6 +278,7 @@ def case_queue_walk():
                       repeats=True, seed=31)
     rows = _train(ins, 16)[0]
     assert ops.last_dispatch().get("walk") == "queue", ops.last_dispatch()
+    assert ops.last_dispatch().get("reverse_walk") == "queue", ops.last_dispatch()
     _train(make_inputs(P=1, T=70, W=2, R=3, hd=16, slots_per_stream=200, seed=32), 32)
     _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                        repeats=True, dtype=torch.bfloat16, seed=33), 16, tol=2e-2)
@@ -289,16 +292,17 @@ def case_queue_walk():
     gen = torch.Generator().manual_seed(3)
     dy = torch.randn(ins.v.shape, generator=gen)
     dM = torch.randn(ins.bank.shape, generator=gen)
+    # groups of 32 columns: dB and d ev items over two column blocks; two inline dB members
+    host.CONFIG.update(BD_STEP_B=32, MB_MIX_B_WIDE=16, TB_MIX_B_WIDE=16, KW_GROUP=2)
     for walk in ("queue", "step"):
         host.CONFIG["WALK"] = walk
         bank = ins.bank.clone()
         y, r, sc = host.forward(bank, *tuple(ins)[1:], 16, "none", True)
-        host.CONFIG["WALK"] = "step"
         outs[walk] = (y, bank, *host.backward(dy, dM, bank, r, sc, *tuple(ins)[1:], 16, "none",
                                               False))
     names = ("readings", "final bank") + tuple("grad " + n for n in NAMES)
     for a, b, name in zip(outs["queue"], outs["step"], names):
-        _check(f"queue walk against the step walk: {name}", a, b, 1e-6)
+        _check(f"queue walks against the step walks: {name}", a, b, 1e-6)
 
 
 def case_step_walk():

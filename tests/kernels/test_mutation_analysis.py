@@ -22,14 +22,14 @@ import torch
 pytest.importorskip("triton")
 
 C = 16
-CASES = ("forward", "forward_queue", "forward_gated", "forward_fp8", "backward")
+CASES = ("forward", "forward_queue", "forward_gated", "forward_fp8", "backward", "backward_queue")
 
 
 def _case_inputs(case: str) -> tuple:
     """The case's tensors (real; the analysis half converts them to fake ones)."""
     from sdm_inductor.testing import make_inputs
-    # W = 17 takes the queue walk (past ``column_suits``), W = 4 the column walk
-    ins = make_inputs(P=2, T=37, W=17 if case == "forward_queue" else 4, R=3, hd=18,
+    # W = 17 takes the queue walks (past ``column_suits``), W = 4 the column walks
+    ins = make_inputs(P=2, T=37, W=17 if case.endswith("_queue") else 4, R=3, hd=18,
                       slots_per_stream=24, seed=5)
     gen = torch.Generator().manual_seed(7)
     base = (ins.bank, ins.k_idx, ins.k_val, ins.v, ins.beta, ins.g, ins.q_idx, ins.q_val)
@@ -37,7 +37,7 @@ def _case_inputs(case: str) -> tuple:
     if case == "forward_gated":   # b_raw, a_raw, A_log, dt_bias
         return base + (torch.randn(P, T, generator=gen), torch.randn(P, T, generator=gen),
                        torch.randn(P, generator=gen), torch.randn(P, generator=gen))
-    if case == "backward":        # the readings' and the final bank's gradients
+    if case.startswith("backward"):   # the readings' and the final bank's gradients
         return base + (torch.randn(P, T, hd, generator=gen),
                        torch.randn(*ins.bank.shape, generator=gen))
     return base
@@ -67,11 +67,12 @@ def _run_case(case: str, args: tuple):
 def _kernel_modules():
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.backward import phase1_grads, reverse_walk, sources, step_walk
+    from sdm_inductor.kernels.backward import queue_walk as queue_reverse
     from sdm_inductor.kernels.forward import column_walk, decode, quantize, queue_walk
     from sdm_inductor.kernels.phase1 import entries, groups, headers, pairs, solve
     from sdm_inductor.kernels.runtime import launch
     return (launch, host, entries, groups, pairs, headers, solve, column_walk, queue_walk, decode,
-            quantize, reverse_walk, phase1_grads, sources, step_walk)
+            quantize, reverse_walk, queue_reverse, phase1_grads, sources, step_walk)
 
 
 def _record_launches(on_launch):

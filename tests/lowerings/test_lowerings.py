@@ -353,9 +353,10 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
 def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkeypatch,
                                                                   no_caches):
     """A shape past ``launch.column_suits`` (W = 17, two 128-column groups per stream):
-    the output code launches the queue walk; one compilation serves two lengths, and its
-    readings, bank and gradients are the eager step walks' up to rounding order (bf16: its
-    gathers sum a token's rows over 4 warps, the step walk's over one) and the oracle's."""
+    the output code launches the queue walks, forward and backward; one compilation serves
+    two lengths, and its readings, bank and gradients are the eager step walks' up to
+    rounding order (bf16: the forward's gathers sum a token's rows over 4 warps, the step
+    walk's over one) and the oracle's."""
     monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
     counter = CompileCounterWithBackend("inductor")
 
@@ -370,13 +371,19 @@ def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkey
         ins = make_inputs(2, T, W=17, R=5, hd=160, slots_per_stream=64, dtype=dtype,
                           seed=seed, device="cuda")
         args = float_leaves(list(ins))
-        if T == 70:   # (run_and_get_code resets Dynamo: the first call only)
-            (y, M), (fw, *_) = run_and_get_code(fn, *args)
-            assert "_queue_walk_kernel" in fw and not extern_calls(fw), extern_calls(fw)
-        else:
+        dy, dM = torch.randn_like(ins.v), torch.randn_like(ins.bank)
+
+        def step():
             y, M = fn(*args)
-        dy, dM = torch.randn_like(y), torch.randn_like(M)
-        torch.autograd.backward((y, M), (dy, dM))
+            torch.autograd.backward((y, M), (dy, dM))
+            return y.detach(), M.detach()
+
+        if T == 70:   # (run_and_get_code resets Dynamo: the first call only)
+            (y, M), (fw, bw) = run_and_get_code(step)
+            assert "_queue_walk_kernel" in fw and not extern_calls(fw), extern_calls(fw)
+            assert "_queue_reverse_kernel" in bw and not extern_calls(bw), extern_calls(bw)
+        else:
+            y, M = step()
         eager = float_leaves(list(ins))
         y_e, M_e = call(*eager)
         torch.autograd.backward((y_e, M_e), (dy, dM))

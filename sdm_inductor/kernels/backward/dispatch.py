@@ -1,5 +1,5 @@
-"""The backward over the chunks: which reverse walk (the step walk when eager, the column
-walk when traced), token windows (the last first, each window's Phase 1 on a side stream
+"""The backward over the chunks: which reverse walk (the step walk when eager, the queue
+walk when traced, the column walk for the small shapes and quantized undo logs), token windows (the last first, each window's Phase 1 on a side stream
 one window ahead), the chunk-start rows by their sources or restored, then Phase 1
 backward."""
 from __future__ import annotations
@@ -8,9 +8,10 @@ import torch
 from torch import Tensor
 
 from ..phase1 import entry_groups, plan
-from ..runtime.launch import step_walks
+from ..runtime.launch import column_suits, step_walks
 from ..runtime.pipeline import ahead, behind, token_windows
 from .phase1_grads import phase1_grads
+from .queue_walk import queue_reverse
 from .reverse_walk import column_reverse
 from .sources import chunk_start_sources
 from .step_walk import step_reverse
@@ -44,21 +45,22 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     qmode = _QMODE[snapshot_quant]
     log = saved_rows.view(torch.uint8) if qmode == 1 else saved_rows
     tokens = config["TRAIN_WINDOW_TOKENS"]
-    step = step_walks(config, dB, (P, W, R, C))
+    walk = reverse_kind(config, dB, P, W, R, C, qmode)
+    step = walk == "step"
     one_window = not step or tokens <= 0 or T <= tokens
-    # the step walk of one window over a log of raw rows reads each chunk-start row from
-    # the final bank or the log (sources.py): no working copy of the bank, no restore
-    # launch per chunk. Otherwise (token windows, fp8 / int4 logs, whose dequantization in
-    # the one-warp gather launch would spill on sm_90) the walk rebuilds the bank state
-    # chunk by chunk in reverse from the final bank and the log
-    by_source = step and one_window and qmode == 0
+    # the step walk of one window and the queue walk, over a log of raw rows, read each
+    # chunk-start row from the final bank or the log (sources.py): no working copy of the
+    # bank, no restore per chunk. Otherwise (token windows, fp8 / int4 logs, whose
+    # dequantization in the one-warp gather launch would spill on sm_90) the walk rebuilds
+    # the bank state chunk by chunk in reverse from the final bank and the log
+    by_source = walk != "column" and one_window and qmode == 0
     work = final_bank.contiguous() if by_source else final_bank.clone()
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
     scales = saved_scales if saved_scales.numel() else torch.empty(1, dtype=torch.float32,
                                                                   device=dev)
     prec = "ieee" if bank_dtype == torch.float32 else "tf32"
-    ctx = (dB, work, saved_rows.shape[-1], qmode, prec, config, step)
+    ctx = (dB, work, saved_rows.shape[-1], qmode, prec, config, walk)
 
     def make(win):   # Phase 1 of a window: independent of the bank
         sl = slice(*win)
@@ -70,7 +72,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     if one_window:
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         from ... import ops
-        ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored")
+        ops.record_dispatch(chunk_start_rows="sources" if by_source else "restored",
+                            reverse_walk=walk)
         groups = entry_groups(pl)
         sources = chunk_start_sources(pl, S) if by_source else None
         dv, sums = _reverse(pl, groups, log, scales, v, dy, *ctx, dv_dtype=bank_dtype,
@@ -98,6 +101,21 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
 
 
+def reverse_kind(config: dict, dB: Tensor, P: int, W: int, R: int, C: int, qmode: int) -> str:
+    """The reverse walk of a backward (``host.walk_kind``'s choice for the forward): the step
+    walk for eager calls; else the queue walk, except where ``column_suits`` the shape or
+    the undo log is fp8 / int4 (the queue walk reads chunk-start rows from their sources,
+    which serve raw logs only): the column walk. ``WALK`` forces one (the column walk
+    for a quantized log)."""
+    if step_walks(config, dB, (P, W, R, C)):
+        return "step"
+    if qmode != 0 or config["WALK"] == "column":
+        return "column"
+    if config["WALK"] == "queue" or not column_suits(P, W, R, C, dB.shape[1]):
+        return "queue"
+    return "column"
+
+
 def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
     """What the forward kept for this backward (``host.Kept``), when ``usable`` and it fits
     the call; the dispatch record says whether the backward recomputes its Phase 1."""
@@ -111,17 +129,21 @@ def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
 
 
 def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
-             config: dict, step: bool, dv_dtype: torch.dtype, vmr=None, sources=None):
+             config: dict, walk: str, dv_dtype: torch.dtype, vmr=None, sources=None):
     """The reverse walk over one window's chunks (``pl``: its Phase 1; ``log`` / ``scales``
     its undo log; ``v`` / ``dy`` its tokens; ``vmr``: the forward's ``v - r0``, if kept),
     advancing ``dB`` and ``work`` in place to the window's start: the window's ``dv``
     and cross-column sums. ``dv`` is written once per element, so the kernels round it to
     ``dv_dtype`` (the bank's) as they store it: no fp32 copy and conversion pass after."""
     dv = torch.empty(pl.P, pl.T, dB.shape[1], dtype=dv_dtype, device=dB.device)
-    if step:
+    if walk == "step":
         # eager: the step walk, launches per chunk over the whole GPU
         sums = step_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec, config,
                             vmr, sources)
+    elif walk == "queue":
+        # traced: the step walk's items in one launch (the chunk-start rows by their sources)
+        sums = queue_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, prec, config,
+                             sources)
     else:
         sums = column_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec,
                                config)

@@ -1,0 +1,176 @@
+"""The backward's chunk walk in one launch whose programs take the backward step walk's
+work items from a queue (the reverse queue walk: what traced calls launch for the chunked
+backward, except the small shapes of ``launch.column_suits`` and fp8 / int4 undo logs).
+
+The backward step walk (``step_walk.py``) runs each chunk step, last chunk first, as five
+launches; here the same programs run as items of one launch, as the forward's queue walk
+(``forward/queue_walk.py``) runs the forward step walk's. Per chunk, in this order:
+
+0. gather (stream, ``KT`` tokens, column block): ``v - r0``;
+1. mix1 (stream, token block, column slice): ``delta = X u`` and ``QK^T dy``;
+2. dw (stream, ``KT`` tokens, column block): ``Dw = dB[written slots]``, ``d delta``;
+3. mix2 (stream, token block, column slice): ``du``, ``dv``, ``d r0`` and partial sums;
+4. dev (stream, ``KT`` tokens, column block): the ``d ev`` partial sums;
+5. dB (stream, tile of groups, column block): the new dB rows of the chunk's slots.
+
+The chunk-start rows come from their sources (``sources.py``: the final bank or the undo
+log, both unchanged by the walk), so nothing restores the bank. Everything is separable by
+stream and column, so a *group* (stream, column block of ``BD``) depends only on itself.
+Each group counts its finished items per kind, and an item waits for the counts that say
+what it reads is written and what it overwrites is read:
+
+- gather of chunk c: the products of chunk c + 1 (the last readers of ``v - r0``);
+- mix1: the gathers of c (and so the products of c + 1, readers of ``delta``, ``d delta``);
+- dw: mix1 of c, and the dB items of c + 1 (``dB`` at the end of chunk c);
+- mix2: the dw items of c, and the dev items of c + 1 (the last readers of ``d r0``);
+- dev and dB: mix2 of c (its ``d r0``; dw of c has read the dB rows before).
+
+Tickets, counts and their memory order are the forward queue walk's: every wait is for
+smaller tickets, so the walk cannot deadlock. The partial sums hold every chunk (the step
+walk's hold a window of chunks) and are reduced once after the walk, in a fixed order.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..common.tiles import _token_program_at
+from ..forward.queue_walk import LINE, _await_count, _finish, _programs
+from ..runtime.launch import launch, pow2
+from .step_walk import (_dev_program, _dw_token, _group_program, _mix1_blocks, _mix2_blocks,
+                        _vmr_token, window_sums)
+
+
+@triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
+def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr,
+                          coef_ptr, v_ptr, X_ptr, QK_ptr, beta_ptr, dy_ptr, vmr_ptr, d_ptr,
+                          dd_ptr, dr_ptr, dv_ptr, pc_ptr, pm_ptr, pqk_ptr, pl_ptr, pb_ptr,
+                          pe_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
+                          g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, sync_ptr, P, T, hd, width,
+                          NC, NCB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                          BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
+                          CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+                          BDE: tl.constexpr, BDG: tl.constexpr, NG: tl.constexpr,
+                          KW: tl.constexpr, KT: tl.constexpr, PREC: tl.constexpr,
+                          LINE: tl.constexpr):
+    E: tl.constexpr = W + R
+    NTI: tl.constexpr = C // KT                 # token items (gather, dw, dev) a group and chunk
+    NMS: tl.constexpr = BD // MB
+    NMI: tl.constexpr = (CP // TB) * NMS        # product items
+    NGT: tl.constexpr = (C * E + NG - 1) // NG  # dB tiles
+    CLG: tl.constexpr = BD // BDG               # dB column blocks per group
+    NEB: tl.constexpr = BD // BDE               # dev column blocks per group
+    G = P * NCB
+    NB = P * NC                                 # partial-sum rows per column block
+    n_tok = G * NTI
+    n_mix = G * NMI
+    b1 = n_tok
+    b2 = b1 + n_mix
+    b3 = b2 + n_tok
+    b4 = b3 + n_mix
+    b5 = b4 + n_tok
+    per_chunk = b5 + G * NGT
+    total = NC * per_chunk
+    cnt = sync_ptr + LINE                       # kind k's count of group g: cnt[(k * G + g) * LINE]
+    t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+    while t < total:
+        k = t // per_chunk                      # the k-th chunk step: chunk NC - 1 - k
+        c = NC - 1 - k
+        r = t % per_chunk
+        kind = ((r >= b1).to(tl.int32) + (r >= b2).to(tl.int32) + (r >= b3).to(tl.int32)
+                + (r >= b4).to(tl.int32) + (r >= b5).to(tl.int32))
+        q = r - tl.where(kind == 0, 0, tl.where(kind == 1, b1, tl.where(
+            kind == 2, b2, tl.where(kind == 3, b3, tl.where(kind == 4, b4, b5)))))
+        g = q % G                               # the groups interleaved in each kind
+        j = q // G
+        p = g // NCB
+        cb = g % NCB
+        b = p * NC + c
+        if kind == 0:
+            _await_count(cnt + (3 * G + g) * LINE, k * NMI)
+            for tt in range(KT):
+                # (each branch names its own values: Triton types a name across branches)
+                _p0, i0, _b0, base0, cols0, cm0 = _token_program_at(p * C + j * KT + tt, cb, NC,
+                                                                    c, hd, C, E, BD)
+                _vmr_token(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr,
+                           p, i0, base0, cols0, cm0, c, T, hd, width, C, W, WP, CP, 0, 0, True)
+        elif kind == 1:
+            _await_count(cnt + g * LINE, (k + 1) * NTI)
+            cols1 = cb * BD + (j % NMS) * MB + tl.arange(0, MB)
+            _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b,
+                         (j // NMS) * TB, cols1, cols1 < hd, c, T, hd, 0, C, MB, TB, CP, PREC)
+        elif kind == 2:
+            _await_count(cnt + (G + g) * LINE, (k + 1) * NMI)
+            _await_count(cnt + (5 * G + g) * LINE, k * NGT)
+            for tt in range(KT):
+                _p2, i2, _b2, base2, cols2, cm2 = _token_program_at(p * C + j * KT + tt, cb, NC,
+                                                                    c, hd, C, E, BD)
+                _dw_token(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
+                          dd_ptr, pc_ptr, pm_ptr, p, i2, base2, cols2, cm2, cb, c, hd, width, NB,
+                          NC, C, W, WP, CP, 0, "", 0, True)
+        elif kind == 3:
+            _await_count(cnt + (2 * G + g) * LINE, (k + 1) * NTI)
+            _await_count(cnt + (4 * G + g) * LINE, k * NTI)
+            ms = cb * NMS + j % NMS
+            cols3 = ms * MB + tl.arange(0, MB)
+            _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
+                         pl_ptr, pb_ptr, p, b, (j // NMS) * TB, cols3, cols3 < hd, ms, c, T, hd,
+                         NB, NC, 0, C, MB, TB, CP, PREC)
+        elif kind == 4:
+            _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
+            for tt in range(KT):
+                for h in tl.static_range(NEB):
+                    _dev_program(p * C + j * KT + tt, cb * NEB + h, fin_ptr, log_ptr, scale_ptr,
+                                 src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC,
+                                 NB, NC, C, W, R, BDE, WP, RP, CP, 0, "", 0, True)
+        else:
+            _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
+            _group_program(p * NGT + j, cb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
+                           g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr,
+                           c, T, hd, NC, C, E, BDG, NG, KW, CP, 0, CLG, "")
+        _finish(cnt + (kind * G + g) * LINE)
+        t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+
+
+def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width: int, pl, gr,
+                  v: Tensor, dy: Tensor, dv: Tensor, prec: str, config: dict,
+                  sources: Tensor) -> dict:
+    """The reverse queue walk over plan ``pl`` (``gr``: its entry groups) in one launch:
+    advances ``dB`` in place, writes ``dv``, and returns the cross-column sums, ``[B, C, n]``
+    each (``step_walk.step_reverse``'s keys). ``final`` is the final bank and ``sources``
+    (``sources.chunk_start_sources``) says where each entry's chunk-start row is: there or
+    in the raw undo log ``log``."""
+    P, C, W, R, NC, B, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B, pl.T
+    E, hd, CP = W + R, dB.shape[1], pow2(C)
+    BD, BDG = config["BD_STEP_B"], config["BD_GROUP"]
+    if BD % BDG or BD // BDG > 3:
+        raise ValueError(f"sdm: the reverse queue walk needs BD_STEP_B ({BD}) to be 1 to 3 "
+                         f"dB column blocks of BD_GROUP ({BDG})")
+    MB, TB = min(config["MB_MIX_B_WIDE"], BD), min(config["TB_MIX_B_WIDE"], CP)
+    NCB = -(-hd // BD)
+    KT = math.gcd(C, config["QUEUE_TOKENS_B"])
+    NG = config["NG_GROUP"]
+    items = P * NCB * (3 * (C // KT) + 2 * (CP // TB) * (BD // MB) + -(-C * E // NG))
+    torch._check(NC * items < 2 ** 31, lambda: f"sdm: the reverse queue walk's {items} items "
+                 f"per chunk times {NC} chunks exceed its int32 tickets: split the sequence")
+    f32 = dict(dtype=torch.float32, device=dB.device)
+    vmr, delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(4))
+    nmb = NCB * (BD // MB)
+    widths = dict(ev=(NCB * (BD // BDG), E), coef=(NCB, W), m=(NCB, W), b=(nmb, 1), qk=(nmb, C),
+                  L=(nmb, C))
+    parts = {k: torch.empty(nb, P * NC, C, n, **f32) for k, (nb, n) in widths.items()}
+    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
+    sync = torch.zeros((1 + 6 * P * NCB) * LINE, dtype=torch.int32, device=dB.device)
+    groups = (gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0)
+    launch(_queue_reverse_kernel, (_programs(dB.device, config),), dB, final, log, scales,
+           sources, pl.slot, pl.ev, pl.coef, v, pl.X, pl.QK, pl.beta, dy, vmr, delta, ddelta, dr,
+           dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"], parts["ev"],
+           *groups, sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R, BD=BD, WP=pow2(W),
+           RP=pow2(R), CP=CP, MB=MB, TB=TB, BDE=BDG, BDG=BDG, NG=NG, KW=config["KW_GROUP"],
+           KT=KT, PREC=prec, LINE=LINE, num_warps=config["WARPS_QUEUE"], num_stages=1)
+    window_sums(parts, sums, 0, NC, NC, C)
+    return {k: x.view(B, C, -1) for k, x in sums.items()}
