@@ -11,8 +11,8 @@ Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules`
    that op decomposes into its body in the same functionalization, so Inductor sees the
    ``wrap_triton`` kernels and launches them from its own output code (AOTInductor
    packages carry them). A traced call launches one kernel per walk, whose compilation
-   serves every ``T``: the queue walk forward (the step walk's items in one launch) and
-   the reverse column walk backward; small shapes the column walks.
+   serves every ``T``: the queue walks (the step walks' items in one launch), forward
+   and backward; small shapes (and fp8 / int4 undo logs backward) the column walks.
 3. Otherwise (CPU; CUDA under ``torch.compile`` by default) the op stays one extern call
    of the eager implementation per op call: on CUDA the step walks, launches per chunk
    that a graph of fixed launches cannot hold (docs/design.md, Lowerings), or for small
@@ -46,7 +46,7 @@ TRITON_DEVICES = ("cuda",)
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
 # calls the eager implementation, whose step walks are faster than the walks a graph can
 # hold: the queue walk forward takes 1.20-1.24x the step walk's no-grad time at configs A
-# and B, the reverse column walk backward ~3x (docs/performance.md). "always":
+# and B, forward + backward with the reverse queue walk ~2x (docs/performance.md). "always":
 # torch.compile's output code launches them too. SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 

@@ -1,5 +1,7 @@
 """The backward's column walk: the chunks in reverse in one launch per window of chunks
-(what traced calls launch; eager calls take ``step_walk``'s launches per chunk).
+(what traced calls launch for the small shapes of ``launch.column_suits`` and for fp8 /
+int4 undo logs; otherwise they launch ``queue_walk``, eager calls ``step_walk``'s launches
+per chunk).
 
 ``_reverse_kernel``: one program per (stream, column block) walks the chunks from last
 to first with ``dB`` (the gradient w.r.t. the bank state at the current chunk's end)
