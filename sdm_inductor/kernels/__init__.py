@@ -17,7 +17,8 @@ Layout, in the order a call runs:
 - ``forward/``: ``step_walk`` (launches per chunk: eager calls), ``queue_walk`` (its
   items in one launch: traced calls), ``column_walk`` (one launch, small shapes),
   ``decode`` (short sequences), ``quantize`` (the undo log's packing);
-- ``backward/``: ``dispatch``, ``step_walk`` (eager), ``reverse_walk`` (traced),
+- ``backward/``: ``dispatch``, ``step_walk`` (eager), ``queue_walk`` (traced),
+  ``reverse_walk`` (small shapes, fp8 / int4 undo logs),
   ``sources`` (chunk-start rows from the final bank and the log), ``phase1_grads``;
 - ``runtime/``: ``launch`` (traceable launches, ``Relaunch``, the walk rule), ``graphs``
   (CUDA-graph replay of repeated eager walks), ``pipeline`` (side-stream Phase 1);

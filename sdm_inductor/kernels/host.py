@@ -6,8 +6,8 @@ Python, so the same functions serve the eager op (``IMPLS['cuda']``), CUDA-graph
 and the ``triton_op`` bodies that Inductor traces (``triton_ops.py``). The one choice that
 depends on how a call runs is the walk (``walk_kind``): eager calls loop over the chunks
 on the host (the step walks; small shapes take the column walks, ``launch.column_suits``),
-traced calls launch one kernel for all chunks (the queue walk forward; small shapes the
-column walks).
+traced calls launch one kernel for all chunks (the queue walks; small shapes the column
+walks).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from .forward.queue_walk import queue_walk
 from .forward.quantize import pack_log
 from .forward.step_walk import step_walk
 from .phase1 import plan
-from .runtime.launch import column_suits, direct_launches, pow2, step_walks
+from .runtime import launch as runtime_launch
+from .runtime.launch import direct_launches, pow2
 from .runtime.pipeline import ahead, token_windows
 
 __all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_once",
@@ -81,18 +82,8 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
 
 def walk_kind(C: int, bank: Tensor, P: int, W: int, R: int) -> str:
     """The Phase 2 walk of a call on ``bank`` with ``P`` streams and ``W`` / ``R`` slots per
-    token. Eager calls (and CUDA graphs of them) loop over the chunks on the host: the
-    step walk. A traced call (Inductor's generated code, AOTInductor) needs one launch whose
-    compilation serves every ``T``: the queue walk (the step walk's items in one launch).
-    Both leave the small shapes where the column walk measured faster
-    (``launch.column_suits``) to the column walk; ``WALK`` forces one."""
-    if CONFIG["WALK"] == "queue":
-        return "queue"
-    if step_walks(CONFIG, bank, (P, W, R, C)):
-        return "step"
-    if CONFIG["WALK"] == "column" or column_suits(P, W, R, C, bank.shape[1]):
-        return "column"
-    return "queue"
+    token (``launch.walk_kind``)."""
+    return runtime_launch.walk_kind(CONFIG, bank, (P, W, R, C))
 
 
 def saved_buffers(bank: Tensor, P: int, T: int, W: int, C: int, mode: str, save: bool):

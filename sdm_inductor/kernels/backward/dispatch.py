@@ -1,14 +1,14 @@
 """The backward over the chunks: which reverse walk (the step walk when eager, the queue
-walk when traced, the column walk for the small shapes and quantized undo logs), token windows (the last first, each window's Phase 1 on a side stream
-one window ahead), the chunk-start rows by their sources or restored, then Phase 1
-backward."""
+walk when traced, the column walk for the small shapes and quantized undo logs), token
+windows (the last first, each window's Phase 1 on a side stream one window ahead), the
+chunk-start rows by their sources or restored, then Phase 1 backward."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 from ..phase1 import entry_groups, plan
-from ..runtime.launch import column_suits, step_walks
+from ..runtime.launch import walk_kind
 from ..runtime.pipeline import ahead, behind, token_windows
 from .phase1_grads import phase1_grads
 from .queue_walk import queue_reverse
@@ -102,18 +102,11 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
 
 
 def reverse_kind(config: dict, dB: Tensor, P: int, W: int, R: int, C: int, qmode: int) -> str:
-    """The reverse walk of a backward (``host.walk_kind``'s choice for the forward): the step
-    walk for eager calls; else the queue walk, except where ``column_suits`` the shape or
-    the undo log is fp8 / int4 (the queue walk reads chunk-start rows from their sources,
-    which serve raw logs only): the column walk. ``WALK`` forces one (the column walk
-    for a quantized log)."""
-    if step_walks(config, dB, (P, W, R, C)):
-        return "step"
-    if qmode != 0 or config["WALK"] == "column":
-        return "column"
-    if config["WALK"] == "queue" or not column_suits(P, W, R, C, dB.shape[1]):
-        return "queue"
-    return "column"
+    """The reverse walk of a backward: the forward's choice (``launch.walk_kind``), except
+    that an fp8 / int4 undo log takes the column walk where that choice is the queue walk
+    (the queue walk reads chunk-start rows from their sources, which serve raw logs only)."""
+    walk = walk_kind(config, dB, (P, W, R, C))
+    return "column" if walk == "queue" and qmode != 0 else walk
 
 
 def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):

@@ -52,10 +52,26 @@ def step_walks(config: dict, t, shape: tuple) -> bool:
     (launches per chunk): ``WALK`` "step", or "auto" (the default) unless ``column_suits``
     the call's ``shape = (P, W, R, C)``; and eager. A traced call (fake, or functional
     over fake, tensors) must launch one kernel per walk, whose compilation serves every
-    ``T`` (``host.walk_kind``)."""
+    ``T`` (``walk_kind``)."""
     if _is_fake(t) or config["WALK"] not in ("step", "auto"):
         return False
     return config["WALK"] == "step" or not column_suits(*shape, t.shape[1])
+
+
+def walk_kind(config: dict, t, shape: tuple) -> str:
+    """The walk of a call on tensor ``t`` (the bank or its gradient, ``[S, hd]``) of
+    ``shape = (P, W, R, C)``, forward and backward alike. Eager calls (and CUDA graphs of
+    them) loop over the chunks on the host: the step walk. A traced call (Inductor's
+    generated code, AOTInductor) needs one launch whose compilation serves every ``T``: the
+    queue walk (the step walk's items in one launch). Both leave the small shapes where the
+    column walk measured faster (``column_suits``) to the column walk; ``WALK`` forces one."""
+    if config["WALK"] == "queue":
+        return "queue"
+    if step_walks(config, t, shape):
+        return "step"
+    if config["WALK"] == "column" or column_suits(*shape, t.shape[1]):
+        return "column"
+    return "queue"
 
 
 def pdl(config: dict, t) -> dict:
