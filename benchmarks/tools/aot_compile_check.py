@@ -216,7 +216,7 @@ def main(dtype="bf16"):
                          sync_ptr=i32),
                     dict(C=CC, W=W, R=R, BD=CFG["BD_STEP_B"], WP=W, RP=R, CP=CC,
                          MB=min(CFG["MB_MIX_B_WIDE"], CFG["BD_STEP_B"]),
-                         TB=min(CFG["TB_MIX_B_WIDE"], CC), BDE=CFG["BD_GROUP"],
+                         TB=min(CFG["TB_MIX_B_WIDE"], CC),
                          BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                          KT=CFG["QUEUE_TOKENS_B"], PREC="tf32", LINE=queue_walk.LINE),
                     num_warps=CFG["WARPS_QUEUE"])

@@ -42,7 +42,7 @@ from ..common.tiles import _token_program_at
 from ..forward.queue_walk import LINE, _await_count, _finish, _programs
 from ..runtime.launch import launch, pow2
 from .step_walk import (_dev_program, _dw_token, _group_program, _mix1_blocks, _mix2_blocks,
-                        _vmr_token, window_sums)
+                        _vmr_token, group_args, partial_buffers, window_sums)
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
@@ -54,7 +54,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                           NC, NCB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                           BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-                          BDE: tl.constexpr, BDG: tl.constexpr, NG: tl.constexpr,
+                          BDG: tl.constexpr, NG: tl.constexpr,
                           KW: tl.constexpr, KT: tl.constexpr, PREC: tl.constexpr,
                           LINE: tl.constexpr):
     E: tl.constexpr = W + R
@@ -62,8 +62,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # product items
     NGT: tl.constexpr = (C * E + NG - 1) // NG  # dB tiles
-    CLG: tl.constexpr = BD // BDG               # dB column blocks per group
-    NEB: tl.constexpr = BD // BDE               # dev column blocks per group
+    CLG: tl.constexpr = BD // BDG               # dB and d ev column blocks per group
     G = P * NCB
     NB = P * NC                                 # partial-sum rows per column block
     n_tok = G * NTI
@@ -123,10 +122,10 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
         elif kind == 4:
             _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
             for tt in range(KT):
-                for h in tl.static_range(NEB):
-                    _dev_program(p * C + j * KT + tt, cb * NEB + h, fin_ptr, log_ptr, scale_ptr,
+                for h in tl.static_range(CLG):
+                    _dev_program(p * C + j * KT + tt, cb * CLG + h, fin_ptr, log_ptr, scale_ptr,
                                  src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC,
-                                 NB, NC, C, W, R, BDE, WP, RP, CP, 0, "", 0, True)
+                                 NB, NC, C, W, R, BDG, WP, RP, CP, 0, "", 0, True)
         else:
             _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
             _group_program(p * NGT + j, cb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
@@ -159,18 +158,15 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                  f"per chunk times {NC} chunks exceed its int32 tickets: split the sequence")
     f32 = dict(dtype=torch.float32, device=dB.device)
     vmr, delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(4))
-    nmb = NCB * (BD // MB)
-    widths = dict(ev=(NCB * (BD // BDG), E), coef=(NCB, W), m=(NCB, W), b=(nmb, 1), qk=(nmb, C),
-                  L=(nmb, C))
-    parts = {k: torch.empty(nb, P * NC, C, n, **f32) for k, (nb, n) in widths.items()}
-    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
+    # every chunk's row of the partial sums (no windows: one launch)
+    parts, sums = partial_buffers(P, NC, P * NC, C, W, E, NCB * (BD // BDG), NCB,
+                                  NCB * (BD // MB), dB.device)
     sync = torch.zeros((1 + 6 * P * NCB) * LINE, dtype=torch.int32, device=dB.device)
-    groups = (gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0)
     launch(_queue_reverse_kernel, (_programs(dB.device, config),), dB, final, log, scales,
            sources, pl.slot, pl.ev, pl.coef, v, pl.X, pl.QK, pl.beta, dy, vmr, delta, ddelta, dr,
            dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"], parts["ev"],
-           *groups, sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R, BD=BD, WP=pow2(W),
-           RP=pow2(R), CP=CP, MB=MB, TB=TB, BDE=BDG, BDG=BDG, NG=NG, KW=config["KW_GROUP"],
+           *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R, BD=BD, WP=pow2(W),
+           RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG, KW=config["KW_GROUP"],
            KT=KT, PREC=prec, LINE=LINE, num_warps=config["WARPS_QUEUE"], num_stages=1)
     window_sums(parts, sums, 0, NC, NC, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}

@@ -583,6 +583,25 @@ SUM_BLOCK = 512
 SUM_ROWS = 8
 
 
+def partial_buffers(P: int, NC: int, rows: int, C: int, W: int, E: int, nb_ev: int, nb_w: int,
+                    nb_mix: int, device) -> tuple[dict, dict]:
+    """The cross-column partial sums of a reverse walk, ``[blocks, rows, C, n]`` per key
+    (``nb_ev`` column blocks of the ``d ev`` programs, ``nb_w`` of the Dw programs, ``nb_mix``
+    slices of the products; ``rows`` per block: a window of chunks per stream), and their
+    sums over the column blocks, ``[P, NC, C, n]`` (``window_sums``)."""
+    f32 = dict(dtype=torch.float32, device=device)
+    widths = dict(ev=(nb_ev, E), coef=(nb_w, W), m=(nb_w, W), b=(nb_mix, 1), qk=(nb_mix, C),
+                  L=(nb_mix, C))
+    parts = {k: torch.empty(nb, rows, C, n, **f32) for k, (nb, n) in widths.items()}
+    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
+    return parts, sums
+
+
+def group_args(gr) -> tuple:
+    """The entry groups' arrays (``phase1.Groups``) in the dB programs' argument order."""
+    return (gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0)
+
+
 def window_sums(parts: dict, sums: dict, c_lo: int, n: int, NCW: int, C: int):
     """``sums[k][:, c_lo:c_lo + n] = parts[k]``'s first ``n`` chunk rows per stream summed
     over the column blocks (dim 0), one launch per key: a fixed order of the sum, and the
@@ -631,9 +650,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(3))
     vmr = torch.empty(P, CP, hd, **f32) if vmr_kept is None else vmr_kept
     vmr_cs = 0 if vmr_kept is None else P * CP * hd   # elements between two chunks' blocks
-    widths = dict(ev=(NCB, E), coef=(NCBD, W), m=(NCBD, W), b=(NMB, 1), qk=(NMB, C), L=(NMB, C))
-    parts = {k: torch.empty(nb, NBW, C, n, **f32) for k, (nb, n) in widths.items()}
-    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
+    parts, sums = partial_buffers(P, NC, NBW, C, W, E, NCB, NCBD, NMB, dB.device)
     wg, ww = config["WARPS_STEP_B"], config["WARPS_STEP_W"]
     g_rows, g_mix = (P * C, NCB), (P * (CP // TB), NMB)
     pd = pdl(config, dB)
@@ -695,7 +712,7 @@ def _dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, 
     NCB, NCBG, NGT = -(-hd // BD), -(-hd // (BDG * CLG)), -(-C * E // NGG)
     dev = dict(C=C, W=W, R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, CG=cg, QMODE=qmode, SRC=src)
     grp = dict(NG=NGG, KW=config["KW_GROUP"], CL=CLG)
-    groups = (gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0)
+    groups = group_args(gr)
     n_dev, n_grp = P * C * NCB, P * NGT * NCBG
     period = math.gcd(n_dev, n_grp)
     return [Relaunch(
