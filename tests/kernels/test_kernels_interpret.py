@@ -276,7 +276,7 @@ def case_queue_walk():
     host.CONFIG.update(WALK="queue", TB_MIX=16)
     ins = make_inputs(P=2, T=37, W=4, R=3, hd=40, slots_per_stream=10, per_write_gate=True,
                       repeats=True, seed=31)
-    rows = _train(ins, 16)[0]
+    _train(ins, 16)
     assert ops.last_dispatch().get("walk") == "queue", ops.last_dispatch()
     assert ops.last_dispatch().get("reverse_walk") == "queue", ops.last_dispatch()
     _train(make_inputs(P=1, T=70, W=2, R=3, hd=16, slots_per_stream=200, seed=32), 32)
