@@ -45,6 +45,78 @@ from .step_walk import (_dev_program, _dw_token, _group_program, _mix1_blocks, _
                         _vmr_token, group_args, partial_buffers, window_sums)
 
 
+# Each kind of item is its own function (not inlined): the persistent loop then keeps no
+# values of one kind live across the others', and the launch needs the registers of its
+# largest item, not of their union (all inlined: 244-255 registers at 4 warps).
+
+
+@triton.jit(noinline=True)
+def _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, p, cb, j,
+                 c, T, hd, width, NC, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                 BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, KT: tl.constexpr):
+    """``v - r0`` of tokens ``[j * KT, (j + 1) * KT)``, column block ``cb``."""
+    for tt in range(KT):
+        _p, i, _b, base, cols, cm = _token_program_at(p * C + j * KT + tt, cb, NC, c, hd, C,
+                                                      W + R, BD)
+        _vmr_token(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr, p, i,
+                   base, cols, cm, c, T, hd, width, C, W, WP, CP, 0, 0, True)
+
+
+@triton.jit(noinline=True)
+def _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, cb, j, c, T, hd,
+               C: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
+               CP: tl.constexpr, PREC: tl.constexpr):
+    """The first products of token block ``j // (BD // MB)``, column slice ``j % (BD // MB)``
+    of block ``cb``."""
+    NMS: tl.constexpr = BD // MB
+    cols = cb * BD + (j % NMS) * MB + tl.arange(0, MB)
+    _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, (j // NMS) * TB,
+                 cols, cols < hd, c, T, hd, 0, C, MB, TB, CP, PREC)
+
+
+@triton.jit(noinline=True)
+def _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
+             pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C: tl.constexpr, W: tl.constexpr,
+             R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
+             KT: tl.constexpr):
+    """``Dw`` of tokens ``[j * KT, (j + 1) * KT)``, column block ``cb``."""
+    for tt in range(KT):
+        _p, i, _b, base, cols, cm = _token_program_at(p * C + j * KT + tt, cb, NC, c, hd, C,
+                                                      W + R, BD)
+        _dw_token(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
+                  pc_ptr, pm_ptr, p, i, base, cols, cm, cb, c, hd, width, NB, NC, C, W, WP, CP,
+                  0, "", 0, True)
+
+
+@triton.jit(noinline=True)
+def _mix2_item(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
+               pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C: tl.constexpr, BD: tl.constexpr,
+               MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr):
+    """The second products of token block ``j // (BD // MB)``, column slice ``j % (BD //
+    MB)`` of block ``cb`` (its row of the partial sums: the slice's index over all columns)."""
+    NMS: tl.constexpr = BD // MB
+    ms = cb * NMS + j % NMS
+    cols = ms * MB + tl.arange(0, MB)
+    _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr, pl_ptr,
+                 pb_ptr, p, b, (j // NMS) * TB, cols, cols < hd, ms, c, T, hd, NB, NC, 0, C, MB,
+                 TB, CP, PREC)
+
+
+@triton.jit(noinline=True)
+def _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, cb, j, c,
+              T, hd, width, NC, NB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+              BD: tl.constexpr, BDG: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
+              CP: tl.constexpr, KT: tl.constexpr):
+    """The ``d ev`` partial sums of tokens ``[j * KT, (j + 1) * KT)``, in the ``BD // BDG``
+    column blocks of ``BDG`` of block ``cb`` (the dB blocks)."""
+    NEB: tl.constexpr = BD // BDG
+    for tt in range(KT):
+        for h in tl.static_range(NEB):
+            _dev_program(p * C + j * KT + tt, cb * NEB + h, fin_ptr, log_ptr, scale_ptr, src_ptr,
+                         slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NC, C, W, R,
+                         BDG, WP, RP, CP, 0, "", 0, True)
+
+
 @triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
 def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr,
                           coef_ptr, v_ptr, X_ptr, QK_ptr, beta_ptr, dy_ptr, vmr_ptr, d_ptr,
@@ -62,7 +134,6 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # product items
     NGT: tl.constexpr = (C * E + NG - 1) // NG  # dB tiles
-    CLG: tl.constexpr = BD // BDG               # dB and d ev column blocks per group
     G = P * NCB
     NB = P * NC                                 # partial-sum rows per column block
     n_tok = G * NTI
@@ -91,46 +162,32 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
         b = p * NC + c
         if kind == 0:
             _await_count(cnt + (3 * G + g) * LINE, k * NMI)
-            for tt in range(KT):
-                # (each branch names its own values: Triton types a name across branches)
-                _p0, i0, _b0, base0, cols0, cm0 = _token_program_at(p * C + j * KT + tt, cb, NC,
-                                                                    c, hd, C, E, BD)
-                _vmr_token(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr,
-                           p, i0, base0, cols0, cm0, c, T, hd, width, C, W, WP, CP, 0, 0, True)
+            _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr,
+                         p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
         elif kind == 1:
             _await_count(cnt + g * LINE, (k + 1) * NTI)
-            cols1 = cb * BD + (j % NMS) * MB + tl.arange(0, MB)
-            _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b,
-                         (j // NMS) * TB, cols1, cols1 < hd, c, T, hd, 0, C, MB, TB, CP, PREC)
+            _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, cb, j, c, T,
+                       hd, C, BD, MB, TB, CP, PREC)
         elif kind == 2:
             _await_count(cnt + (G + g) * LINE, (k + 1) * NMI)
             _await_count(cnt + (5 * G + g) * LINE, k * NGT)
-            for tt in range(KT):
-                _p2, i2, _b2, base2, cols2, cm2 = _token_program_at(p * C + j * KT + tt, cb, NC,
-                                                                    c, hd, C, E, BD)
-                _dw_token(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
-                          dd_ptr, pc_ptr, pm_ptr, p, i2, base2, cols2, cm2, cb, c, hd, width, NB,
-                          NC, C, W, WP, CP, 0, "", 0, True)
+            _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
+                     dd_ptr, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C, W, R, BD, WP, CP,
+                     KT)
         elif kind == 3:
             _await_count(cnt + (2 * G + g) * LINE, (k + 1) * NTI)
             _await_count(cnt + (4 * G + g) * LINE, k * NTI)
-            ms = cb * NMS + j % NMS
-            cols3 = ms * MB + tl.arange(0, MB)
-            _mix2_blocks(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
-                         pl_ptr, pb_ptr, p, b, (j // NMS) * TB, cols3, cols3 < hd, ms, c, T, hd,
-                         NB, NC, 0, C, MB, TB, CP, PREC)
+            _mix2_item(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
+                       pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB, TB, CP, PREC)
         elif kind == 4:
             _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
-            for tt in range(KT):
-                for h in tl.static_range(CLG):
-                    _dev_program(p * C + j * KT + tt, cb * CLG + h, fin_ptr, log_ptr, scale_ptr,
-                                 src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC,
-                                 NB, NC, C, W, R, BDG, WP, RP, CP, 0, "", 0, True)
+            _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p,
+                      cb, j, c, T, hd, width, NC, NB, C, W, R, BD, BDG, WP, RP, CP, KT)
         else:
             _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
             _group_program(p * NGT + j, cb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
                            g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr,
-                           c, T, hd, NC, C, E, BDG, NG, KW, CP, 0, CLG, "")
+                           c, T, hd, NC, C, E, BDG, NG, KW, CP, 0, BD // BDG, "")
         _finish(cnt + (kind * G + g) * LINE)
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
 
