@@ -215,8 +215,8 @@ def main(dtype="bf16"):
                          g_tok_ptr=i32, g_ev_ptr=f32, g_tok0_ptr=i32, g_ev0_ptr=f32,
                          sync_ptr=i32),
                     dict(C=CC, W=W, R=R, BD=CFG["BD_STEP_B"], WP=W, RP=R, CP=CC,
-                         MB=min(CFG["MB_MIX_B_WIDE"], CFG["BD_STEP_B"]),
-                         TB=min(CFG["TB_MIX_B_WIDE"], CC),
+                         MB=min(CFG["MB_QUEUE_B"], CFG["BD_STEP_B"]),
+                         TB=min(CFG["TB_QUEUE_B"], CC),
                          BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                          KT=CFG["QUEUE_TOKENS_B"], PREC="tf32", LINE=queue_walk.LINE),
                     num_warps=CFG["WARPS_QUEUE"])

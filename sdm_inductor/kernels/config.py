@@ -60,9 +60,11 @@ CONFIG = dict(
     # QUEUE_GATHER_ENTRIES (a power of two) of each token's entries a step; a write item
     # takes QUEUE_WRITE_TILES tiles (one wait and one count per item: 4 and 4 were 8 %
     # faster than 1 and 1, 8 and 8 slower). The reverse queue walk (backward/queue_walk.py)
-    # takes the same grid; its gather, dw and dev items QUEUE_TOKENS_B tokens each
+    # takes the same grid; its gather, dw and dev items QUEUE_TOKENS_B tokens each, its
+    # product items MB_QUEUE_B columns x TB_QUEUE_B tokens (32 x 16: 152 registers, three
+    # programs per SM; 32 x 32 needs 208 and is 14 % slower at A and B, 16 x 16 8 %)
     QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_GATHER_ENTRIES=2,
-    QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=4,
+    QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=4, MB_QUEUE_B=32, TB_QUEUE_B=16,
     # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE

@@ -206,7 +206,7 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     if BD % BDG or BD // BDG > 3:
         raise ValueError(f"sdm: the reverse queue walk needs BD_STEP_B ({BD}) to be 1 to 3 "
                          f"dB column blocks of BD_GROUP ({BDG})")
-    MB, TB = min(config["MB_MIX_B_WIDE"], BD), min(config["TB_MIX_B_WIDE"], CP)
+    MB, TB = min(config["MB_QUEUE_B"], BD), min(config["TB_QUEUE_B"], CP)
     NCB = -(-hd // BD)
     KT = math.gcd(C, config["QUEUE_TOKENS_B"])
     NG = config["NG_GROUP"]
