@@ -242,6 +242,16 @@ def _no_grads_for_the_log(ctx, rows, scales):
     ctx.set_materialize_grads(False)
 
 
+def _take_kept(ctx):
+    """What the forward kept, for this backward only: the context lets go of it, so it is
+    freed when the backward ends, as the saved tensors are, and not only when the graph
+    goes (in a training loop, after the next forward: two steps' worth held, and the next
+    forward's buffers in other memory). A second backward through a retained graph
+    recomputes the same values."""
+    obj, ctx.kept = getattr(ctx, "kept", None), None
+    return obj
+
+
 def _grads_in(grad_readings, grad_final, final, k_idx):
     """The incoming gradients, zeros for an output the loss did not use."""
     if grad_readings is None:
@@ -258,7 +268,7 @@ def _backward(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             "sdm::write_read was called with save_for_backward=False, so it kept nothing for a "
             "backward; call it with save_for_backward=True (sdm_inductor.sdm_write_read does this "
             "whenever a gradient is needed)")
-    with kept.backward_with(getattr(ctx, "kept", None)):
+    with kept.backward_with(_take_kept(ctx)):
         grads = torch.ops.sdm.write_read_backward(
             grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
             q_val, chunk_size, snapshot_quant, grad_bank_fp32)
@@ -350,7 +360,7 @@ def _backward_gated(ctx, grad_readings, grad_final, _grad_rows, _grad_scales):
             "write_read_gated does this whenever a gradient is needed)")
     # the gates again, with torch ops (the forward computed them inside the kernel)
     beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
-    with kept.backward_with(getattr(ctx, "kept", None)):
+    with kept.backward_with(_take_kept(ctx)):
         d_bank, d_kval, d_v, d_beta, d_g, d_qval = torch.ops.sdm.write_read_backward(
             grad_readings, grad_final, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
             q_val, chunk_size, snapshot_quant, grad_bank_fp32)

@@ -279,6 +279,43 @@ def test_untaken_offer_lives_as_long_as_its_log(monkeypatch):
     assert refs[0]() is None
 
 
+def test_kept_values_are_freed_when_the_backward_ends(monkeypatch):
+    """What a forward kept lives until its last backward ends, not as long as its graph
+    (the readings still referenced, as a training loop holds its loss until the next
+    step). A second backward through the retained graph finds it by the undo log, which
+    the graph still holds, and gives the same gradients."""
+    import weakref
+    from sdm_inductor import cpu, kept, ops
+
+    class Marker:
+        pass
+    refs, seen = [], []
+
+    class Keeping:
+        NAME = "cpu-keeping"
+
+        def forward(self, *args):
+            out = cpu.forward(*args)
+            marker = Marker()
+            refs.append(weakref.ref(marker))
+            kept.keep_for_backward(out[0], marker)
+            return out
+
+        def backward(self, *args):
+            seen.append(kept.kept_for_backward() is not None)
+            return cpu.backward(*args)
+
+    monkeypatch.setitem(ops.IMPLS, "cpu", Keeping())
+    ins = make_inputs(1, 20, W=2, R=2, hd=4, slots_per_stream=8)
+    leaves = ins.leaves()
+    y = torch.ops.sdm.write_read(*leaves, 16, 8)[0]
+    first = torch.autograd.grad(y.sum(), leaves[3], retain_graph=True)
+    assert refs[0]() is not None   # the retained graph's undo log still keys it
+    second = torch.autograd.grad(y.sum(), leaves[3])
+    assert refs[0]() is None       # y and its graph still alive
+    assert seen == [True, True] and torch.equal(first[0], second[0])
+
+
 def test_block_bounded_working_memory(monkeypatch):
     """Phase 1 runs on blocks of chunks: results do not depend on the block size."""
     from sdm_inductor import cpu
