@@ -45,9 +45,11 @@ from .step_walk import (_dev_program, _dw_token, _group_program, _mix1_blocks, _
                         _vmr_token, group_args, partial_buffers, window_sums)
 
 
-# Each kind of item is its own function (not inlined): the persistent loop then keeps no
-# values of one kind live across the others', and the launch needs the registers of its
-# largest item, not of their union (all inlined: 244-255 registers at 4 warps).
+# Each kind of item but the dB tiles is its own function (not inlined): the persistent loop
+# then keeps no values of one kind live across the others', and the launch needs the
+# registers of its largest item, not of their union (all inlined: 244-255 registers at 4
+# warps; so: 152 in bf16, set by the second products). The dB tiles stay inline: alone
+# they need 128 in bf16 (fp32: 230, the launch's 231, inline or not).
 
 
 @triton.jit(noinline=True)
