@@ -243,11 +243,11 @@ def _no_grads_for_the_log(ctx, rows, scales):
 
 
 def _take_kept(ctx):
-    """What the forward kept, for this backward only: the context lets go of it, so it is
-    freed when the backward ends, as the saved tensors are, and not only when the graph
-    goes (in a training loop, after the next forward: two steps' worth held, and the next
-    forward's buffers in other memory). A second backward through a retained graph
-    recomputes the same values."""
+    """What the forward kept, for this backward: the context lets go of it, so it is freed
+    when the backward ends, as the saved tensors are, and not only when the graph goes (in
+    a loop that holds its loss until the next step, after the next forward: two steps'
+    worth held). A second backward through a retained graph finds it by the undo log the
+    graph still holds (``kept.kept_by_log``), or recomputes the same values."""
     obj, ctx.kept = getattr(ctx, "kept", None), None
     return obj
 

@@ -243,47 +243,10 @@ def test_forward_hands_kept_values_to_its_own_backward(monkeypatch):
     assert seen == ["call 3", "call 1", None, "call 5", None, None], seen
 
 
-def test_untaken_offer_lives_as_long_as_its_log(monkeypatch):
-    """A forward called with no autograd context (as a compiled graph calls it) keeps its
-    offer only while its undo log lives (found by the log's identity), not until the next
-    call: with the readings and the log gone, what it kept is freed."""
-    import gc
-    import weakref
-    from sdm_inductor import cpu, kept, ops
-
-    class Marker:
-        pass
-    refs = []
-
-    class Keeping:
-        NAME = "cpu-keeping"
-
-        def forward(self, *args):
-            out = cpu.forward(*args)
-            marker = Marker()
-            refs.append(weakref.ref(marker))
-            kept.keep_for_backward(out[0], marker)
-            return out
-
-        def backward(self, *args):
-            return cpu.backward(*args)
-
-    monkeypatch.setitem(ops.IMPLS, "cpu", Keeping())
-    ins = make_inputs(1, 20, W=2, R=2, hd=4, slots_per_stream=8)
-    y, final, rows, scales = torch.ops.sdm.write_read(*ins, 16, 8)
-    del y
-    gc.collect()
-    assert refs[0]() is not None and kept.kept_by_log(rows, final, tuple(ins)[1:]) is refs[0]()
-    del rows
-    gc.collect()
-    assert refs[0]() is None
-
-
-def test_kept_values_are_freed_when_the_backward_ends(monkeypatch):
-    """What a forward kept lives until its last backward ends, not as long as its graph
-    (the readings still referenced, as a training loop holds its loss until the next
-    step). A second backward through the retained graph finds it by the undo log, which
-    the graph still holds, and gives the same gradients."""
+def _offer_markers(monkeypatch):
+    """The CPU implementation, offering a fresh marker object per forward
+    (``kept.keep_for_backward``): weak references to the markers, in call order, and for
+    each backward whether it found something kept."""
     import weakref
     from sdm_inductor import cpu, kept, ops
 
@@ -306,6 +269,32 @@ def test_kept_values_are_freed_when_the_backward_ends(monkeypatch):
             return cpu.backward(*args)
 
     monkeypatch.setitem(ops.IMPLS, "cpu", Keeping())
+    return refs, seen
+
+
+def test_untaken_offer_lives_as_long_as_its_log(monkeypatch):
+    """A forward called with no autograd context (as a compiled graph calls it) keeps its
+    offer only while its undo log lives (found by the log's identity), not until the next
+    call: with the readings and the log gone, what it kept is freed."""
+    import gc
+    from sdm_inductor import kept
+    refs, _ = _offer_markers(monkeypatch)
+    ins = make_inputs(1, 20, W=2, R=2, hd=4, slots_per_stream=8)
+    y, final, rows, scales = torch.ops.sdm.write_read(*ins, 16, 8)
+    del y
+    gc.collect()
+    assert refs[0]() is not None and kept.kept_by_log(rows, final, tuple(ins)[1:]) is refs[0]()
+    del rows
+    gc.collect()
+    assert refs[0]() is None
+
+
+def test_kept_values_are_freed_when_the_backward_ends(monkeypatch):
+    """What a forward kept lives until its last backward ends, not as long as its graph
+    (the readings still referenced, as a training loop holds its loss until the next
+    step). A second backward through the retained graph finds it by the undo log, which
+    the graph still holds, and gives the same gradients."""
+    refs, seen = _offer_markers(monkeypatch)
     ins = make_inputs(1, 20, W=2, R=2, hd=4, slots_per_stream=8)
     leaves = ins.leaves()
     y = torch.ops.sdm.write_read(*leaves, 16, 8)[0]
