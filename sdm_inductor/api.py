@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .validation import API_NAMES, _fail, check_call, check_tensors
+from .validation import API_NAMES, _fail, as_int, check_apart, check_call, check_tensors
 
 __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 
@@ -12,8 +12,9 @@ __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                g: Tensor, q_idx: Tensor, q_val: Tensor, key_weighted_decay=None):
     """Inputs as ``[P*T, *]`` (or already ``[P, T, *]``) -> the op's ``[P, T, *]`` layout."""
+    num_parallel = as_int(num_parallel)
     if isinstance(num_parallel, bool) or not isinstance(num_parallel, int) or num_parallel < 1:
-        _fail("num_parallel", "an int >= 1", num_parallel)
+        _fail("num_parallel", "an int >= 1", repr(num_parallel))
     check_tensors([("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
                    ("q_idx", q_idx), ("q_val", q_val)])
     P = num_parallel
@@ -105,11 +106,16 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
     """
     if not isinstance(memory, Tensor):
         _fail("memory", "a tensor [S, hd]", type(memory).__name__)
+    # integers as the ops take them (numpy and 0-d tensor integers too)
+    chunk_size, num_memory_slots = as_int(chunk_size), as_int(num_memory_slots)
     (k_idx, k_val, v, beta, g, q_idx, q_val), flat = to_streams(
         num_parallel, k_idx, k_val, v, beta, g, q_idx, q_val, key_weighted_decay)
     # every check with this interface's names, on the dtypes as given (before the casts)
     check_call(memory, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, num_memory_slots,
                shared_bank, snapshot_quant, names=API_NAMES)
+    # memory advances in place (either branch below): inputs sharing its memory are refused
+    check_apart(memory, (("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta),
+                         ("g", g), ("q_idx", q_idx), ("q_val", q_val)), "memory")
     dt = memory.dtype
     k_val, v, q_val = k_val.to(dt), v.to(dt), q_val.to(dt)
     beta, g = beta.float(), g.float()
@@ -122,4 +128,4 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
     else:
         readings = torch.ops.sdm.write_read_(memory, k_idx, k_val, v, beta, g, q_idx, q_val,
                                              chunk_size, num_memory_slots, shared_bank)
-    return readings.reshape(-1, readings.shape[-1]) if flat else readings
+    return readings.flatten(0, 1) if flat else readings

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from . import quant
 from .gates import LOG_DECAY_FLOOR
+from .validation import no_work
 
 NAME = "cpu-chunked"
 
@@ -274,14 +275,15 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     The saved rows are the undo log (``quant.UndoLog``): the chunk-start value of each
     distinct row a chunk writes, which is the old row its write pass reads anyway."""
     S, hd = bank.shape
-    inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
-    P, T, W, R, C = inp.P, inp.T, inp.W, inp.R, inp.C
+    P, T, W = k_idx.shape
+    R, C = q_idx.shape[2], chunk_size
     readings = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
-    # sized like ops._saved_shapes: no rows at T = 0 (n_chunks counts one chunk there)
+    # sized like ops._saved_shapes: no rows at T = 0
     store = quant.UndoLog(-(-T // C) * P * C, W, hd, bank.dtype, snapshot_quant,
                           bank.device, enabled=save)
-    if T == 0:
+    if no_work(bank, k_idx):
         return readings, *store.tensors()
+    inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
     for c0 in inp.blocks():
         blk = inp.block(c0, log=save)
         for c in range(blk.n_seg // P):
@@ -317,20 +319,22 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     already holds its value at the start of chunk c."""
     S, hd = grad_final.shape
     bank_dtype = grad_final.dtype
-    inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
-    P, T, W, R, C = inp.P, inp.T, inp.W, inp.R, inp.C
+    P, T, W = k_idx.shape
+    R = q_idx.shape[2]
     acc_dtype = torch.float32 if (grad_bank_fp32 or bank_dtype == torch.float32) else bank_dtype
     dB = grad_final.to(acc_dtype, copy=True)
-    store = quant.UndoLog.from_tensors(saved_rows, saved_scales, hd, snapshot_quant)
-    work = final_bank.clone()
     dk_val = torch.zeros(P, T, W)
     dv = torch.zeros(P, T, hd)
     dbeta = torch.zeros(P, T)
     dg_full = torch.zeros(P, T, W)
     dq_val = torch.zeros(P, T, R)
-    if T == 0:
+    if no_work(grad_final, k_idx):
         return (dB.to(bank_dtype), dk_val.to(k_val.dtype), dv.to(v.dtype), dbeta.to(beta.dtype),
                 torch.zeros_like(g), dq_val.to(q_val.dtype))
+    inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
+    C = inp.C
+    store = quant.UndoLog.from_tensors(saved_rows, saved_scales, hd, snapshot_quant)
+    work = final_bank.clone()
     dy_all = grad_readings.float()
     for c0 in reversed(list(inp.blocks())):
         blk = inp.block(c0)

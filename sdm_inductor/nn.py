@@ -90,6 +90,8 @@ def sdm_token_loop(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: 
             M = M.index_put((idx,), decayed + k_val[p, t][:, None] * delta[None, :])
             outs.append((q_val[p, t][:, None] * M[q_idx[p, t]]).sum(0))  # read after the write
         readings.append(torch.stack(outs) if outs else v.new_zeros(0, bank.shape[1], dtype=bank.dtype))
+    if not readings:   # no streams
+        return v.new_zeros(0, T, bank.shape[1], dtype=bank.dtype), M
     return torch.stack(readings), M
 
 

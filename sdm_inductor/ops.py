@@ -39,7 +39,7 @@ from torch import Tensor
 
 from . import cpu, gates, kept, quant
 from . import validation
-from .validation import check_backward, check_call, check_gated, start_index_check
+from .validation import check_apart, check_backward, check_call, check_gated, start_index_check
 
 __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
 
@@ -135,9 +135,12 @@ def _impl(bank: Tensor):
 
 
 def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
-             shared_bank, snapshot_quant):
+             shared_bank, snapshot_quant, in_place=False):
     check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
                shared_bank, snapshot_quant)
+    if in_place:
+        check_apart(bank, (("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta),
+                           ("g", g), ("q_idx", q_idx), ("q_val", q_val)))
     _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant,
                   per_write_gate=g.shape[2] == k_idx.shape[2] and k_idx.shape[2] > 1)
 
@@ -426,7 +429,7 @@ def write_read_(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Ten
     """Advance ``bank`` in place through the tokens; return the readings [P, T, hd]."""
     with _index_check_settled():
         _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
-                 shared_bank, "none")
+                 shared_bank, "none", in_place=True)
         readings, _, _ = _impl(bank).forward(
             bank, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(),
             q_idx, q_val.to(bank.dtype), chunk_size, "none", False)
@@ -495,8 +498,8 @@ merge_heads.register_autograd(
 def _check_expand(bank: Tensor, batch: int):
     if bank.dim() != 2:
         raise ValueError(f"sdm: argument 'bank' of expand_bank: expected [S, hd], got {list(bank.shape)}")
-    if batch < 1:
-        raise ValueError(f"sdm: argument 'batch' of expand_bank: expected >= 1, got {batch}")
+    if batch < 0:
+        raise ValueError(f"sdm: argument 'batch' of expand_bank: expected >= 0, got {batch}")
 
 
 @torch.library.custom_op("sdm::expand_bank", mutates_args=())
@@ -514,8 +517,11 @@ def _(bank, batch):
 
 def _expand_backward(ctx, grad):
     # summed over the batch in a fixed order: deterministic
-    return grad.view(ctx.batch, -1, grad.shape[-1]).sum(0), None
+    return grad.view(ctx.batch, *ctx.bank_shape).sum(0), None
 
 
-expand_bank.register_autograd(
-    _expand_backward, setup_context=lambda ctx, inputs, output: setattr(ctx, "batch", inputs[1]))
+def _setup_expand(ctx, inputs, output):
+    ctx.batch, ctx.bank_shape = inputs[1], tuple(inputs[0].shape)
+
+
+expand_bank.register_autograd(_expand_backward, setup_context=_setup_expand)

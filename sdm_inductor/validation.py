@@ -2,10 +2,12 @@
 what was expected and what came, and happens before any work (spec section 4)."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 from . import quant
 
@@ -47,6 +49,18 @@ def check_tensors(named) -> None:
     for name, t in named:
         if not isinstance(t, Tensor):
             _fail(name, "a tensor", type(t).__name__)
+
+
+def as_int(x):
+    """An integer argument of the Python interface as a Python int, as the ops' schemas
+    take them: ``operator.index`` (numpy integers, 0-d integer tensors), never a bool.
+    Anything else passes unchanged, for the caller's check to refuse with its name."""
+    if isinstance(x, bool) or isinstance(x, torch.SymInt):
+        return x
+    try:
+        return operator.index(x)
+    except TypeError:
+        return x
 
 
 def static_int(x):
@@ -111,6 +125,39 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     if snapshot_quant not in quant.MODES:
         _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
     check_layout(S, P, slots_per_stream, shared_bank, names)
+
+
+def _byte_span(t: Tensor) -> tuple[int, int]:
+    """``[first, last)`` bytes of ``t``'s elements in its storage (empty: ``(0, 0)``)."""
+    if t.numel() == 0:
+        return 0, 0
+    first = t.data_ptr() + sum(st * (n - 1) for n, st in zip(t.shape, t.stride()) if st < 0)
+    extent = sum(abs(st) * (n - 1) for n, st in zip(t.shape, t.stride())) + 1
+    return first, first + extent * t.element_size()
+
+
+def check_apart(bank: Tensor, named, bank_name: str = "bank") -> None:
+    """An op that writes ``bank`` in place reads each ``(name, tensor)`` of ``named`` as the
+    tokens come, not as it was at the call: refuse one whose memory the bank's bytes
+    overlap (real tensors only). Views of one buffer that only interleave are refused
+    too, like an overlap (their byte spans cross); a clone of either is always accepted."""
+    if torch.compiler.is_compiling() or bank.device.type == "meta" or is_fake(bank):
+        return   # no memory to compare; a traced call's op checks its real tensors when run
+    lo, hi = _byte_span(bank)
+    if lo == hi:
+        return
+    for name, t in named:
+        a, b = _byte_span(t)
+        if a < hi and lo < b:
+            _fail(name, f"memory apart from the {bank_name} that the call writes in place "
+                  "(pass a clone)", f"a tensor overlapping the {bank_name}'s memory")
+
+
+def no_work(bank: Tensor, k_idx: Tensor) -> bool:
+    """A call with no streams, no tokens or zero-width rows moves nothing: its readings are
+    empty, its final bank is its bank, its gradients are zero (the upstream bank gradient
+    passes through). Every implementation takes this path before Phase 1."""
+    return k_idx.numel() == 0 or bank.shape[1] == 0
 
 
 def check_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor,
@@ -186,7 +233,7 @@ def check_layout(S, P, slots_per_stream: int, shared_bank: bool,
         return
     if S % slots_per_stream:
         _fail(sph_name, f"a divisor of the {names.bank}'s {S} rows", slots_per_stream)
-    if S // slots_per_stream != P:
+    if S // slots_per_stream != P and P > 0:   # no streams: nothing to place (``no_work``)
         if names.streams is not None:
             _fail(names.streams, f"{S // slots_per_stream} streams ({names.bank} rows {S} / "
                   f"{sph_name} {slots_per_stream})", P)

@@ -133,7 +133,7 @@ def test_nan_in_v_stays_in_its_stream_and_chunks():
     assert torch.isnan(y[0, 20]).any()
 
 
-# ------------------------------------------------------------------ empty sequences
+# ------------------------------------------------------------------ calls with nothing to do
 
 def _empty(P=2, hd=4, sph=16, W=2, R=2, flat=False):
     ins = make_inputs(P=P, T=0, W=W, R=R, hd=hd, slots_per_stream=sph, seed=8)
@@ -141,43 +141,63 @@ def _empty(P=2, hd=4, sph=16, W=2, R=2, flat=False):
         n: t.reshape(0, *t.shape[2:]) for n, t in zip(ins._fields[1:], ins[1:])})
 
 
+def _nothing_to_do(case):
+    """Inputs (slots_per_stream 16) that move nothing: no tokens, no streams (a bank of
+    two streams' rows, an empty batch), or zero-width rows."""
+    if case == "no tokens":
+        return _empty()
+    if case == "no streams":
+        ins = make_inputs(P=2, T=40, W=2, R=2, hd=4, slots_per_stream=16, seed=8)
+        return ins._replace(**{n: t[:0] for n, t in zip(ins._fields[1:], ins[1:])})
+    return make_inputs(P=2, T=40, W=2, R=2, hd=0, slots_per_stream=16, seed=8)
+
+
+@pytest.mark.parametrize("case", ["no tokens", "no streams", "zero-width rows"])
 @pytest.mark.parametrize("grad", [False, True])
-def test_empty_sequence_every_entry_point(grad):
-    """T = 0: empty readings, the bank unchanged (final bank = bank); with autograd, the
-    bank's gradient is the final bank's."""
-    ins = _empty()
-    raw = (torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2), torch.zeros(2))
+def test_calls_with_nothing_to_do_every_entry_point(case, grad):
+    """No tokens, no streams or zero-width rows: readings [P, T, hd] (empty), the bank
+    unchanged (final bank = bank); with autograd, the bank's gradient is the final bank's
+    and every other gradient zero."""
+    ins = _nothing_to_do(case)
+    P, T, W = ins.k_idx.shape
+    hd, R = ins.bank.shape[1], ins.q_idx.shape[2]
+    raw = (torch.zeros(P, T), torch.zeros(P, T), torch.zeros(P), torch.zeros(P))
 
-    def functional(bank):
-        return sdm_inductor.write_read(bank, *ins[1:], slots_per_stream=16)
+    def functional(bank, k_val):
+        return sdm_inductor.write_read(bank, ins.k_idx, k_val, *ins[3:], slots_per_stream=16)
 
-    def gated(bank):
-        return api.write_read_gated(bank, ins.k_idx, ins.k_val, ins.v, *raw, ins.q_idx,
+    def gated(bank, k_val):
+        return api.write_read_gated(bank, ins.k_idx, k_val, ins.v, *raw, ins.q_idx,
                                     ins.q_val, slots_per_stream=16)
 
     for call in (functional, gated):
         bank = ins.bank.clone().requires_grad_(grad)
-        y, M = call(bank)
-        assert y.shape == (2, 0, 4) and torch.equal(M, ins.bank)
+        k_val = ins.k_val.clone().requires_grad_(grad)
+        y, M = call(bank, k_val)
+        assert y.shape == (P, T, hd) and torch.equal(M, ins.bank)
         if grad:
             dM = torch.randn_like(M)
-            (M * dM).sum().backward()
+            ((M * dM).sum() + y.sum()).backward()
             assert torch.equal(bank.grad, dM)
-    for flat in (False, True):
-        e = _empty(flat=flat)
+            assert k_val.grad is None or torch.equal(k_val.grad, torch.zeros(P, T, W))
+    for flat in (False, True) if case != "no streams" else ():   # num_parallel >= 1
+        e = _empty(flat=flat) if case == "no tokens" else ins
+        if flat and case != "no tokens":
+            e = e._replace(**{n: t.reshape(P * T, *t.shape[2:]) for n, t in zip(e._fields[1:], e[1:])})
         memory = e.bank.clone().requires_grad_(grad)
         y = sdm_inductor.sdm_write_read(memory, *e[1:], num_memory_slots=16, num_parallel=2)
-        assert y.shape == ((0, 4) if flat else (2, 0, 4))
+        assert y.shape == ((P * T, hd) if flat else (P, T, hd))
         assert torch.equal(memory.detach(), e.bank)
     y = torch.ops.sdm.write_read_(ins.bank.clone(), *ins[1:], 64, 16)
-    assert y.shape == (2, 0, 4)
+    assert y.shape == (P, T, hd)
     y, M, rows, scales = torch.ops.sdm.write_read(*ins, 64, 16)
-    assert torch.equal(M, ins.bank) and rows.numel() == 0
+    assert torch.equal(M, ins.bank)
     grads = torch.ops.sdm.write_read_backward(
-        torch.zeros(2, 0, 4), torch.ones(32, 4), M, rows, scales, *ins[1:], 64, "none", False)
-    assert torch.equal(grads[0], torch.ones(32, 4))
-    assert [tuple(t.shape) for t in grads[1:]] == [(2, 0, 2), (2, 0, 4), (2, 0), (2, 0, 1),
-                                                   (2, 0, 2)]
+        torch.zeros(P, T, hd), torch.ones(32, hd), M, rows, scales, *ins[1:], 64, "none", False)
+    assert torch.equal(grads[0], torch.ones(32, hd))
+    assert [tuple(t.shape) for t in grads[1:]] == [(P, T, W), (P, T, hd), (P, T), (P, T, 1),
+                                                   (P, T, R)]
+    assert all(not t.any() for t in grads[1:])
 
 
 @pytest.mark.parametrize("kw", [{}, dict(key_weighted_decay=True), dict(naive=True)])
@@ -192,6 +212,18 @@ def test_empty_sequence_layer(kw):
     assert (x.grad is None) == layer.naive and (layer.naive or x.grad.shape == (2, 0, 16))
     y = layer(torch.randn(2, 3, 16), cache)   # the empty call left a usable cache
     assert cache.seen_tokens == 3
+
+
+@pytest.mark.parametrize("kw", [{}, dict(naive=True)])
+def test_empty_batch_layer(kw):
+    """A batch of no sequences: empty output, zero gradients for the parameters."""
+    layer = SparseDeltaMemory(16, num_heads=2, slots_per_head=16, top_k=4, **kw)
+    x = torch.randn(0, 5, 16, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (0, 5, 16)
+    y.sum().backward()   # naive=True: no stream connects x to y (x.grad stays None)
+    assert (x.grad is None) == layer.naive and (layer.naive or x.grad.shape == (0, 5, 16))
+    assert all(p.grad is None or not p.grad.any() for p in layer.parameters())
 
 
 # ------------------------------------------------------------------ dtypes and names
@@ -269,3 +301,55 @@ def test_layer_names_cache_and_x():
             layer(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):   # autocast casts x itself
         assert layer(torch.randn(2, 3, 16).bfloat16()).shape == (2, 3, 16)
+
+
+# ------------------------------------------------------------------ memory shared with the bank
+
+def _arena(ins, gap):
+    """The bank and ``v`` in one buffer: v's rows start ``gap`` rows after the bank's first
+    row (``gap`` < bank rows: v is made of bank rows)."""
+    S, hd = ins.bank.shape
+    P, T = ins.k_idx.shape[:2]
+    buf = torch.zeros(max(S, gap + P * T), hd)
+    buf[:S] = ins.bank
+    buf[gap:gap + P * T] = ins.v.reshape(P * T, hd)
+    return buf, buf[:S], buf[gap:gap + P * T].view(P, T, hd)
+
+
+def test_inputs_sharing_the_banks_memory_refused_by_the_in_place_calls():
+    """An in-place call reads its inputs as the tokens come: one that shares the bank's
+    memory would see the bank's writes. Refused, naming it, before the bank changes; the
+    functional form (which writes a copy) takes it; memory apart in one buffer is fine."""
+    ins = make_inputs(P=2, T=6, W=2, R=2, hd=4, slots_per_stream=16, seed=12)
+    buf, bank, v = _arena(ins, gap=4)
+    before = buf.clone()
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'v'.*apart from the bank"):
+        torch.ops.sdm.write_read_(bank, ins.k_idx, ins.k_val, v, *ins[4:], 64, 16)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'v'.*apart from the memory"):
+        sdm_inductor.sdm_write_read(bank, ins.k_idx, ins.k_val, v, *ins[4:], num_memory_slots=16,
+                                    num_parallel=2)
+    assert torch.equal(buf, before)
+    y, M = sdm_inductor.write_read(bank, ins.k_idx, ins.k_val, v, *ins[4:], slots_per_stream=16)
+    y1, M1 = sdm_inductor.write_read(bank.clone(), ins.k_idx, ins.k_val, v.clone(), *ins[4:],
+                                     slots_per_stream=16)
+    assert torch.equal(y, y1) and torch.equal(M, M1)
+    y0, M0 = sdm_inductor.write_read(*ins, slots_per_stream=16)
+    buf, bank, v = _arena(ins, gap=32)           # v right after the bank: apart
+    y = torch.ops.sdm.write_read_(bank, ins.k_idx, ins.k_val, v, *ins[4:], 64, 16)
+    assert torch.equal(y, y0) and torch.equal(bank, M0)
+
+
+def test_integer_options_take_what_the_ops_take():
+    """numpy and 0-d tensor integers work in the Python interface as in the ops; a bool
+    is not a stream count."""
+    np = pytest.importorskip("numpy")
+    ins = make_inputs(P=2, T=20, W=2, R=2, hd=4, slots_per_stream=16, seed=13)
+    y0 = sdm_inductor.sdm_write_read(ins.bank.clone(), *ins[1:], chunk_size=16,
+                                     num_memory_slots=16, num_parallel=2)
+    for box in (np.int64, torch.tensor):
+        y = sdm_inductor.sdm_write_read(ins.bank.clone(), *ins[1:], chunk_size=box(16),
+                                        num_memory_slots=box(16), num_parallel=box(2))
+        assert torch.equal(y, y0)
+    flat = [t.flatten(0, 1) for t in ins[1:]]
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'num_parallel'.*got True"):
+        sdm_inductor.sdm_write_read(ins.bank.clone(), *flat, num_parallel=True)

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
 from .. import quant
+from ..validation import no_work
 from . import backward as bwd
 from .config import CONFIG
 from .forward.column_walk import column_walk
@@ -125,8 +126,8 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
         gate_params = _contig(*gate_params)
     P, T, W = k_idx.shape
     raw, rows, scales = saved_buffers(bank, P, T, W, chunk_size, snapshot_quant, save)
-    if T == 0:
-        out = bank.new_empty(P, 0, bank.shape[1])
+    if no_work(bank, k_idx):
+        out = bank.new_zeros(P, T, bank.shape[1])
     elif not save and T <= DECODE_MAX_T:
         _await_index_check()
         out = decode(bank, k_idx, k_val, v, beta, g, q_idx, q_val, CONFIG, gate_params)
@@ -147,7 +148,7 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     C = chunk_size
-    path = "empty" if T == 0 else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
+    path = "empty" if no_work(bank, k_idx) else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
     walk = walk_kind(C, bank, P, W, R) if path == "chunked" else None
     step = walk == "step"
     tokens = CONFIG["TRAIN_WINDOW_TOKENS"] if save else CONFIG["WINDOW_TOKENS"]

@@ -278,12 +278,38 @@ def check_chain(an: Analysis, chain: Chain):
     if (any(rec.inplace for rec in chain.bank.writes.values()) and chain.bank.root.op != "placeholder"
             and isinstance(root_val, torch.Tensor) and root_val._is_view()):
         raise Reject("the bank written in place is a view of another tensor (its base changes too)")
+    if any(rec.inplace for rec in chain.bank.writes.values()):
+        _no_other_view_of_the_bank(an, chain)
     proofs = {"one write slot per token" if st.write.W == 1 else proof(st.write.k_idx.node)
               for st in chain.steps}
     chain.distinct = None if None in proofs else sorted(proofs)[0]
     if chain.distinct is None and config.assume_distinct_write_slots:
         chain.distinct = "assumed (assume_distinct_write_slots)"
     return plan_insertion(an, chain)
+
+
+def _no_other_view_of_the_bank(an: Analysis, chain: Chain):
+    """A bank written in place changes every tensor that shares its memory: a loop that
+    reads such a tensor (``v`` given as rows of the bank, a view taken inside the loop)
+    sees the writes of the tokens before, where the op reads its inputs as they were at
+    the call. Refuse when a tensor sharing the bank's memory, other than the bank and the
+    loop's own reads of it, is used before the loop's last write (views used only after
+    the loop see the final bank in both programs)."""
+    root = chain.bank.root
+    mem = an._storage(root)
+    if mem is None:
+        return
+    order = {n: i for i, n in enumerate(an.graph.nodes)}
+    last = max(order[rec.node] for rec in chain.bank.writes.values())
+    ours = set(chain.nodes) | {root}
+    for n in an.graph.nodes:
+        if order[n] >= last:
+            break
+        other = an._storage(n) if n not in ours else None
+        if other is not None and other.cdata == mem.cdata and any(
+                order[u] <= last for u in n.users):
+            raise Reject(f"{an.fe.describe(n)} shares memory with the bank written in place "
+                         "(the loop would read the writes of the tokens before it)")
 
 
 def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, needs_grad: bool):

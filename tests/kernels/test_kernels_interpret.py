@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 COST = dict(step_walk=130, queue_walk=120, step_walk_kept=120, step_walk_windows=90, phase1_scans=55,
             column_walk=46, extreme_gates=34, chunk_start_sources=30, snapshots=30,
             train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
-            windows_and_tiles=3, solve_blocks=3, window_sums=2)
+            windows_and_tiles=3, solve_blocks=3, window_sums=2, nothing_to_do=2)
 
 
 def _job(item) -> dict:
@@ -221,6 +221,27 @@ def case_decode_and_masking():
         y_ref, M_ref, _ = reference_outputs(ref_in)
         _check(f"T={T} masked readings", y, y_ref, 1e-5)
         _check(f"T={T} masked bank", bank, M_ref[:S], 1e-5)
+
+
+def case_nothing_to_do():
+    """No tokens, no streams, zero-width rows: empty readings, the bank unchanged, the
+    bank gradient passed through and every other gradient zero (no kernel runs)."""
+    import torch
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import make_inputs
+    for P, T, hd in ((2, 0, 8), (0, 20, 8), (2, 20, 0)):
+        ins = make_inputs(P=max(P, 1), T=T, W=3, R=2, hd=hd, slots_per_stream=16, seed=16)
+        args = tuple(t[:P] for t in tuple(ins)[1:])
+        for save in (False, True):
+            bank = ins.bank.clone()
+            y, rows, scales = host.forward(bank, *args, 16, "none", save)
+            assert y.shape == (P, T, hd) and torch.equal(bank, ins.bank), (P, T, hd, save)
+        dM = torch.randn(ins.bank.shape)
+        grads = host.backward(torch.zeros(P, T, hd), dM, bank, rows, scales, *args, 16, "none",
+                              False)
+        assert torch.equal(grads[0], dM)
+        assert all(g.shape == a.shape and not g.any()
+                   for g, a in zip(grads[1:], (args[1], args[2], args[3], args[4], args[6])))
 
 
 def case_windows_and_tiles():

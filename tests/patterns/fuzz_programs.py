@@ -20,7 +20,7 @@ S, HD, T, B = 16, 8, 4, 2
 
 MUTATIONS = ("read_before_write", "other_retrieval_weights", "undecayed_retrieval", "clamp",
              "feedback", "whole_bank_decay", "gate_on_delta", "no_delta", "beta_on_v_only",
-             "tanh_bank", "state_kept", "other_write_rows")
+             "tanh_bank", "state_kept", "other_write_rows", "value_in_bank")
 
 
 @dataclass
@@ -78,8 +78,11 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
         spec.gate, spec.W = "TW", max(spec.W, 2)
     if mutation == "beta_on_v_only" and spec.beta == "none":
         spec.beta = "T"
-    if mutation is not None and form == "scan" and mutation in ("feedback", "state_kept", "whole_bank_decay"):
+    if mutation is not None and form == "scan" and mutation in ("feedback", "state_kept", "whole_bank_decay",
+                                                                "value_in_bank"):
         spec.form = "unrolled"
+    if mutation == "value_in_bank":     # the values are rows of the bank that the loop writes in place
+        spec.write = "setitem"
     return spec
 
 
@@ -120,6 +123,24 @@ def inputs(spec: Spec, seed: int | None = None) -> dict:
     return d
 
 
+def copies(spec: Spec, d: dict) -> dict:
+    """Fresh copies of the inputs ``d`` for one run; the ``value_in_bank`` mutation's
+    ``v`` stays a view of the ``mem`` of its run (odd seeds)."""
+    out = {k: t.clone() for k, t in d.items()}
+    if spec.mutation == "value_in_bank" and spec.seed % 2:
+        out["v"] = eval(_rows_as_values(spec.layout, "out['mem']", "out['v']"))
+    return out
+
+
+def _rows_as_values(layout: str, mem: str, v: str) -> str:
+    """The first rows of the bank ``mem``, viewed as the values ``v`` (same shape)."""
+    if layout == "one":
+        return f"{mem}[:{v}.shape[0]]"
+    if layout == "batched":
+        return f"{mem}[:, :{v}.shape[1]]"
+    return f"{mem}[:{v}.shape[0] * {v}.shape[1]].view({v}.shape)"
+
+
 # ---------------------------------------------------------------- source
 
 class _Code:
@@ -152,7 +173,13 @@ def source(spec: Spec) -> str:
         c("bi = torch.arange(mem.shape[0])[:, None]")
     if layout == "flat":
         c(f"off = (torch.arange(k_idx.shape[0]) * (mem.shape[0] // k_idx.shape[0]))[:, None]")
-    if spec.write in ("setitem", "setitem_add"):
+    if spec.mutation == "value_in_bank":
+        if spec.seed % 2:   # v given as a view of the bank (``copies``), written in place
+            pass
+        else:               # v taken from the bank's rows inside the program
+            c("mem = mem.clone()")
+            c(f"v = {_rows_as_values(layout, 'mem', 'v')}")
+    elif spec.write in ("setitem", "setitem_add"):
         c("mem = mem.clone()")
     c("outs = []")
     if spec.mutation == "feedback":
@@ -203,7 +230,9 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
         c(f"idx = {ki}", d)
         c(f"qidx = {qi}", d)
     if mut == "whole_bank_decay":
-        c("mem = mem * 0.9", d)
+        # each row at its own rate (a uniform one is an SDM step on the bank rescaled by
+        # 0.9^t, with values rescaled likewise: the rewrite may take that one)
+        c("mem = mem * torch.linspace(0.8, 1.0, mem.shape[-2], dtype=mem.dtype)[:, None]", d)
     c(f"rows = {_read(spec, 'idx', W)}", d)
     # decay
     if gg is None:
@@ -315,7 +344,7 @@ def _outer(spec, k, delta):
 def _write(spec, c, d, idx, long_):
     lay, w = spec.layout, spec.write
     if spec.mutation == "read_before_write":
-        c("mem_before = mem" if w != "setitem" else "mem_before = mem.clone()", d)
+        c("mem_before = mem.clone()" if w in ("setitem", "setitem_add") else "mem_before = mem", d)
     if lay == "flat_global":
         flat = f"new.reshape(-1, {HD})"
         delta = f"(new - rows).reshape(-1, {HD})"

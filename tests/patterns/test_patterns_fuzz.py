@@ -249,3 +249,47 @@ def test_exception_inside_the_pass_puts_the_graph_back(monkeypatch):
     assert codes[0] == codes[1]
     assert not report.rewritten and "boom" in str(report), str(report)
     FC.compare(out, issue_loop(**d), "float32")
+
+
+def in_place_loop(mem, k_idx, k_val, v, beta, g, q_idx, q_val):
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = mem[k_idx[t]] * g[t].exp()[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * rows).sum(0))
+        mem[k_idx[t]] = rows + k_val[t][:, None] * delta[None]
+        outs.append((q_val[t][:, None] * mem[q_idx[t]]).sum(0))
+    return torch.stack(outs)
+
+
+def test_values_sharing_the_banks_memory():
+    """``v`` passed in as rows of the bank that the loop writes in place: each token reads
+    the writes of the tokens before, which the op (reading its inputs at the call) would
+    not. Traced so, the loop is left alone with the reason and computes as written;
+    traced apart and called so (Dynamo does not guard on inputs becoming aliased), the op
+    refuses the call before the bank changes."""
+    d = _issue_inputs((6, 1), (6, 1))
+    reports = []
+
+    def backend(gm, ex):
+        reports.append(sdm_inductor.patterns.torch_frontend.rewrite_dynamo_graph(gm.graph))
+        gm.recompile()
+        return gm.forward
+
+    def run(fn, mem):
+        return fn(**dict(d, mem=mem, v=mem[:6]))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(in_place_loop, backend=backend)
+    m0, m1 = d["mem"].clone(), d["mem"].clone()
+    FC.compare(run(compiled, m1), run(in_place_loop, m0), "float32")
+    assert torch.equal(m0, m1)
+    assert not reports[-1].rewritten and "shares memory with the bank" in str(reports[-1])
+    torch._dynamo.reset()
+    compiled = torch.compile(in_place_loop, backend=backend)
+    compiled(**dict(d, mem=d["mem"].clone()))
+    assert reports[-1].rewritten, str(reports[-1])
+    m2 = d["mem"].clone()
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'v'.*apart from the bank"):
+        run(compiled, m2)
+    torch._dynamo.reset()
+    assert torch.equal(m2, d["mem"])

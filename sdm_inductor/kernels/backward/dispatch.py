@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...validation import no_work
 from ..phase1 import entry_groups, plan
 from ..runtime.launch import walk_kind
 from ..runtime.pipeline import ahead, behind, token_windows
@@ -38,7 +39,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     dev = grad_final.device
     acc_dtype = torch.float32 if (grad_bank_fp32 or bank_dtype == torch.float32) else bank_dtype
     dB = grad_final.to(acc_dtype, copy=True).contiguous()
-    if T == 0:
+    if no_work(grad_final, k_idx):
         return (dB.to(bank_dtype), torch.zeros_like(k_val, dtype=bank_dtype),
                 torch.zeros_like(v, dtype=bank_dtype), torch.zeros_like(beta, dtype=torch.float32),
                 torch.zeros_like(g, dtype=torch.float32), torch.zeros_like(q_val, dtype=bank_dtype))
