@@ -305,6 +305,12 @@ class Analysis:
                 self._set(node, Opaque(dep, f"{self.fe.describe(node)}"))
                 return
             self._foreign_inplace(node, dep)
+        if dep and isinstance(out, Sym) and not _deps(out):
+            # the bank's values cancel in the algebra (``0 * x``, ``x - x``) but not in floats
+            # (inf, NaN): a use of the bank's state that is not the loop's
+            self._escape(node, ins)
+            self._set(node, Opaque(dep, f"{self.fe.describe(node)} (the bank's values cancel)"))
+            return
         if not dep and isinstance(out, Sym) and (len(out.terms) != 1 or out.terms[0].bound):
             out = None      # sums and contractions of inputs stay whole: one atom (e.g. x @ Wv)
         if out is None:

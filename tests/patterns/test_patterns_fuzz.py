@@ -293,3 +293,30 @@ def test_values_sharing_the_banks_memory():
         run(compiled, m2)
     torch._dynamo.reset()
     assert torch.equal(m2, d["mem"])
+
+
+def loop_with_cancelled_read(mem, k_idx, k_val, v, beta, g, q_idx, q_val):
+    outs = []
+    for t in range(k_idx.shape[0]):
+        before = mem[q_idx[t]].sum()            # the state before token t's write
+        rows = mem[k_idx[t]] * g[t].exp()[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * rows).sum(0))
+        mem = mem.index_put((k_idx[t],), rows + k_val[t][:, None] * delta[None])
+        outs.append((q_val[t][:, None] * mem[q_idx[t]]).sum(0) + 0 * before)
+    return torch.stack(outs), mem
+
+
+def test_bank_values_that_cancel_are_still_uses_of_the_bank():
+    """``0 * x`` of a bank read is 0 in the algebra, not in floats (an inf row gives NaN):
+    the read is a use of the bank's state between tokens, and the loop is left alone with
+    that reason, not by an error half-way through the rewrite."""
+    d = _issue_inputs((6, 1), (6, 1))
+    d["mem"][d["q_idx"][2, 0]] = float("inf")
+    torch._dynamo.reset()
+    (y, M), report = FC.explain_run(loop_with_cancelled_read, {k: t.clone() for k, t in d.items()})
+    torch._dynamo.reset()
+    assert not report.rewritten and "leaves the loop" in str(report), str(report)
+    assert "error" not in str(report), str(report)
+    y0, M0 = loop_with_cancelled_read(**d)
+    assert y0.isnan().any()
+    torch.testing.assert_close((y, M), (y0, M0), equal_nan=True)
