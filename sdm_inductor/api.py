@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .validation import API_NAMES, _fail, as_int, check_apart, check_call, check_tensors
+from .validation import (API_NAMES, _fail, as_int, check_apart, check_call, check_tensors,
+                         refuse_forward_ad)
 
 __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 
@@ -67,6 +68,8 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     The bank is not modified. Differentiable in bank, k_val, v, beta, g and q_val. The
     backward's undo log is only kept when a gradient is needed.
     """
+    refuse_forward_ad((("bank", bank), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
+                       ("q_val", q_val)))
     save = _needs_grad(bank, k_val, v, beta, g, q_val)
     readings, final, _, _ = torch.ops.sdm.write_read(
         bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream, shared_bank,
@@ -86,6 +89,8 @@ def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_ra
     ``A_log`` / ``dt_bias``: ``[P]``. Returns ``(readings [P, T, hd], final_bank)``;
     differentiable in bank, k_val, v, b_raw, a_raw, A_log, dt_bias and q_val.
     """
+    refuse_forward_ad((("bank", bank), ("k_val", k_val), ("v", v), ("b_raw", b_raw),
+                       ("a_raw", a_raw), ("A_log", A_log), ("dt_bias", dt_bias), ("q_val", q_val)))
     save = _needs_grad(bank, k_val, v, b_raw, a_raw, A_log, dt_bias, q_val)
     readings, final, _, _ = torch.ops.sdm.write_read_gated(
         bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val, chunk_size,
@@ -106,6 +111,8 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
     """
     if not isinstance(memory, Tensor):
         _fail("memory", "a tensor [S, hd]", type(memory).__name__)
+    refuse_forward_ad((("memory", memory), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
+                       ("q_val", q_val)))
     # integers as the ops take them (numpy and 0-d tensor integers too)
     chunk_size, num_memory_slots = as_int(chunk_size), as_int(num_memory_slots)
     (k_idx, k_val, v, beta, g, q_idx, q_val), flat = to_streams(

@@ -70,7 +70,8 @@ def sdm_write_read_reference(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tens
             M, r = token_step(M, k_idx[p, t].long(), k_val[p, t], v[p, t],
                               beta[p, t].to(dt), g[p, t].to(dt), q_idx[p, t].long(), q_val[p, t])
             step.append(r)
-        readings.append(torch.stack(step))
-    if T == 0:
-        return v.new_zeros(P, 0, bank.shape[1], dtype=dt), M
+        if step:
+            readings.append(torch.stack(step))
+    if T == 0 or P == 0:
+        return v.new_zeros(P, T, bank.shape[1], dtype=dt), M
     return torch.stack(readings, dim=1), M

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 from torch._subclasses.fake_tensor import is_fake
 
 from . import quant
@@ -151,6 +152,20 @@ def check_apart(bank: Tensor, named, bank_name: str = "bank") -> None:
         if a < hi and lo < b:
             _fail(name, f"memory apart from the {bank_name} that the call writes in place "
                   "(pass a clone)", f"a tensor overlapping the {bank_name}'s memory")
+
+
+def refuse_forward_ad(named) -> None:
+    """Forward-mode AD (``torch.func.jvp`` / ``jacfwd``, ``torch.autograd.forward_ad``) has
+    no rule in the sdm ops, and torch would give their outputs zero tangents without a
+    word: refuse an input that carries a tangent. Free when no dual level is active."""
+    if forward_ad._current_level < 0 or torch.compiler.is_compiling():
+        return
+    for name, t in named:
+        if isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"sdm: argument '{name}' carries a forward-mode tangent: forward-mode AD "
+                "(torch.func.jvp, jacfwd, torch.autograd.forward_ad) is not implemented for "
+                "the sdm ops; use reverse mode (torch.autograd.grad or .backward())")
 
 
 def no_work(bank: Tensor, k_idx: Tensor) -> bool:

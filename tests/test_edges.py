@@ -353,3 +353,30 @@ def test_integer_options_take_what_the_ops_take():
     flat = [t.flatten(0, 1) for t in ins[1:]]
     with pytest.raises(sdm_inductor.SDMArgumentError, match="'num_parallel'.*got True"):
         sdm_inductor.sdm_write_read(ins.bank.clone(), *flat, num_parallel=True)
+
+
+def test_forward_mode_ad_refused_not_zero():
+    """torch gives a custom op without a forward-mode rule zero tangents without a word:
+    every entry point refuses an input that carries a tangent, naming it."""
+    import torch.autograd.forward_ad as fwAD
+    ins = make_inputs(P=2, T=20, W=2, R=2, hd=4, slots_per_stream=16, seed=14)
+
+    def readings(v):
+        return sdm_inductor.write_read(ins.bank, ins.k_idx, ins.k_val, v, *ins[4:],
+                                       slots_per_stream=16)[0]
+
+    with pytest.raises(NotImplementedError, match="'v'.*forward-mode"):
+        torch.func.jvp(readings, (ins.v,), (torch.ones_like(ins.v),))
+    layer = SparseDeltaMemory(16, num_heads=2, slots_per_head=16, top_k=4)
+    x = torch.randn(2, 3, 16)
+    with pytest.raises(NotImplementedError, match="forward-mode"):
+        torch.func.jvp(layer, (x,), (torch.ones_like(x),))
+    bank = ins.bank.clone()
+    with fwAD.dual_level():
+        v = fwAD.make_dual(ins.v, torch.ones_like(ins.v))
+        with pytest.raises(NotImplementedError, match="'v'.*forward-mode"):
+            torch.ops.sdm.write_read_(bank, ins.k_idx, ins.k_val, v, *ins[4:], 64, 16)
+        with pytest.raises(NotImplementedError, match="'memory'.*forward-mode"):
+            sdm_inductor.sdm_write_read(fwAD.make_dual(bank, torch.ones_like(bank)),
+                                        *ins[1:], num_memory_slots=16, num_parallel=2)
+    assert torch.equal(bank, ins.bank)

@@ -38,6 +38,8 @@ EMPTY = dict(P=2, T=0, W=3, R=2, hd=3, slots_per_stream=5, per_write_gate=False,
 @given(configs())
 @example(EMPTY)
 @example(dict(EMPTY, T=40, extreme=float("-inf"), every=3, per_write_gate=True))
+@example(dict(EMPTY, T=20, hd=0))          # zero-width rows: nothing moves
+@example(dict(EMPTY, P=0, T=20))
 def test_fuzz_against_oracle(cfg):
     cfg = dict(cfg)
     shared, C = cfg.pop("shared"), cfg.pop("chunk_size")
@@ -46,7 +48,8 @@ def test_fuzz_against_oracle(cfg):
     if extreme is not None and cfg["T"] > 0:
         ins = with_gates(ins, extreme, every)
     P, T, hd = cfg["P"], cfg["T"], cfg["hd"]
-    dy, dM = torch.randn(P, T, hd), torch.randn(ins.bank.shape)
+    gen = torch.Generator().manual_seed(cfg["seed"])   # the example decides everything
+    dy, dM = torch.randn(P, T, hd, generator=gen), torch.randn(ins.bank.shape, generator=gen)
     y0, M0, g0 = reference_outputs(ins, (dy, dM))
     leaves = ins.leaves()
     y, M = sdm_inductor.write_read(
@@ -59,4 +62,7 @@ def test_fuzz_against_oracle(cfg):
     assert rel_err(y, y0) <= fwd_tol and rel_err(M, M0) <= fwd_tol
     ((y * dy).sum() + (M * dM).sum()).backward()
     for i, ref in zip(FLOAT_INPUTS, g0):
-        assert rel_err(leaves[i].grad, ref) <= grad_tol, i
+        # a gradient whose terms cancel (dg of one token, O(1) terms summing to ~1e-5) is
+        # known to fp32 only absolutely: 1e-6 is ~10 fp32 roundings of its O(1) terms
+        err = float((leaves[i].grad.double() - ref).abs().max()) if ref.numel() else 0.0
+        assert rel_err(leaves[i].grad, ref) <= grad_tol or err <= 1e-6, (i, err)
