@@ -331,6 +331,16 @@ class TorchOps(_Base):
         t = node.target
         if t is operator.getitem:
             return self._getitem(an, node)
+        if t is getattr and node.args[1:] in (("T",), ("mT",)):
+            # ``x.T`` reverses every dim, ``x.mT`` swaps the last two (Dynamo keeps both as
+            # getattr nodes)
+            x = self.sym(an, node.args[0])
+            n = len(x.shape)
+            if node.args[1] == "T":
+                return A.permute(x, list(range(n))[::-1])
+            if n < 2:
+                raise NotSymbolic("mT of a tensor of fewer than 2 dims")
+            return A.permute(x, list(range(n - 2)) + [n - 1, n - 2])
         if t is operator.setitem:
             if not self._advanced(node.args[1]):
                 return None

@@ -37,7 +37,7 @@ class Spec:
     read: str           # index | index_select | gather | embedding
     write: str          # index_put | setitem | index_copy | scatter | index_add | scatter_add |
     #                     zeros_add (a delta scattered into zeros, added) | setitem_add (M[idx] += delta)
-    contract: str       # mulsum | matmul | einsum | bmm
+    contract: str       # mulsum | matmul | einsum | bmm | tmatmul (rows.T @ w)
     outer: str          # mul | outer | einsum
     form: str           # unrolled | scan
     meta_use: bool      # the bank's metadata used before the loop (new_empty, .shape, ...)
@@ -66,7 +66,7 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
                 idx_dtype=r.choice(("int32", "int64")), gate=gate,
                 gate_dtype=r.choice(("float32", "bank")), beta=r.choice(("none", "T", "T1", "scalar")),
                 read=r.choice(_READS[layout]), write=r.choice(_WRITES[layout]),
-                contract=r.choice(("mulsum", "matmul", "einsum", "bmm")),
+                contract=r.choice(("mulsum", "matmul", "einsum", "bmm", "tmatmul")),
                 outer=r.choice(("mul", "outer", "einsum")), form=form,
                 meta_use=r.random() < 0.3, mutation=mutation)
     if form == "scan" and spec.write in ("setitem", "zeros_add", "setitem_add"):
@@ -317,6 +317,8 @@ def _contract(spec, w, rows, letter):
             return f"{w} @ {rows}"
         if k == "einsum":
             return f"torch.einsum('{letter},{letter}d->d', {w}, {rows})"
+        if k == "tmatmul":
+            return f"{rows}.T @ {w}"
         return f"torch.bmm({w}[None, None, :], {rows}[None]).reshape({HD})"
     if k == "mulsum":
         return f"({w}[..., None] * {rows}).sum(-2)"
@@ -324,6 +326,8 @@ def _contract(spec, w, rows, letter):
         return f"({w}[:, None, :] @ {rows}).squeeze(1)"
     if k == "einsum":
         return f"torch.einsum('b{letter},b{letter}d->bd', {w}, {rows})"
+    if k == "tmatmul":
+        return f"({rows}.mT @ {w}[..., None]).squeeze(-1)"
     return f"torch.bmm({w}.unsqueeze(1), {rows}).squeeze(1)"
 
 

@@ -51,6 +51,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
                              "zeros_add", "setitem_add"}
     assert seen["read"] == {"index", "index_select", "gather", "embedding"} and seen["form"] == {"unrolled", "scan"}
     assert seen["gate"] == {"none", "T", "T1", "TW"} and seen["beta"] == {"none", "T", "T1", "scalar"}
+    assert seen["contract"] == {"mulsum", "matmul", "einsum", "bmm", "tmatmul"}
 
 
 @pytest.mark.parametrize("seed", [11, 12])
