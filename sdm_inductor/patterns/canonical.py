@@ -42,11 +42,12 @@ class WriteRoles:
     k: list            # RoleFactors along 'w'
     gate: RoleFactor | None   # the exp atom; per write slot when it has a 'w' label
     beta: list         # scalar RoleFactors
-    coef: float        # c
+    coef: float        # c: the strength's number (beta = c * prod(beta factors))
     v: list            # RoleFactors along 'd'
     W: int
     hd: int
     streams: int = 0   # B for a step of B streams at once, 0 for one stream
+    v_coef: float = 1.0   # the value's number: beta * (2 v - r) is beta' = beta, v' = 2 v
 
     @property
     def per_write_gate(self) -> bool:
@@ -163,9 +164,6 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0
     cparts = _by_axis(_split(c, names), "retrieval term")
     if cparts["d"]:
         raise Reject("the retrieval is scaled along the value dim")
-    if not _close(c.coef, -b.coef):
-        raise Reject("the retrieval is not subtracted from the value with the same strength "
-                     "(delta = beta * (v - retrieved))")
     if _ms(cparts["w"]) != _ms(k):
         raise Reject("the delta is spread over the written rows with other weights than in the value term")
     per_write = gate is not None and "w" in gate.labels
@@ -175,7 +173,10 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0
         if per_write and _ms(cparts["u"]) == _ms(_relabel(k, "w", "u")):
             raise Reject("the retrieval reads the rows before their decay (spec: retrieve from decayed rows)")
         raise Reject("the retrieval uses other weights or gates than the write")
-    return WriteRoles(idx, k, gate, beta, b.coef, v, W, hd, streams=vals.shape[0] if ls is not None else 0)
+    # numbers on the value and on the retrieval differ (beta * (2 v - r)): the retrieval's is
+    # the strength's, the ratio goes to the value (exact for any nonzero ratio)
+    return WriteRoles(idx, k, gate, beta, -c.coef, v, W, hd,
+                      streams=vals.shape[0] if ls is not None else 0, v_coef=_ratio(b.coef, -c.coef))
 
 
 def _bank_term(t, bank_id: int, version: int, idx: Atom, ld):
@@ -247,9 +248,15 @@ def _match_one_slot(vals: Sym, bank_id: int, version: int, idx: Atom, live) -> W
         raise errors[0]
     if len(found) > 1:
         raise Reject("the decay and retrieval terms of a one-slot write cannot be told apart")
-    k, gate, beta = found[0]
+    k, gate, beta, strength = found[0]
     streams = next(n for n, lb in live if lb == ls) if ls is not None else 0
-    return WriteRoles(idx, k, gate, beta, b.coef, v, 1, hd, streams=streams)
+    return WriteRoles(idx, k, gate, beta, strength, v, 1, hd, streams=streams,
+                      v_coef=_ratio(b.coef, strength))
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``, exactly 1 where the two agree to rounding (no multiply emitted then)."""
+    return 1.0 if _close(a, b) else a / b
 
 
 def _exp_gate(dparts, a_f):
@@ -264,7 +271,8 @@ def _exp_gate(dparts, a_f):
 
 
 def _one_slot_roles(d, c, b, X, names):
-    """(k, gate, beta) when ``d`` is the decay term and ``c`` the retrieval term."""
+    """(k, gate, beta, strength) when ``d`` is the decay term and ``c`` the retrieval term
+    (the strength: the retrieval's number, as in ``match_write``)."""
     if d.bound or c.bound or not _close(d.coef, 1.0):
         raise Reject("the old row is scaled by a number or summed in the decay term")
     dparts = _by_axis(_split(d, names), "decay term")
@@ -272,9 +280,6 @@ def _one_slot_roles(d, c, b, X, names):
     cparts = _by_axis(_split(c, names), "retrieval term")
     if cparts["d"]:
         raise Reject("the retrieval is scaled along the value dim")
-    if not _close(c.coef, -b.coef):
-        raise Reject("the retrieval is not subtracted from the value with the same strength "
-                     "(delta = beta * (v - retrieved))")
     have = _ms(cparts[""])
     gates = _ms([gate] if gate is not None else [])
     if not (_ms(X) + gates <= have):
@@ -291,7 +296,7 @@ def _one_slot_roles(d, c, b, X, names):
             k.append(rf)
         else:
             beta.append(rf)
-    return k, gate, beta
+    return k, gate, beta, -c.coef
 
 
 def match_read(val: Sym, bank_id: int) -> ReadRoles:

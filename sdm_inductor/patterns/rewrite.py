@@ -466,7 +466,7 @@ def _stacked_roles(em: Emitter, chain: Chain):
     roles = dict(
         k_idx=index([st.write.k_idx for st in steps], W),
         k_val=role(lambda st: st.write.k, SW, dtype),
-        v=role(lambda st: st.write.v, SD, dtype),
+        v=role(lambda st: st.write.v, SD, dtype, coef=lambda st: st.write.v_coef),
         beta=role(lambda st: st.write.beta, S_, torch.float32, coef=lambda st: st.write.coef),
         q_idx=index([r.q_idx if r is not None else None for r in reads], R),
         q_val=role(lambda r: r.q if r is not None else [], SR, dtype,

@@ -175,7 +175,7 @@ def _rewrite_scan(graph, node, fe, level, report, state):
 
     k_idx = em.unsqueeze(em.reshape(k_src, (T, W)) if k_tok else em.expand(em.reshape(k_src, (1, W)), (T, W)), 0)
     k_val = em.unsqueeze(product(w.k, W, 1.0, dtype), 0)
-    v = em.unsqueeze(product(w.v, hd, 1.0, dtype), 0)
+    v = em.unsqueeze(product(w.v, hd, w.v_coef, dtype), 0)
     beta = em.reshape(product(w.beta, 1, w.coef, torch.float32), (1, T))
     if w.gate is None:
         g = em.full((1, T, 1), 0.0, torch.float32, dev)

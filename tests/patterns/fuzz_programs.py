@@ -42,6 +42,7 @@ class Spec:
     form: str           # unrolled | scan
     meta_use: bool      # the bank's metadata used before the loop (new_empty, .shape, ...)
     mutation: str | None = None
+    scale: str = "none"     # none | value (beta * (0.5 v - r)) | retrieval (beta * (v - 2 r))
 
     def short(self):
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -68,7 +69,8 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
                 read=r.choice(_READS[layout]), write=r.choice(_WRITES[layout]),
                 contract=r.choice(("mulsum", "matmul", "einsum", "bmm", "tmatmul")),
                 outer=r.choice(("mul", "outer", "einsum")), form=form,
-                meta_use=r.random() < 0.3, mutation=mutation)
+                meta_use=r.random() < 0.3, mutation=mutation,
+                scale=r.choice(("none", "none", "value", "retrieval")))
     if form == "scan" and spec.write in ("setitem", "zeros_add", "setitem_add"):
         spec.write = "index_put"
     if spec.layout.startswith("flat") and spec.W == 1:
@@ -251,7 +253,11 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
     src = "rows" if mut == "undecayed_retrieval" else "dec"
     kr = f"{kv}.sin()" if mut == "other_retrieval_weights" else kv
     c(f"ret = {_contract(spec, kr, src, 'w')}", d)
+    if spec.scale == "retrieval":
+        c("ret = 2.0 * ret", d)
     vv = f"({vt} + 0.5 * prev)" if mut == "feedback" else vt
+    if spec.scale == "value":
+        vv = f"(0.5 * {vv})"
     if mut == "no_delta":
         c(f"delta = {vv}", d)
     elif b is None:

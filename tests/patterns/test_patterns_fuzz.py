@@ -44,7 +44,8 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     a, b = FP.programs(300, seed=5), FP.programs(300, seed=5)
     assert [FP.source(x) for x in a] == [FP.source(x) for x in b]
     seen = {f: {getattr(s, f) for s in a} for f in ("layout", "W", "R", "bank_dtype", "idx_dtype", "gate",
-                                                   "beta", "read", "write", "contract", "outer", "form")}
+                                                   "beta", "read", "write", "contract", "outer", "form",
+                                                   "scale")}
     assert seen["layout"] == {"one", "batched", "flat", "flat_global"}
     assert seen["W"] == {1, 2, 3} and seen["R"] == {1, 2}
     assert seen["write"] == {"index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add",
@@ -52,6 +53,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     assert seen["read"] == {"index", "index_select", "gather", "embedding"} and seen["form"] == {"unrolled", "scan"}
     assert seen["gate"] == {"none", "T", "T1", "TW"} and seen["beta"] == {"none", "T", "T1", "scalar"}
     assert seen["contract"] == {"mulsum", "matmul", "einsum", "bmm", "tmatmul"}
+    assert seen["scale"] == {"none", "value", "retrieval"}
 
 
 @pytest.mark.parametrize("seed", [11, 12])
