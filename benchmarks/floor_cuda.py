@@ -19,7 +19,7 @@ programs run column block by column block over every token of the sequence, so a
 block's ~38 MB of bank columns (B) stays in L2 while the sequence's repeated slots read
 it again (the read rows move at ~7 TB/s that way); they show what chunk
 order costs. ``gather R + rmw`` per chunk moves the spec floor's bytes; ``gather W+R +
-rmw`` moves what the step walk moves now (its write launch re-reads the written rows the
+rmw`` moves what the step walk moves (its write launch re-reads the written rows the
 gather read); ``training`` adds the undo log and the backward's rows (``bench_cuda``'s
 forward + backward floor bytes). The op's no-grad call and autograd step are timed in the
 same run beside them.

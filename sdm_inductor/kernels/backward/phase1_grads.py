@@ -18,8 +18,8 @@ def _pair_grads_kernel(val_ptr, gam_ptr, gend_ptr, perm_ptr, gs_ptr, nw_ptr, na_
                        W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr):
     """Per entry: d val (k or q), d gam (gamq for reads), d gend, by walking its group.
     ``dA = beta dL`` (row-wise) and the chunk decay's part of d gend (``decay * dm`` for
-    the first member of each written slot's group) are formed here from their factors,
-    the same products the torch ops before this kernel once made."""
+    the first member of each written slot's group) are formed here from their factors
+    (no torch ops of their own in front of the launch)."""
     pid = tl.program_id(0)            # b * C + i
     b = pid // C
     i = pid % C
