@@ -269,6 +269,7 @@ _T = {
     "einsum": {torch.einsum},
     "index_select": {torch.index_select, "index_select"},
     "gather": {torch.gather, "gather"},
+    "take_along_dim": {torch.take_along_dim, "take_along_dim"},
     "index_put": {torch.index_put, "index_put", "index_put_"},
     "index_copy": {torch.index_copy, "index_copy", "index_copy_"},
     "index_add": {torch.index_add, "index_add", "index_add_"},
@@ -508,8 +509,13 @@ class TorchOps(_Base):
                     raise NotSymbolic("gather along the columns")
                 rows = Sym.rows(sp, x, drop_columns(self.sym(an, _dim_arg(node, 2, "index"))))
                 return A.expand(sp, rows, self.out_shape(node))
+            if k == "take_along_dim":   # gather with the index broadcast over the columns
+                if _dim_arg(node, 2, "dim") not in (nd - 2, -2):
+                    raise NotSymbolic("take_along_dim along the columns or flattened")
+                rows = Sym.rows(sp, x, drop_columns(self.sym(an, _dim_arg(node, 1, "indices"))))
+                return A.expand(sp, rows, self.out_shape(node))
             raise NotSymbolic(f"{k} of the whole bank")
-        if k in ("index_select", "gather"):
+        if k in ("index_select", "gather", "take_along_dim"):
             return None
         if k == "sum":
             x = self.sym(an, a[0])

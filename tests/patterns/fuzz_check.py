@@ -85,6 +85,43 @@ def check(spec: FP.Spec, runner=explain_run) -> Outcome:
     return o
 
 
+def check_grads(spec: FP.Spec, runner=explain_run):
+    """Gradients of a random loss of ``spec``'s outputs with respect to every float input,
+    rewritten against eager: ``(checked, difference)``. Not checked: eager autograd itself
+    refuses the program (an in-place write over rows the step read). The difference is a
+    description of the first gradient that differs, or None. A gradient one side leaves
+    undefined and the other gives as zeros is equal."""
+    fn = FP.build(spec)
+    d = FP.inputs(spec)
+
+    def run(call):
+        kw = FP.copies(spec, d)
+        leaves = {k: t.requires_grad_() for k, t in kw.items() if t.is_floating_point()}
+        # in-place programs write their bank: differentiate through a copy of each leaf
+        out = call(**{k: (t.clone() if k in leaves else t) for k, t in kw.items()})
+        gen = torch.Generator().manual_seed(spec.seed)
+        loss = sum((o.float() * torch.randn(o.shape, generator=gen)).sum() for o in _tuple(out))
+        grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        return dict(zip(leaves, grads))
+
+    try:
+        ref = run(fn)
+    except RuntimeError:
+        return False, None
+    got = run(lambda **kw: runner(fn, kw)[0])
+    for name, want in ref.items():
+        have = got[name]
+        if want is None or have is None:
+            if (want if have is None else have) is not None and (want if have is None else have).any():
+                return True, f"grad {name}: defined on one side only"
+            continue
+        try:
+            torch.testing.assert_close(have, want, **TOL[spec.bank_dtype])
+        except AssertionError as e:
+            return True, f"grad {name}: {e}"
+    return True, None
+
+
 def reason_key(reason: str) -> str:
     """A reason without its token number, locations and node names (for counting)."""
     reason = re.sub(r"^token \d+: ", "", reason)

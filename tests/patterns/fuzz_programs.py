@@ -34,7 +34,7 @@ class Spec:
     gate: str           # none | T | T1 | TW (per write)
     gate_dtype: str     # float32 | bank
     beta: str           # none | T | T1 | scalar
-    read: str           # index | index_select | gather | embedding
+    read: str           # index | index_select | gather | embedding | take_along_dim
     write: str          # index_put | setitem | index_copy | scatter | index_add | scatter_add |
     #                     zeros_add (a delta scattered into zeros, added) | setitem_add (M[idx] += delta)
     contract: str       # mulsum | matmul | einsum | bmm | tmatmul (rows.T @ w)
@@ -53,7 +53,8 @@ _WRITES = {"one": ("index_put", "setitem", "index_copy", "scatter", "index_add",
            "batched": ("index_put", "setitem", "scatter", "scatter_add", "zeros_add"),
            "flat": ("index_put", "setitem", "setitem_add"),
            "flat_global": ("index_put", "setitem", "index_copy", "index_add", "zeros_add")}
-_READS = {"one": ("index", "index_select", "gather", "embedding"), "batched": ("index", "gather"),
+_READS = {"one": ("index", "index_select", "gather", "embedding", "take_along_dim"),
+          "batched": ("index", "gather", "take_along_dim"),
           "flat": ("index",), "flat_global": ("index", "index_select")}
 
 
@@ -301,10 +302,14 @@ def _read(spec, idx, n, bank="mem"):
             return f"torch.nn.functional.embedding({idx}, {bank})"
         if spec.read == "gather":
             return f"{bank}.gather(0, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[:, None].expand(-1, {bank}.shape[-1]))"
+        if spec.read == "take_along_dim":
+            return f"torch.take_along_dim({bank}, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[:, None], dim=0)"
         return f"{bank}[{idx}]"
     if lay == "batched":
         if spec.read == "gather":
             return f"{bank}.gather(1, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[..., None].expand(-1, -1, {bank}.shape[-1]))"
+        if spec.read == "take_along_dim":
+            return f"{bank}.take_along_dim({idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[..., None], dim=1)"
         return f"{bank}[bi, {idx}]"
     if lay == "flat":
         return f"{bank}[{idx}]"
