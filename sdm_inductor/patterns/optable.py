@@ -266,6 +266,8 @@ _T = {
     "matmul": {operator.matmul, torch.matmul, "matmul", torch.mm, "mm", torch.bmm, "bmm",
                torch.mv, "mv", torch.dot, "dot"},
     "outer": {torch.outer, "outer", torch.ger, "ger"},
+    "addcmul": {torch.addcmul, "addcmul"},
+    "addmm": {torch.addmm, "addmm", torch.addmv, "addmv", torch.baddbmm, "baddbmm"},
     "einsum": {torch.einsum},
     "index_select": {torch.index_select, "index_select"},
     "gather": {torch.gather, "gather"},
@@ -368,6 +370,20 @@ class TorchOps(_Base):
         if inplace:
             return None
         return self._op(an, node, k)
+
+    def _fused_add(self, an, node, k):
+        """``addcmul(x, a, b, value=c)`` = ``x + c * a * b``; ``addmm`` / ``addmv`` /
+        ``baddbmm(x, a, b, beta=s, alpha=c)`` = ``s * x + c * (a @ b)``."""
+        a = node.args
+        x, m1, m2 = (self._vals(an, y) for y in a[:3])
+        c = _dim_arg(node, 3, "value", 1) if k == "addcmul" else node.kwargs.get("alpha", 1)
+        s = 1 if k == "addcmul" else node.kwargs.get("beta", 1)
+        if not all(isinstance(y, Sym) for y in (x, m1, m2)) or not all(
+                isinstance(n, (int, float)) and not isinstance(n, bool) for n in (c, s)) or s == 0:
+            raise NotSymbolic(f"{k} outside the algebra")
+        sp = an.space
+        prod = A.mul(sp, m1, m2) if k == "addcmul" else A.matmul(sp, m1, m2)
+        return A.add(sp, A.scale(x, float(s)) if s != 1 else x, prod, float(c))
 
     def _vals(self, an, x):
         return an.value(x) if isinstance(x, fx.Node) else Sym.scalar(x)
@@ -478,6 +494,8 @@ class TorchOps(_Base):
             return A.add(sp, x, y, alpha if k == "add" else -alpha)
         if k == "neg":
             return A.scale(self.sym(an, a[0]), -1.0)
+        if k in ("addcmul", "addmm"):
+            return self._fused_add(an, node, k)
         if k == "div":
             if isinstance(a[1], (int, float)) and a[1] != 0 and not node.kwargs.get("rounding_mode"):
                 return A.scale(self.sym(an, a[0]), 1.0 / a[1])
@@ -659,7 +677,8 @@ _ATEN = {
     aten._to_copy.default: "cast", torch.ops.prims.convert_element_type.default: "cast",
     aten.mm.default: "matmul", aten.bmm.default: "matmul", aten.matmul.default: "matmul",
     aten.mv.default: "matmul", aten.dot.default: "matmul", aten.outer.default: "outer",
-    aten.einsum.default: "einsum",
+    aten.einsum.default: "einsum", aten.addcmul.default: "addcmul", aten.addmm.default: "addmm",
+    aten.addmv.default: "addmm", aten.baddbmm.default: "addmm",
     aten.index_select.default: "index_select", aten.gather.default: "gather",
     aten.index_put.default: "index_put", aten.index_put_.default: "index_put",
     aten._unsafe_index_put.default: "index_put",

@@ -38,7 +38,7 @@ class Spec:
     write: str          # index_put | setitem | index_copy | scatter | index_add | scatter_add |
     #                     zeros_add (a delta scattered into zeros, added) | setitem_add (M[idx] += delta)
     contract: str       # mulsum | matmul | einsum | bmm | tmatmul (rows.T @ w)
-    outer: str          # mul | outer | einsum
+    outer: str          # mul | outer | einsum | addcmul (new = addcmul(dec, k, delta))
     form: str           # unrolled | scan
     meta_use: bool      # the bank's metadata used before the loop (new_empty, .shape, ...)
     mutation: str | None = None
@@ -69,7 +69,7 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
                 gate_dtype=r.choice(("float32", "bank")), beta=r.choice(("none", "T", "T1", "scalar")),
                 read=r.choice(_READS[layout]), write=r.choice(_WRITES[layout]),
                 contract=r.choice(("mulsum", "matmul", "einsum", "bmm", "tmatmul")),
-                outer=r.choice(("mul", "outer", "einsum")), form=form,
+                outer=r.choice(("mul", "outer", "einsum", "addcmul")), form=form,
                 meta_use=r.random() < 0.3, mutation=mutation,
                 scale=r.choice(("none", "none", "value", "retrieval")))
     if form == "scan" and spec.write in ("setitem", "zeros_add", "setitem_add"):
@@ -274,7 +274,10 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
     term = _outer(spec, kv, "delta")
     if mut == "gate_on_delta":
         term = f"a * {term}"
-    c(f"new = dec + {term}", d)
+    if spec.outer == "addcmul" and mut != "gate_on_delta":
+        c(f"new = torch.addcmul(dec, {kv}[..., None], delta[..., None, :])", d)
+    else:
+        c(f"new = dec + {term}", d)
     if mut == "clamp":
         c("new = new.clamp(-0.5, 0.5)", d)
     if mut == "tanh_bank":

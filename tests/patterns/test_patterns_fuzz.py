@@ -69,6 +69,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     assert seen["gate"] == {"none", "T", "T1", "TW"} and seen["beta"] == {"none", "T", "T1", "scalar"}
     assert seen["contract"] == {"mulsum", "matmul", "einsum", "bmm", "tmatmul"}
     assert seen["scale"] == {"none", "value", "retrieval"}
+    assert seen["outer"] == {"mul", "outer", "einsum", "addcmul"}
 
 
 @pytest.mark.parametrize("seed", [11, 12])
