@@ -31,11 +31,14 @@ class NotSymbolic(Exception):
 class Atom:
     """A bank-independent tensor: ``key`` identifies its value (value numbering),
     ``node`` is one graph node that computes it, ``shape`` its static shape, and
-    ``exp_of`` the atom it is ``exp`` of (gates are recognised through it)."""
+    ``exp_of`` the atom whose exponential (or sigmoid) it is: gates are recognised through
+    it. On that inner atom, ``decay`` says which: ``"exp"`` (the atom is the log-decay
+    ``g``) or ``"sigmoid"`` (the log-decay is ``logsigmoid`` of the atom)."""
     key: object
     node: object = field(compare=False, hash=False)
     shape: tuple = field(compare=False, hash=False)
     exp_of: object = field(default=None, compare=False, hash=False)
+    decay: str = field(default="exp", compare=False, hash=False)
 
 
 @dataclass(frozen=True)

@@ -260,13 +260,13 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _exp_gate(dparts, a_f):
-    """The decay term's single ``exp(g)`` factor (per slot or per token) among the factors
+    """The decay term's single ``exp(g)`` (or ``sigmoid(x)``) factor (per slot or per token) among the factors
     ``a_f``, or None (no decay); anything else is rejected."""
     if dparts["d"] or len(a_f) > 1:
         raise Reject("the decay of the written rows is not a single exp(g) per slot or per token")
     gate = a_f[0] if a_f else None
     if gate is not None and gate.atom.exp_of is None:
-        raise Reject(f"the written rows are scaled by {gate.atom.node}, not by exp(g)")
+        raise Reject(f"the written rows are scaled by {gate.atom.node}, not by exp(g) or sigmoid(x)")
     return gate
 
 

@@ -201,7 +201,7 @@ class Analysis:
         shape = tuple(atom.shape[:dim]) + tuple(sizes) + tuple(atom.shape[dim + 1:])
         key = self._intern.setdefault(("split", atom.key, dim, tuple(sizes)), len(self._intern))
         exp_of = self.split_atom(atom.exp_of, dim, sizes) if atom.exp_of is not None else None
-        return Atom(key, atom.node, shape, exp_of)
+        return Atom(key, atom.node, shape, exp_of, atom.decay)
 
     def unmerge(self, op: "WriteOp") -> "WriteOp":
         """A write of ``Merged`` values at a flat index: the same write with the index
@@ -220,10 +220,10 @@ class Analysis:
         shape = self.fe.shape(node)
         if shape is None:
             return None
-        exp_arg = self.fe.exp_arg(node)
+        exp_arg, decay = self.fe.exp_arg(node) or (None, "exp")
         exp_of = None
         if exp_arg is not None and isinstance(self.env.get(exp_arg), Sym):
-            exp_of = Atom(self.atom_key(exp_arg), exp_arg, shape)
+            exp_of = Atom(self.atom_key(exp_arg), exp_arg, shape, decay=decay)
         return Sym.atom(self.space, Atom(self.atom_key(node), node, shape, exp_of))
 
     def value(self, x):

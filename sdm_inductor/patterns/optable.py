@@ -295,8 +295,13 @@ class TorchOps(_Base):
             return None
 
     def exp_arg(self, node):
-        if node.target in (torch.exp, "exp") and node.args and isinstance(node.args[0], fx.Node):
-            return node.args[0]
+        """``(x, "exp")`` for ``exp(x)``, ``(x, "sigmoid")`` for ``sigmoid(x)`` (a decay
+        whose log is ``logsigmoid(x)``), else None."""
+        if node.args and isinstance(node.args[0], fx.Node):
+            if node.target in (torch.exp, "exp"):
+                return node.args[0], "exp"
+            if node.target in (torch.sigmoid, "sigmoid", F.sigmoid):
+                return node.args[0], "sigmoid"
         return None
 
     def write_targets(self, graph) -> set:
@@ -698,7 +703,9 @@ class AtenOps(TorchOps):
 
     def exp_arg(self, node):
         if node.target is aten.exp.default:
-            return node.args[0]
+            return node.args[0], "exp"
+        if node.target is aten.sigmoid.default:
+            return node.args[0], "sigmoid"
         return None
 
     def write_targets(self, graph) -> set:

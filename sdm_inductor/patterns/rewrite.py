@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch.nn.functional as F
 import torch.fx as fx
 
 from . import config
@@ -80,6 +81,16 @@ class Emitter:
 
     def add(self, x, y):
         return self._call(aten.add.Tensor if self.aten else torch.add, x, y)
+
+    def log_decay(self, x, decay: str):
+        """The log-decay ``g`` of a gate atom ``x`` (``Atom.decay``): ``x`` itself for
+        ``exp(x)``, ``logsigmoid(x) = -softplus(-x)`` for ``sigmoid(x)``."""
+        if decay == "exp":
+            return x
+        if self.aten:
+            neg = aten.neg.default
+            return self._call(neg, self._call(aten.softplus.default, self._call(neg, x)))
+        return self._call(F.logsigmoid, x)
 
     def arange(self, n, device):
         return self._call(aten.arange.default if self.aten else torch.arange, n, device=device)
@@ -461,7 +472,8 @@ def _stacked_roles(em: Emitter, chain: Chain):
     def gate(gt):
         if gt is None:
             return em.full((P, G), 0.0, torch.float32, dev)
-        return em.expand(_factor_to(em, RoleFactor(gt.atom.exp_of, gt.labels), SW, sz), (P, G))
+        g = _factor_to(em, RoleFactor(gt.atom.exp_of, gt.labels), SW, sz)
+        return em.expand(em.log_decay(g, gt.atom.exp_of.decay), (P, G))
 
     roles = dict(
         k_idx=index([st.write.k_idx for st in steps], W),
@@ -475,8 +487,8 @@ def _stacked_roles(em: Emitter, chain: Chain):
         G = 1
         roles["g"] = em.full((P, len(steps), 1), 0.0, torch.float32, dev)
     else:
-        plain = [_plain([RoleFactor(gt.atom.exp_of, gt.labels)], 1.0, SW, sz, [P, G]) if gt is not None
-                 else None for gt in gates]
+        plain = [_plain([RoleFactor(gt.atom.exp_of, gt.labels)], 1.0, SW, sz, [P, G])
+                 if gt is not None and gt.atom.exp_of.decay == "exp" else None for gt in gates]
         roles["g"] = _stack(em, [lambda gt=gt: gate(gt) for gt in gates], plain, P)
     return roles, dict(P=P, W=W, R=R, G=G, hd=hd, dev=dev)
 

@@ -181,7 +181,8 @@ def _rewrite_scan(graph, node, fe, level, report, state):
         g = em.full((1, T, 1), 0.0, torch.float32, dev)
     else:
         G = W if w.per_write_gate else 1
-        g = em.unsqueeze(em.expand(factor(w.gate.atom.exp_of, w.gate.labels), (T, G)), 0)
+        g = em.log_decay(factor(w.gate.atom.exp_of, w.gate.labels), w.gate.atom.exp_of.decay)
+        g = em.unsqueeze(em.expand(g, (T, G)), 0)
     if r is None:
         q_idx = em.full((1, T, 1), 0, torch.int64, dev)
         q_val = em.full((1, T, 1), 0.0, dtype, dev)

@@ -43,6 +43,7 @@ class Spec:
     meta_use: bool      # the bank's metadata used before the loop (new_empty, .shape, ...)
     mutation: str | None = None
     scale: str = "none"     # none | value (beta * (0.5 v - r)) | retrieval (beta * (v - 2 r))
+    decay: str = "exp"      # exp | sigmoid (the rows decay by exp(g) or sigmoid(g))
 
     def short(self):
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -71,7 +72,8 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
                 contract=r.choice(("mulsum", "matmul", "einsum", "bmm", "tmatmul")),
                 outer=r.choice(("mul", "outer", "einsum", "addcmul")), form=form,
                 meta_use=r.random() < 0.3, mutation=mutation,
-                scale=r.choice(("none", "none", "value", "retrieval")))
+                scale=r.choice(("none", "none", "value", "retrieval")),
+                decay=r.choice(("exp", "exp", "sigmoid")))
     if form == "scan" and spec.write in ("setitem", "zeros_add", "setitem_add"):
         spec.write = "index_put"
     if spec.layout.startswith("flat") and spec.W == 1:
@@ -241,7 +243,8 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
     if gg is None:
         c("dec = rows", d)
     else:
-        a = {"T": f"{gg}.exp()", "T1": f"torch.exp({gg})", "TW": f"{gg}.exp()"}[spec.gate]
+        fn = spec.decay
+        a = {"T": f"{gg}.{fn}()", "T1": f"torch.{fn}({gg})", "TW": f"{gg}.{fn}()"}[spec.gate]
         if spec.gate == "T":
             a = a if not bat else f"{a}[:, None, None]"
         elif spec.gate == "T1":

@@ -359,11 +359,22 @@ def n_write_other_slots(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return torch.stack(outs), M
 
 
-def n_sigmoid_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+def p_sigmoid_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):   # g = logsigmoid(x)
     M = M.clone()
     outs = []
     for t in range(k_idx.shape[0]):
         dec = M[k_idx[t]] * torch.sigmoid(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_tanh_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):    # a decay that can be < 0
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.tanh(g[t])[:, None]
         delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
         M[k_idx[t]] = dec + k_val[t][:, None] * delta[None, :]
         outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
@@ -576,12 +587,12 @@ def n_view_of_bigger_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
 
 POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
              p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
-             p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop]
+             p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop, p_sigmoid_decay]
 BATCHED = [p_batched_bank, p_flat_offsets]
 BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading]
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
-               n_beta_on_v_only, n_write_other_slots, n_sigmoid_decay, n_states_kept,
+               n_beta_on_v_only, n_write_other_slots, n_tanh_decay, n_states_kept,
                n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank, n_view_of_bigger_bank]
 
 

@@ -59,7 +59,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     assert [FP.source(x) for x in a] == [FP.source(x) for x in b]
     seen = {f: {getattr(s, f) for s in a} for f in ("layout", "W", "R", "bank_dtype", "idx_dtype", "gate",
                                                    "beta", "read", "write", "contract", "outer", "form",
-                                                   "scale")}
+                                                   "scale", "decay")}
     assert seen["layout"] == {"one", "batched", "flat", "flat_global"}
     assert seen["W"] == {1, 2, 3} and seen["R"] == {1, 2}
     assert seen["write"] == {"index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add",
@@ -70,6 +70,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     assert seen["contract"] == {"mulsum", "matmul", "einsum", "bmm", "tmatmul"}
     assert seen["scale"] == {"none", "value", "retrieval"}
     assert seen["outer"] == {"mul", "outer", "einsum", "addcmul"}
+    assert seen["decay"] == {"exp", "sigmoid"}
 
 
 @pytest.mark.parametrize("seed", [11, 12])
