@@ -134,6 +134,41 @@ def test_inductor_forward_rewritten():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def rarer_spellings(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """take_along_dim reads, a sigmoid decay, .T contractions, a number on v, addcmul."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = torch.take_along_dim(M, k_idx[t][:, None], dim=0) * torch.sigmoid(g[t])[:, None]
+        delta = beta[t] * (2.0 * v[t] - rows.T @ k_val[t])
+        M = M.index_put((k_idx[t],), torch.addcmul(rows, k_val[t][:, None], delta[None, :]))
+        outs.append(M[q_idx[t]].T @ q_val[t])
+    return torch.stack(outs), M
+
+
+@pytest.mark.compile
+def test_inductor_rarer_spellings_forward_and_gradients():
+    """The replacement's extra nodes (logsigmoid of the gates, the value's number) lower
+    through Inductor, forward and backward."""
+    d = C.inputs(T=8, seed=32)
+
+    def grads(fn):
+        leaves = {k: (t.clone().requires_grad_() if t.is_floating_point() else t) for k, t in d.items()}
+        out = fn(**leaves)
+        (out[0].sum() + out[1].pow(2).sum()).backward()
+        return out, {k: t.grad for k, t in leaves.items() if t.is_floating_point()}
+
+    ref, gref = grads(rarer_spellings)
+    torch._dynamo.reset()
+    with fresh_cache():
+        out, got = grads(torch.compile(rarer_spellings))
+    report = sdm_inductor.patterns.last_report()
+    assert len(report.rewritten) == 1 and report.rewritten[0].tokens == 8, str(report)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for k in gref:
+        torch.testing.assert_close(got[k], gref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
 @pytest.mark.compile
 def test_inductor_training_gradients():
     torch.manual_seed(1)
