@@ -183,7 +183,8 @@ def test_calls_with_nothing_to_do_every_entry_point(case, grad):
     for flat in (False, True) if case != "no streams" else ():   # num_parallel >= 1
         e = _empty(flat=flat) if case == "no tokens" else ins
         if flat and case != "no tokens":
-            e = e._replace(**{n: t.reshape(P * T, *t.shape[2:]) for n, t in zip(e._fields[1:], e[1:])})
+            e = e._replace(**{n: t.reshape(P * T, *t.shape[2:])
+                              for n, t in zip(e._fields[1:], e[1:])})
         memory = e.bank.clone().requires_grad_(grad)
         y = sdm_inductor.sdm_write_read(memory, *e[1:], num_memory_slots=16, num_parallel=2)
         assert y.shape == ((P * T, hd) if flat else (P, T, hd))

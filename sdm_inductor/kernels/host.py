@@ -148,7 +148,8 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     C = chunk_size
-    path = "empty" if no_work(bank, k_idx) else ("decode" if (not save and T <= DECODE_MAX_T) else "chunked")
+    path = ("empty" if no_work(bank, k_idx) else
+            "decode" if (not save and T <= DECODE_MAX_T) else "chunked")
     walk = walk_kind(C, bank, P, W, R) if path == "chunked" else None
     step = walk == "step"
     tokens = CONFIG["TRAIN_WINDOW_TOKENS"] if save else CONFIG["WINDOW_TOKENS"]

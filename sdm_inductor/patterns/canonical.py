@@ -176,7 +176,8 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0
     # numbers on the value and on the retrieval differ (beta * (2 v - r)): the retrieval's is
     # the strength's, the ratio goes to the value (exact for any nonzero ratio)
     return WriteRoles(idx, k, gate, beta, -c.coef, v, W, hd,
-                      streams=vals.shape[0] if ls is not None else 0, v_coef=_ratio(b.coef, -c.coef))
+                      streams=vals.shape[0] if ls is not None else 0,
+                      v_coef=_ratio(b.coef, -c.coef))
 
 
 def _bank_term(t, bank_id: int, version: int, idx: Atom, ld):
@@ -260,13 +261,14 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _exp_gate(dparts, a_f):
-    """The decay term's single ``exp(g)`` (or ``sigmoid(x)``) factor (per slot or per token) among the factors
-    ``a_f``, or None (no decay); anything else is rejected."""
+    """The decay term's single ``exp(g)`` (or ``sigmoid(x)``) factor (per slot or per
+    token) among the factors ``a_f``, or None (no decay); anything else is rejected."""
     if dparts["d"] or len(a_f) > 1:
         raise Reject("the decay of the written rows is not a single exp(g) per slot or per token")
     gate = a_f[0] if a_f else None
     if gate is not None and gate.atom.exp_of is None:
-        raise Reject(f"the written rows are scaled by {gate.atom.node}, not by exp(g) or sigmoid(x)")
+        raise Reject(f"the written rows are scaled by {gate.atom.node}, "
+                     "not by exp(g) or sigmoid(x)")
     return gate
 
 

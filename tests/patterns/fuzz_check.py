@@ -112,7 +112,8 @@ def check_grads(spec: FP.Spec, runner=explain_run):
     for name, want in ref.items():
         have = got[name]
         if want is None or have is None:
-            if (want if have is None else have) is not None and (want if have is None else have).any():
+            one = want if have is None else have
+            if one is not None and one.any():
                 return True, f"grad {name}: defined on one side only"
             continue
         try:

@@ -83,10 +83,10 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
         spec.gate, spec.W = "TW", max(spec.W, 2)
     if mutation == "beta_on_v_only" and spec.beta == "none":
         spec.beta = "T"
-    if mutation is not None and form == "scan" and mutation in ("feedback", "state_kept", "whole_bank_decay",
-                                                                "value_in_bank"):
+    if mutation is not None and form == "scan" and mutation in (
+            "feedback", "state_kept", "whole_bank_decay", "value_in_bank"):
         spec.form = "unrolled"
-    if mutation == "value_in_bank":     # the values are rows of the bank that the loop writes in place
+    if mutation == "value_in_bank":     # v: rows of the bank that the loop writes in place
         spec.write = "setitem"
     return spec
 
@@ -309,13 +309,15 @@ def _read(spec, idx, n, bank="mem"):
         if spec.read == "gather":
             return f"{bank}.gather(0, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[:, None].expand(-1, {bank}.shape[-1]))"
         if spec.read == "take_along_dim":
-            return f"torch.take_along_dim({bank}, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[:, None], dim=0)"
+            long_ = ".long()" if spec.idx_dtype == "int32" else ""
+            return f"torch.take_along_dim({bank}, {idx}{long_}[:, None], dim=0)"
         return f"{bank}[{idx}]"
     if lay == "batched":
         if spec.read == "gather":
             return f"{bank}.gather(1, {idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[..., None].expand(-1, -1, {bank}.shape[-1]))"
         if spec.read == "take_along_dim":
-            return f"{bank}.take_along_dim({idx}{'.long()' if spec.idx_dtype == 'int32' else ''}[..., None], dim=1)"
+            long_ = ".long()" if spec.idx_dtype == "int32" else ""
+            return f"{bank}.take_along_dim({idx}{long_}[..., None], dim=1)"
         return f"{bank}[bi, {idx}]"
     if lay == "flat":
         return f"{bank}[{idx}]"

@@ -152,7 +152,8 @@ def test_inductor_rarer_spellings_forward_and_gradients():
     d = C.inputs(T=8, seed=32)
 
     def grads(fn):
-        leaves = {k: (t.clone().requires_grad_() if t.is_floating_point() else t) for k, t in d.items()}
+        leaves = {k: (t.clone().requires_grad_() if t.is_floating_point() else t)
+                  for k, t in d.items()}
         out = fn(**leaves)
         (out[0].sum() + out[1].pow(2).sum()).backward()
         return out, {k: t.grad for k, t in leaves.items() if t.is_floating_point()}
