@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .validation import (API_NAMES, _fail, as_int, check_apart, check_call, check_tensors,
+from .validation import (API_NAMES, _fail, as_int, check_call, check_tensors,
                          refuse_forward_ad)
 
 __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
@@ -111,18 +111,14 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
     """
     if not isinstance(memory, Tensor):
         _fail("memory", "a tensor [S, hd]", type(memory).__name__)
-    refuse_forward_ad((("memory", memory), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
-                       ("q_val", q_val)))
     # integers as the ops take them (numpy and 0-d tensor integers too)
     chunk_size, num_memory_slots = as_int(chunk_size), as_int(num_memory_slots)
     (k_idx, k_val, v, beta, g, q_idx, q_val), flat = to_streams(
         num_parallel, k_idx, k_val, v, beta, g, q_idx, q_val, key_weighted_decay)
-    # every check with this interface's names, on the dtypes as given (before the casts)
+    # every check with this interface's names, on the dtypes as given (before the casts);
+    # memory advances in place in either branch below
     check_call(memory, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, num_memory_slots,
-               shared_bank, snapshot_quant, names=API_NAMES)
-    # memory advances in place (either branch below): inputs sharing its memory are refused
-    check_apart(memory, (("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta),
-                         ("g", g), ("q_idx", q_idx), ("q_val", q_val)), "memory")
+               shared_bank, snapshot_quant, names=API_NAMES, in_place=True)
     dt = memory.dtype
     k_val, v, q_val = k_val.to(dt), v.to(dt), q_val.to(dt)
     beta, g = beta.float(), g.float()

@@ -39,8 +39,7 @@ from torch import Tensor
 
 from . import cpu, gates, kept, quant
 from . import validation
-from .validation import (check_apart, check_backward, check_call, check_gated, refuse_forward_ad,
-                         start_index_check)
+from .validation import check_backward, check_call, check_gated, start_index_check
 
 __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
 
@@ -138,12 +137,7 @@ def _impl(bank: Tensor):
 def _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
              shared_bank, snapshot_quant, in_place=False):
     check_call(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
-               shared_bank, snapshot_quant)
-    refuse_forward_ad((("bank", bank), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
-                       ("q_val", q_val)))
-    if in_place:
-        check_apart(bank, (("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta),
-                           ("g", g), ("q_idx", q_idx), ("q_val", q_val)))
+               shared_bank, snapshot_quant, in_place=in_place)
     _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant,
                   per_write_gate=g.shape[2] == k_idx.shape[2] and k_idx.shape[2] > 1)
 
@@ -295,8 +289,6 @@ def _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx
     check_call(bank, k_idx, k_val, v, None, None, q_idx, q_val, chunk_size, slots_per_stream,
                shared_bank, snapshot_quant)
     check_gated(bank, k_idx, b_raw, a_raw, A_log, dt_bias)
-    refuse_forward_ad((("bank", bank), ("k_val", k_val), ("v", v), ("b_raw", b_raw),
-                       ("a_raw", a_raw), ("A_log", A_log), ("dt_bias", dt_bias), ("q_val", q_val)))
 
 
 @torch.library.custom_op("sdm::write_read_gated", mutates_args=())

@@ -75,15 +75,19 @@ def static_int(x):
 def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor | None,
                g: Tensor | None, q_idx: Tensor, q_val: Tensor, chunk_size: int,
                slots_per_stream: int, shared_bank: bool, snapshot_quant: str,
-               names: Names = OP_NAMES) -> None:
-    """Shape, dtype, device and option checks (no data read: safe on fake tensors).
+               names: Names = OP_NAMES, in_place: bool = False) -> None:
+    """Shape, dtype, device and option checks (no data read: safe on fake tensors), no
+    forward-mode tangents (``refuse_forward_ad``) and, for a call that writes the bank in
+    place (``in_place``), no input sharing its memory (``check_apart``).
 
     ``beta`` / ``g`` None: the caller checks its gates itself (``check_gated``).
     ``names``: how the caller spells the bank, the slots per stream and the stream count."""
     gates = [(n, t) for n, t in (("beta", beta), ("g", g)) if t is not None]
     bank_name = names.bank
-    check_tensors([("k_idx", k_idx), ("k_val", k_val), ("v", v), *gates, ("q_idx", q_idx),
-                   ("q_val", q_val)])
+    floats = (("k_val", k_val), ("v", v), *gates, ("q_val", q_val))
+    named = (("k_idx", k_idx), ("k_val", k_val), ("v", v), *gates, ("q_idx", q_idx),
+             ("q_val", q_val))
+    check_tensors(named)
     chunk_size, slots_per_stream = static_int(chunk_size), static_int(slots_per_stream)
     if not isinstance(bank, Tensor) or bank.dim() != 2:
         _fail(bank_name, "a 2-D bank [S, hd]",
@@ -97,11 +101,10 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     for name, t in (("k_idx", k_idx), ("q_idx", q_idx)):
         if t.dtype not in INDEX_DTYPES:
             _fail(name, "dtype int32 or int64", t.dtype)
-    for name, t in (("k_val", k_val), ("v", v), *gates, ("q_val", q_val)):
+    for name, t in floats:
         if not t.is_floating_point():
             _fail(name, "a floating-point tensor", t.dtype)
-    for name, t in (("k_idx", k_idx), ("k_val", k_val), ("v", v), *gates,
-                    ("q_idx", q_idx), ("q_val", q_val)):
+    for name, t in named:
         if t.device != bank.device:
             _fail(name, f"device {bank.device} (the {bank_name}'s)", t.device)
     if not 1 <= W <= MAX_SLOTS_PER_TOKEN:
@@ -126,6 +129,9 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     if snapshot_quant not in quant.MODES:
         _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
     check_layout(S, P, slots_per_stream, shared_bank, names)
+    refuse_forward_ad(((bank_name, bank), *floats))
+    if in_place:
+        check_apart(bank, named, bank_name)
 
 
 def _byte_span(t: Tensor) -> tuple[int, int]:
@@ -221,7 +227,8 @@ def check_gated(bank: Tensor, k_idx: Tensor, b_raw: Tensor, a_raw: Tensor, A_log
     ``B * H = P`` (a projection's output), the same shape both; ``A_log`` / ``dt_bias``
     one value per stream ``[P]``."""
     P, T, _ = k_idx.shape
-    for name, t in (("b_raw", b_raw), ("a_raw", a_raw), ("A_log", A_log), ("dt_bias", dt_bias)):
+    raw = (("b_raw", b_raw), ("a_raw", a_raw), ("A_log", A_log), ("dt_bias", dt_bias))
+    for name, t in raw:
         if not isinstance(t, Tensor):
             _fail(name, "a tensor", type(t))
         if not t.is_floating_point():
@@ -238,6 +245,7 @@ def check_gated(bank: Tensor, k_idx: Tensor, b_raw: Tensor, a_raw: Tensor, A_log
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
         if _shape(t) != [P]:
             _fail(name, f"one value per stream: shape [P] = {[P]}", _shape(t))
+    refuse_forward_ad(raw)
 
 
 def check_layout(S, P, slots_per_stream: int, shared_bank: bool,
