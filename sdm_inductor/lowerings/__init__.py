@@ -9,8 +9,10 @@ functionalizes a graph for a backend (torch.compile, AOTInductor), the hook
   output code); on CPU one extern call of the chunked path per op call.
 - ``layout``: ``sdm::split_heads`` / ``merge_heads`` / ``expand_bank`` as view + copy
   graph ops that Inductor fuses with their neighbours.
+- ``offset_views``: a post-grad pass that keeps the in-place op correct for banks that are
+  views at a storage offset (a torch 2.13 bug otherwise gives wrong rows).
 
 Eager calls are untouched; ``torch.export`` keeps the ops as they are (AOTInductor
 rewrites them when it compiles the exported program).
 """
-from . import layout, write_read  # noqa: F401  (registration on import)
+from . import layout, offset_views, write_read  # noqa: F401  (registration on import)

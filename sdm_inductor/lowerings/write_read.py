@@ -29,6 +29,7 @@ import os
 import torch
 import torch._inductor.config
 from torch._inductor.virtualized import V
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .. import gates, ops
 from . import _rules
@@ -144,6 +145,17 @@ def _write_read_inplace_rule(mode, op, types, args, kwargs):
      shared_bank) = _rules.bound_args(op, args, kwargs)
     with mode:
         k_val, v, beta, g, q_val = _cast_inputs(bank.dtype, k_val, v, beta, g, q_val)
+        offset = bank.storage_offset()
+        if isinstance(offset, torch.SymInt) and not statically_known_true(offset == 0):
+            # a view at a symbolic offset written in place: Inductor lowers that offset
+            # to 0 (no lowering of sym_storage_offset, pytorch/pytorch#198068) and the
+            # op would write the first rows of the storage; compute into a new bank
+            # and copy it into the view
+            readings, final = torch.ops.sdm.write_read(
+                bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
+                shared_bank, "none", False, False)[:2]
+            bank.copy_(final)
+            return readings
         kernel = emitted("write_read_", bank.device)
         if kernel is not None:
             return kernel(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size)

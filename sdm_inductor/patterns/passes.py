@@ -16,10 +16,10 @@ import glob
 import hashlib
 import os
 
-import torch._inductor.config as inductor_config
 from torch._inductor import custom_graph_pass as cgp
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from .. import inductor_slots
 from . import config
 from .log import emit
 from .report import Report
@@ -86,68 +86,22 @@ class AtenLevelPass(_SdmPass):
 
 
 _PASSES = {"pre_grad_custom_pass": TorchLevelPass(), "post_grad_custom_pre_pass": AtenLevelPass()}
-_LISTS = hasattr(cgp, "get_custom_graph_passes")   # Inductor takes lists of passes
-
-
-class _Composed(CustomGraphPass):
-    """Another pass followed by ours, for Inductors that take one callable per slot."""
-
-    def __init__(self, first, ours):
-        self.first, self.ours = first, ours
-
-    def __call__(self, graph):
-        self.first(graph)
-        self.ours(graph)
-
-    def uuid(self):
-        u = self.first.uuid() if isinstance(self.first, CustomGraphPass) else None
-        return None if u is None else (u, self.ours.uuid())
-
-
-def _current(slot):
-    cur = getattr(inductor_config, slot)
-    if cur is None:
-        return []
-    return list(cur) if isinstance(cur, (list, tuple)) else [cur]
-
-
-def _without_ours(passes, ours):
-    out = []
-    for p in passes:
-        if isinstance(p, _Composed) and p.ours == ours:
-            out.append(p.first)
-        elif p != ours:
-            out.append(p)
-    return out
 
 
 def installed() -> bool:
-    return all(_has(slot, p) for slot, p in _PASSES.items())
-
-
-def _has(slot, ours) -> bool:
-    return any(p == ours or (isinstance(p, _Composed) and p.ours == ours) for p in _current(slot))
+    return all(inductor_slots.has(slot, p) for slot, p in _PASSES.items())
 
 
 def install() -> None:
     """Add the passes to Inductor's config, after any passes already there."""
     for slot, ours in _PASSES.items():
-        if _has(slot, ours):
-            continue
-        others = _current(slot)
-        if not others:
-            setattr(inductor_config, slot, ours)
-        elif _LISTS:
-            setattr(inductor_config, slot, others + [ours])
-        else:
-            setattr(inductor_config, slot, _Composed(others[0], ours))
+        inductor_slots.add(slot, ours)
 
 
 def uninstall() -> None:
     """Remove only our passes, leaving the others as they were."""
     for slot, ours in _PASSES.items():
-        rest = _without_ours(_current(slot), ours)
-        setattr(inductor_config, slot, None if not rest else (rest[0] if len(rest) == 1 else rest))
+        inductor_slots.remove(slot, ours)
 
 
 def enable_rewrites(assume_distinct_write_slots: bool | None = None) -> None:
