@@ -44,6 +44,7 @@ class Spec:
     mutation: str | None = None
     scale: str = "none"     # none | value (beta * (0.5 v - r)) | retrieval (beta * (v - 2 r))
     decay: str = "exp"      # exp | sigmoid (the rows decay by exp(g) or sigmoid(g))
+    root: str = "input"     # input | view (the bank is block 1 of a stacked input: mem[1])
 
     def short(self):
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -88,6 +89,7 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
         spec.form = "unrolled"
     if mutation == "value_in_bank":     # v: rows of the bank that the loop writes in place
         spec.write = "setitem"
+    spec.root = "view" if r.random() < 0.25 and mutation != "value_in_bank" else "input"
     return spec
 
 
@@ -113,7 +115,10 @@ def inputs(spec: Spec, seed: int | None = None) -> dict:
         off = (torch.arange(B) * S)[:, None, None]
         k_idx, q_idx = k_idx + off, q_idx + off
     bank_shape = {"one": (S, HD), "batched": (B, S, HD), "flat": (B * S, HD), "flat_global": (B * S, HD)}
-    d = dict(mem=torch.randn(bank_shape[spec.layout], generator=gen).to(bdt),
+    mem = torch.randn(bank_shape[spec.layout], generator=gen).to(bdt)
+    if spec.root == "view":             # other rows before the bank: a view at an offset
+        mem = torch.stack([torch.randn(mem.shape, generator=gen).to(bdt), mem])
+    d = dict(mem=mem,
              k_idx=k_idx.to(idt),
              k_val=(torch.randn(*lead, T, W, generator=gen) * 0.5).to(bdt),
              v=torch.randn(*lead, T, HD, generator=gen).to(bdt),
@@ -168,6 +173,8 @@ def source(spec: Spec) -> str:
         (["g"] if spec.gate != "none" else []) + ["q_idx", "q_val"]
     c = _Code()
     c(f"def prog({', '.join(args)}):", 0)
+    if spec.root == "view":
+        c("mem = mem[1]")
     layout = spec.layout
     if spec.meta_use:
         c("n_tok = k_idx.shape[-2]")
@@ -207,6 +214,8 @@ def _scan_source(spec: Spec) -> str:
         (["g"] if spec.gate != "none" else []) + ["q_idx", "q_val"]
     c = _Code()
     c(f"def prog({', '.join(args)}):", 0)
+    if spec.root == "view":
+        c("mem = mem[1]")
     c("from torch._higher_order_ops.scan import scan")
     c("def body(mem, x):")
     names = {"k_idx": "ki", "k_val": "kv", "v": "vt", "beta": "b", "g": "gg", "q_idx": "qi", "q_val": "qv"}
