@@ -148,7 +148,7 @@ def index_atom(idx: Sym):
         raise NotSymbolic("index is computed, not a tensor of indices")
     f = t.factors[0]
     live = [lb for lb in f.labels if lb is not None]
-    if live != [a for a in idx.axes if a is not None] or len(live) > 2:
+    if live != [a for a in idx.axes if a is not None] or len(live) > 3:
         raise NotSymbolic("index is a permuted or broadcast tensor of indices")
     return f.ref, tuple(live)
 

@@ -14,6 +14,7 @@ the delta, no delta at all, ...) fails one of the checks below with a reason.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -28,7 +29,8 @@ class Reject(Exception):
 
 @dataclass(frozen=True)
 class RoleFactor:
-    """An atom seen along one role axis: ``labels`` per atom dim, as 'w'/'u'/'d'/'r' or None."""
+    """An atom seen along one role axis: ``labels`` per atom dim, as 'w'/'u'/'d'/'r', a
+    stream axis 's0', 's1', ... or None."""
     atom: Atom
     labels: tuple
 
@@ -48,6 +50,7 @@ class WriteRoles:
     hd: int
     streams: int = 0   # B for a step of B streams at once, 0 for one stream
     v_coef: float = 1.0   # the value's number: beta * (2 v - r) is beta' = beta, v' = 2 v
+    stream_shape: tuple = ()   # the stream axes' sizes ((B,), or (B, H) for a [B, H, S, hd] bank)
 
     @property
     def per_write_gate(self) -> bool:
@@ -63,6 +66,7 @@ class ReadRoles:
     version: int
     shape: tuple = field(default=())
     streams: int = 0
+    stream_shape: tuple = ()
 
 
 def _split(t, names: dict):
@@ -82,13 +86,13 @@ def _live(rf: RoleFactor) -> set:
 
 def _by_axis(factors, where: str):
     """Factors grouped by the step axis they run along ('w', 'd', 'u', 'r' or '' for a
-    scalar); the stream axis 's' may come with any of them."""
+    scalar); the stream axes 's0', 's1', ... may come with any of them."""
     parts = {"w": [], "d": [], "": [], "u": [], "r": []}
     for rf in factors:
         live = _live(rf)
         if "?" in live:
             raise Reject(f"{where}: a tensor runs along an axis foreign to the step ({rf.atom.node})")
-        axis = live - {"s"}
+        axis = {a for a in live if not a.startswith("s")}
         if len(axis) > 1:
             raise Reject(f"{where}: a tensor mixes two axes of the step ({rf.atom.node})")
         if len(live) != sum(lb is not None for lb in rf.labels):
@@ -105,23 +109,32 @@ def _relabel(factors, old: str, new: str):
     return [RoleFactor(rf.atom, tuple(new if lb == old else lb for lb in rf.labels)) for rf in factors]
 
 
+def _streams(live, ls) -> dict:
+    """Role names of the stream labels ``ls`` and (product, sizes) of those axes."""
+    size = {lb: n for n, lb in live}
+    shape = tuple(size[lb] for lb in ls)
+    return {lb: f"s{i}" for i, lb in enumerate(ls)}, (math.prod(shape) if ls else 0), shape
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
-def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0) -> WriteRoles:
+def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, stream_dims: tuple = ()) -> WriteRoles:
     """Roles of a canonical write of ``vals`` (``[W, hd]``, or ``[B, W, hd]`` for B
-    streams) into rows ``idx`` of state ``version``. ``batch`` is B for a ``[B, S, hd]``
-    bank indexed per batch (its rows always run along the batch), 0 for a flat bank.
-    One write slot per token (W = 1: ``[1, hd]`` / ``[hd]`` rows, ``[B, hd]`` for a
-    batched bank) is matched by ``_match_one_slot``."""
+    streams) into rows ``idx`` of state ``version``. ``stream_dims`` are the leading dims
+    of a bank indexed per stream (``(B,)`` for ``[B, S, hd]``, ``(B, H)`` for
+    ``[B, H, S, hd]``: its rows run along those axes), ``()`` for a flat bank. One write
+    slot per token (W = 1: ``[1, hd]`` / ``[hd]`` rows, ``[B, hd]`` for a batched bank)
+    is matched by ``_match_one_slot``."""
     live = [(n, lb) for n, lb in zip(vals.shape, vals.axes) if lb is not None]
-    if len(live) == 1 or (batch > 1 and len(live) == 2):
+    ns = sum(n > 1 for n in stream_dims)
+    if len(live) == 1 or (ns and len(live) == ns + 1):
         return _match_one_slot(vals, bank_id, version, idx, live)
-    if len(live) not in (2, 3):
+    if len(live) not in ((2, 3) if ns < 2 else (ns + 2,)):
         raise Reject(f"written rows have shape {list(vals.shape)}, expected [W, hd] or [B, W, hd]")
     *lead, ld = [lb for _, lb in live]
-    ls, lw = (None, lead[0]) if len(lead) == 1 else lead
+    ls, lw = tuple(lead[:-1]), lead[-1]
     hd = live[-1][0]
     W = live[-2][0]
     D, B, C = [], [], []
@@ -154,7 +167,8 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0
     u = c.bank_factors()[0].labels[-2]
     if d.bound or b.bound or c.bound != {u} or not _close(d.coef, 1.0):
         raise Reject("the old row is scaled by a number or summed in the decay term")
-    names = {lw: "w", ld: "d", u: "u"} | ({ls: "s"} if ls is not None else {})
+    snames, streams, sshape = _streams(live, ls)
+    names = {lw: "w", ld: "d", u: "u"} | snames
     dparts = _by_axis(_split(d, names), "decay term")
     gate = _exp_gate(dparts, dparts["w"] + dparts[""])
     bparts = _by_axis(_split(b, names), "value term")
@@ -175,9 +189,8 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, batch: int = 0
         raise Reject("the retrieval uses other weights or gates than the write")
     # numbers on the value and on the retrieval differ (beta * (2 v - r)): the retrieval's is
     # the strength's, the ratio goes to the value (exact for any nonzero ratio)
-    return WriteRoles(idx, k, gate, beta, -c.coef, v, W, hd,
-                      streams=vals.shape[0] if ls is not None else 0,
-                      v_coef=_ratio(b.coef, -c.coef))
+    return WriteRoles(idx, k, gate, beta, -c.coef, v, W, hd, streams=streams,
+                      v_coef=_ratio(b.coef, -c.coef), stream_shape=sshape)
 
 
 def _bank_term(t, bank_id: int, version: int, idx: Atom, ld):
@@ -206,8 +219,7 @@ def _match_one_slot(vals: Sym, bank_id: int, version: int, idx: Atom, live) -> W
     atoms, never a division). The two bank terms (decay, retrieval) are told apart by
     their structure; exactly one assignment may pass."""
     hd, ld = live[-1]
-    ls = live[0][1] if len(live) == 2 else None
-    lead = (ls,) if ls is not None else ()
+    ls = lead = tuple(lb for _, lb in live[:-1])
     bank_terms, B = [], []
     for t in vals.terms:
         if not t.bank_factors():
@@ -229,7 +241,8 @@ def _match_one_slot(vals: Sym, bank_id: int, version: int, idx: Atom, live) -> W
                      "the old row is scaled by a number (no separate retrieval term)")
     if len(bank_terms) > 2:
         raise Reject("more than one retrieval term in the written rows")
-    names = {ld: "d"} | ({ls: "s"} if ls is not None else {})
+    snames, streams, sshape = _streams(live, ls)
+    names = {ld: "d"} | snames
     b = B[0]
     if b.bound:
         raise Reject("the value term is summed over an axis of the step")
@@ -250,9 +263,8 @@ def _match_one_slot(vals: Sym, bank_id: int, version: int, idx: Atom, live) -> W
     if len(found) > 1:
         raise Reject("the decay and retrieval terms of a one-slot write cannot be told apart")
     k, gate, beta, strength = found[0]
-    streams = next(n for n, lb in live if lb == ls) if ls is not None else 0
     return WriteRoles(idx, k, gate, beta, strength, v, 1, hd, streams=streams,
-                      v_coef=_ratio(b.coef, strength))
+                      v_coef=_ratio(b.coef, strength), stream_shape=sshape)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -303,9 +315,9 @@ def _one_slot_roles(d, c, b, X, names):
 
 def match_read(val: Sym, bank_id: int) -> ReadRoles:
     """Roles of a canonical reading (a weighted sum of rows of one bank state), ``[hd]``
-    or ``[B, hd]`` for B streams (size-1 dims aside)."""
+    or ``[B, hd]`` / ``[B, H, hd]`` for streams (size-1 dims aside)."""
     live = [lb for lb in val.axes if lb is not None]
-    if len(live) not in (1, 2) or len(val.terms) != 1:
+    if not live or len(val.terms) != 1:
         raise Reject(f"a bank-dependent value of shape {list(val.shape)} leaves the loop and "
                      "is not a reading (sum_r q[r] * M[q_idx[r]])")
     (t,) = val.terms
@@ -317,26 +329,26 @@ def match_read(val: Sym, bank_id: int) -> ReadRoles:
     if bid != bank_id:
         raise Reject("a reading mixes two banks")
     *rlead, col = f.labels
-    ld = live[-1]
-    ls = live[0] if len(live) == 2 else None
+    ld, ls = live[-1], tuple(live[:-1])
     if col != ld:
         raise Reject("a reading mixes bank columns")
     row = rlead[-1] if rlead else None
-    if ls is not None:
-        if rlead == [ls]:
+    if ls:
+        if tuple(rlead) == ls:
             row = None          # one read slot per stream (R = 1)
-        elif len(rlead) != 2 or rlead[0] != ls:
+        elif len(rlead) != len(ls) + 1 or tuple(rlead[:-1]) != ls:
             raise Reject("a reading of several streams mixes their rows")
-    if ls is None and len(rlead) > 1:
+    elif len(rlead) > 1:
         raise Reject("a reading sums over streams")
-    if t.bound != ({row} if row is not None and row != ls else set()):
+    if t.bound != ({row} if row is not None else set()):
         raise Reject("a reading sums over other axes than the read slots")
     if ver == 0:
         raise Reject("the bank is read before the first token's write (read before write)")
-    names = {ld: "d"} | ({row: "r"} if row is not None else {}) | ({ls: "s"} if ls is not None else {})
+    snames, streams, sshape = _streams(list(zip(val.shape, val.axes)), ls)
+    names = {ld: "d"} | ({row: "r"} if row is not None else {}) | snames
     parts = _by_axis(_split(t, names), "reading")
     if parts["d"] or parts["w"] or parts["u"]:
         raise Reject("a reading is scaled along the value dim")
     R = 1 if row is None else [n for n in atom.shape if n != 1][-1]
     return ReadRoles(atom, parts["r"] + parts[""], t.coef, R, ver, tuple(val.shape),
-                     streams=val.shape[[i for i, a in enumerate(val.axes) if a == ls][0]] if ls else 0)
+                     streams=streams, stream_shape=sshape)

@@ -273,7 +273,7 @@ class Analysis:
             return
         if node in self.roots and not dep and node.op != "output":
             shape = self.fe.shape(node)
-            if shape is not None and len(shape) in (2, 3):
+            if shape is not None and len(shape) in (2, 3, 4):
                 bid = len(self.banks)
                 self.banks[bid] = Bank(bid, node, shape, self.fe.dtype(node))
                 self.env[node] = BankVal(bid, 0, shape)
@@ -495,8 +495,8 @@ class Analysis:
         steps = []
         for ver in range(V):
             rec = b.writes[ver]
-            steps.append(Step(match_write(rec.vals, b.id, ver, rec.idx,
-                                          batch=b.shape[0] if len(b.shape) == 3 else 0), None, rec.node))
+            steps.append(Step(match_write(rec.vals, b.id, ver, rec.idx, stream_dims=tuple(b.shape[:-2])),
+                              None, rec.node))
         reads: dict = {}
         finals = []
         for e in self.escapes:
@@ -525,7 +525,7 @@ class Analysis:
                 reads.setdefault(r.version, []).append((producer, r))
         for ver, lst in reads.items():
             first = lst[0][1]
-            if any(r.streams != steps[ver - 1].write.streams for _, r in lst):
+            if any(r.stream_shape != steps[ver - 1].write.stream_shape for _, r in lst):
                 raise Reject(f"a reading after token {ver} runs over other streams than the writes "
                              "(a value that leaves the loop is not one reading per stream)")
             for _, r in lst[1:]:

@@ -170,7 +170,7 @@ class _Base:
         if not self._zeros(node) or not node.args and not node.kwargs:
             return None
         shape = self.shape(node)
-        if shape is None or len(shape) not in (2, 3):
+        if shape is None or len(shape) not in (2, 3, 4):
             return None
         name = _name(node.target).split(".")[0]
         src = an.value(node.args[0]) if node.args else None
@@ -318,7 +318,7 @@ class TorchOps(_Base):
     def _advanced(self, idx) -> bool:
         if isinstance(idx, fx.Node):
             return isinstance(idx.meta.get(self.META), torch.Tensor)
-        if isinstance(idx, tuple) and 1 <= len(idx) <= 2:
+        if isinstance(idx, tuple) and 1 <= len(idx) <= 3:
             return all(self._advanced(i) for i in idx)
         return False
 
@@ -630,8 +630,10 @@ def _einsum(sp, eq: str, syms):
 
 def bank_index(an, bank, idx) -> Sym:
     """The row index of ``bank[idx]``: one tensor for a flat ``[S, hd]`` bank (``[W]``, or
-    ``[B, W]`` for B streams), or ``(arange(B)[:, None], idx [B, W])`` for a ``[B, S, hd]``
-    bank indexed per batch. Returns the index as a Sym of the rows' leading shape."""
+    ``[B, W]`` for B streams), or ``(arange(B)[:, None], idx [B, W])`` for a
+    ``[B, S, hd]`` bank indexed per batch, ``(arange(B)[:, None, None],
+    arange(H)[None, :, None], idx [B, H, W])`` for a ``[B, H, S, hd]`` one. Returns the
+    index as a Sym of the rows' leading shape."""
     if not isinstance(bank, (BankVal, ZeroBuf)):
         raise NotSymbolic("not a bank")
     idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
@@ -640,20 +642,26 @@ def bank_index(an, bank, idx) -> Sym:
     syms = [an.value(i) for i in idx]
     if len(bank.shape) == 2 and len(idx) == 1:
         return syms[0]
-    if len(bank.shape) == 3 and len(idx) == 2:
-        batch, rows = syms
-        aligned = A.add(an.space, A.scale(batch, 0.0), rows)     # rows, on the broadcast axes
-        # [B, W] rows, or [B] (one row per stream: ``M[arange(B), idx[:, t]]``)
-        if len(aligned.shape) not in (1, 2) or aligned.shape[0] != bank.shape[0]:
+    nb = len(bank.shape) - 2
+    if nb >= 1 and len(idx) == nb + 1:
+        *batches, aligned = syms
+        for b in batches:       # rows, on the broadcast axes
+            aligned = A.add(an.space, A.scale(b, 0.0), aligned)
+        # [B.., W] rows, or [B..] (one row per stream: ``M[arange(B), idx[:, t]]``)
+        if len(aligned.shape) not in (nb, nb + 1) or tuple(aligned.shape[:nb]) != tuple(bank.shape[:nb]):
             raise NotSymbolic("a batched bank indexed by other than [B, W] or [B] rows")
-        if not _is_arange(an, idx[0], batch, aligned, bank.shape[0]):
-            raise NotSymbolic("the batch index of a batched bank is not arange(B)[:, None]")
+        for axis, (node, b) in enumerate(zip(idx, batches)):
+            if not _is_arange(an, node, b, aligned, bank.shape[axis], axis):
+                raise NotSymbolic("the batch index of a batched bank is not arange(B) along its own axis")
+        if nb > 1 and tuple(A.index_atom(aligned)[0].shape) != tuple(aligned.shape):
+            # the op's index tensor is this atom reshaped to [B*H, W]: no broadcast rows
+            raise NotSymbolic("rows of a bank with several stream dims broadcast over a stream dim")
         return aligned
     raise NotSymbolic("bank indexed along several dims")
 
 
-def _is_arange(an, node, batch: Sym, aligned: Sym, B: int) -> bool:
-    """``batch`` is arange(B) along the first axis of ``aligned``."""
+def _is_arange(an, node, batch: Sym, aligned: Sym, B: int, axis: int = 0) -> bool:
+    """``batch`` is arange(B) along axis ``axis`` of ``aligned``."""
     if len(batch.terms) != 1 or len(batch.terms[0].factors) != 1 or batch.terms[0].coef != 1.0:
         return False
     f = batch.terms[0].factors[0]
@@ -664,7 +672,8 @@ def _is_arange(an, node, batch: Sym, aligned: Sym, B: int) -> bool:
     live = [lb for lb in f.labels if lb is not None]
     nb = len(aligned.shape)
     pad = (None,) * (nb - len(batch.axes)) + tuple(batch.axes)
-    return len(live) == 1 and pad[0] == live[0] and all(a is None for a in pad[1:])
+    return (len(live) == 1 and pad[axis] == live[0]
+            and all(a is None for i, a in enumerate(pad) if i != axis))
 
 
 # ======================================================================== aten level

@@ -159,7 +159,7 @@ def _plain(factors, coef, letters, sizes, target):
     if _meta_shape(rf.atom.node) != shape:       # a virtual atom (a view of its node)
         return None
     return rf.atom.node if shape in (list(target), list(target[1:])) and (
-        shape == list(target) or "s" not in names) else None
+        shape == list(target) or not any(n.startswith("s") for n in names)) else None
 
 
 def _consecutive_selects(nodes):
@@ -454,26 +454,35 @@ def _stacked_roles(em: Emitter, chain: Chain):
     R = max([r.R for r in reads if r is not None] or [1])
     gates = [st.write.gate for st in steps]
     G = W if any(st.write.per_write_gate for st in steps) else 1
-    sz = {"s": P, "w": W, "d": hd, "r": R}
-    SW, SD, SR, S_ = ("s", "w"), ("s", "d"), ("s", "r"), ("s",)
+    # the stream axes, one letter each ([B, H, S, hd] banks: two), flattened to P at the end
+    S = tuple(f"s{i}" for i in range(max(len(steps[0].write.stream_shape), 1)))
+    sz = dict(zip(S, steps[0].write.stream_shape or (P,))) | {"w": W, "d": hd, "r": R}
+    SW, SD, SR, S_ = S + ("w",), S + ("d",), S + ("r",), S
+    several = len(S) > 1
+
+    def flat(x, rest):
+        return em.reshape(x, (P, *rest)) if several else x
 
     def role(get, letters, dt, coef=lambda x: 1.0, items=steps):
         target = [sz[lt] for lt in letters]
-        per = [(lambda x=x: _role(em, get(x), letters, sz, coef(x), dt, dev)) for x in items]
-        plain = [_plain(get(x), coef(x), letters, sz, target) for x in items]
+        rest = [sz[lt] for lt in letters[len(S):]]
+        per = [(lambda x=x: flat(_role(em, get(x), letters, sz, coef(x), dt, dev), rest)) for x in items]
+        plain = [None if several else _plain(get(x), coef(x), letters, sz, target) for x in items]
         return _stack(em, per, plain, P)
 
     def index(atoms, n):
         per = [(lambda a=a: em.reshape(a.node, (P, n)) if a is not None else
                 em.full((P, n), 0, torch.int64, dev)) for a in atoms]
-        plain = [a.node if a is not None and list(a.shape) in ([n], [P, n]) else None for a in atoms]
+        plain = [a.node if a is not None and not several and list(a.shape) in ([n], [P, n]) else None
+                 for a in atoms]
         return _stack(em, per, plain, P)
 
     def gate(gt):
         if gt is None:
             return em.full((P, G), 0.0, torch.float32, dev)
         g = _factor_to(em, RoleFactor(gt.atom.exp_of, gt.labels), SW, sz)
-        return em.expand(em.log_decay(g, gt.atom.exp_of.decay), (P, G))
+        g = em.log_decay(g, gt.atom.exp_of.decay)
+        return flat(em.expand(g, [sz[lt] for lt in S] + [G]), (G,)) if several else em.expand(g, (P, G))
 
     roles = dict(
         k_idx=index([st.write.k_idx for st in steps], W),
@@ -488,7 +497,8 @@ def _stacked_roles(em: Emitter, chain: Chain):
         roles["g"] = em.full((P, len(steps), 1), 0.0, torch.float32, dev)
     else:
         plain = [_plain([RoleFactor(gt.atom.exp_of, gt.labels)], 1.0, SW, sz, [P, G])
-                 if gt is not None and gt.atom.exp_of.decay == "exp" else None for gt in gates]
+                 if gt is not None and gt.atom.exp_of.decay == "exp" and not several else None
+                 for gt in gates]
         roles["g"] = _stack(em, [lambda gt=gt: gate(gt) for gt in gates], plain, P)
     return roles, dict(P=P, W=W, R=R, G=G, hd=hd, dev=dev)
 
@@ -497,13 +507,13 @@ def _call_op(em: Emitter, chain: Chain, roles, dims, groups: int, needs_grad: bo
     """The op call: (readings, final bank node, whether the root is advanced in place)."""
     root, P, hd, dev = chain.bank.root, dims["P"], dims["hd"], dims["dev"]
     k_idx, q_idx = roles["k_idx"], roles["q_idx"]
-    batched_bank = len(chain.bank.shape) == 3
+    batched_bank = len(chain.bank.shape) >= 3
     slots = 0
     if batched_bank:
-        # [B, S, hd] bank: the op's flat bank of B private row ranges, global row indices
-        base = em.reshape(em.mul(em.arange(P, dev), chain.bank.shape[1]), (P, 1, 1))
+        # [B, (H,) S, hd] bank: the op's flat bank of P private row ranges, global row indices
+        slots = chain.bank.shape[-2]
+        base = em.reshape(em.mul(em.arange(P, dev), slots), (P, 1, 1))
         k_idx, q_idx = em.add(k_idx, base), em.add(q_idx, base)
-        slots = chain.bank.shape[1]
     if chain.distinct is None:
         k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
                         f"the token loop at {chain.where}")
@@ -512,7 +522,7 @@ def _call_op(em: Emitter, chain: Chain, roles, dims, groups: int, needs_grad: bo
     redirected = {e.consumer for e in chain.final_escapes} if chain.bank.inplace_root else set()
     bank_in = _unclone(root, set(chain.nodes), redirected) if not inplace else root
     if batched_bank:
-        bank_in = em.reshape(bank_in, (P * chain.bank.shape[1], hd))
+        bank_in = em.reshape(bank_in, (P * slots, hd))
     # several streams on a flat bank: the op checks that their rows are disjoint
     shared = (P > 1 or groups > 1) and not batched_bank
     args = (bank_in, k_idx, roles["k_val"], roles["v"], roles["beta"], roles["g"], q_idx, roles["q_val"],

@@ -34,6 +34,7 @@ class Outcome:
     crash: str | None = None
     mismatch: str | None = None
     tokens: tuple = ()      # tokens of each rewritten chain
+    torch_fails: str | None = None   # torch.compile fails on it without the rewrites too
 
     @property
     def wrongly_rewritten(self) -> bool:
@@ -83,7 +84,14 @@ def check(spec: FP.Spec, runner=explain_run) -> Outcome:
     try:
         out, report = runner(fn, FP.copies(spec, d))
     except Exception:       # noqa: BLE001 - counted and shown with the program
-        return Outcome(spec, False, [], crash=traceback.format_exc(limit=-3))
+        crash = traceback.format_exc(limit=-3)
+        if runner is inductor_run:
+            try:
+                with sdm_inductor.rewrites(False):
+                    runner(fn, FP.copies(spec, d))
+            except Exception as e:  # noqa: BLE001 - torch's own failure, not the rewrite's
+                return Outcome(spec, False, [], torch_fails=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        return Outcome(spec, False, [], crash=crash)
     o = Outcome(spec, bool(report.rewritten), [r.reason for r in report.rejected],
                 tokens=tuple(c.tokens for c in report.rewritten))
     try:
@@ -160,9 +168,11 @@ def table(outcomes) -> str:
         rw = sum(o.rewritten for o in group)
         lines.append(f"{title}: generated {n}, rewritten {rw} ({100.0 * rw / max(n, 1):.1f}%), "
                      f"left alone {n - rw}, crashes {sum(bool(o.crash) for o in group)}, "
-                     f"mismatches {sum(bool(o.mismatch) for o in group)}")
+                     f"mismatches {sum(bool(o.mismatch) for o in group)}"
+                     + (f", torch.compile fails without the rewrites too {k}"
+                        if (k := sum(bool(o.torch_fails) for o in group)) else ""))
         reasons = Counter(reason_key(o.reasons[0]) if o.reasons else "(no reason)"
-                          for o in group if not o.rewritten and not o.crash)
+                          for o in group if not o.rewritten and not o.crash and not o.torch_fails)
         for why, k in reasons.most_common():
             lines.append(f"    {k:4d}  left alone: {why}")
         if title == "mutations":
@@ -187,7 +197,7 @@ def main(argv):
     bad = failures(outcomes)
     for o in bad[:10]:
         print(describe(o))
-    left = [o for o in outcomes if o.positive and not o.rewritten and not o.crash]
+    left = [o for o in outcomes if o.positive and not o.rewritten and not o.crash and not o.torch_fails]
     for o in left[:int(argv[3]) if len(argv) > 3 else 0]:
         print(describe(o))
     return 1 if bad else 0

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-S, HD, T, B = 16, 8, 4, 2
+S, HD, T, B, H = 16, 8, 4, 2, 3
 
 MUTATIONS = ("read_before_write", "other_retrieval_weights", "undecayed_retrieval", "clamp",
              "feedback", "whole_bank_decay", "gate_on_delta", "no_delta", "beta_on_v_only",
@@ -26,7 +26,7 @@ MUTATIONS = ("read_before_write", "other_retrieval_weights", "undecayed_retrieva
 @dataclass
 class Spec:
     seed: int
-    layout: str         # one | batched | flat | flat_global
+    layout: str         # one | batched | heads ([B, H, S, hd] bank) | flat | flat_global
     W: int
     R: int
     bank_dtype: str     # float32 | bfloat16
@@ -90,6 +90,10 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
     if mutation == "value_in_bank":     # v: rows of the bank that the loop writes in place
         spec.write = "setitem"
     spec.root = "view" if r.random() < 0.25 and mutation != "value_in_bank" else "input"
+    if spec.layout == "batched" and r.random() < 0.5:
+        spec.layout = "heads"           # streams along two dims: M[bi, hi, idx]
+        if spec.contract == "bmm":      # bmm takes one batch dim
+            spec.contract = "matmul"
     return spec
 
 
@@ -101,20 +105,23 @@ def inputs(spec: Spec, seed: int | None = None) -> dict:
     gdt = bdt if spec.gate_dtype == "bank" else torch.float32
     idt = getattr(torch, spec.idx_dtype)
     W, R = spec.W, spec.R
-    lead = () if spec.layout == "one" else (B,)
+    lead = {"one": (), "heads": (B, H)}.get(spec.layout, (B,))
 
     def slots(n, distinct):
         def one():
             return torch.randperm(S, generator=gen)[:n] if distinct else torch.randint(0, S, (n,), generator=gen)
-        if not lead:
-            return torch.stack([one() for _ in range(T)])
-        return torch.stack([torch.stack([one() for _ in range(T)]) for _ in range(B)])
+        def block(dims):
+            if not dims:
+                return torch.stack([one() for _ in range(T)])
+            return torch.stack([block(dims[1:]) for _ in range(dims[0])])
+        return block(lead)
 
     k_idx, q_idx = slots(W, True), slots(R, False)
     if spec.layout == "flat_global":       # global row ids of stream b's private range
         off = (torch.arange(B) * S)[:, None, None]
         k_idx, q_idx = k_idx + off, q_idx + off
-    bank_shape = {"one": (S, HD), "batched": (B, S, HD), "flat": (B * S, HD), "flat_global": (B * S, HD)}
+    bank_shape = {"one": (S, HD), "batched": (B, S, HD), "heads": (B, H, S, HD), "flat": (B * S, HD),
+                  "flat_global": (B * S, HD)}
     mem = torch.randn(bank_shape[spec.layout], generator=gen).to(bdt)
     if spec.root == "view":             # other rows before the bank: a view at an offset
         mem = torch.stack([torch.randn(mem.shape, generator=gen).to(bdt), mem])
@@ -148,6 +155,8 @@ def _rows_as_values(layout: str, mem: str, v: str) -> str:
         return f"{mem}[:{v}.shape[0]]"
     if layout == "batched":
         return f"{mem}[:, :{v}.shape[1]]"
+    if layout == "heads":
+        return f"{mem}[:, :, :{v}.shape[2]]"
     return f"{mem}[:{v}.shape[0] * {v}.shape[1]].view({v}.shape)"
 
 
@@ -163,7 +172,7 @@ class _Code:
 
 def _tok(spec: Spec, name: str) -> str:
     """Token t of a per-token input, in the program's layout."""
-    return f"{name}[t]" if spec.layout == "one" else f"{name}[:, t]"
+    return {"one": f"{name}[t]", "heads": f"{name}[:, :, t]"}.get(spec.layout, f"{name}[:, t]")
 
 
 def source(spec: Spec) -> str:
@@ -183,6 +192,9 @@ def source(spec: Spec) -> str:
         c("zero = torch.zeros((), dtype=dt, device=dev)")
     if layout == "batched":
         c("bi = torch.arange(mem.shape[0])[:, None]")
+    if layout == "heads":
+        c("bi = torch.arange(mem.shape[0])[:, None, None]")
+        c("hi = torch.arange(mem.shape[1])[None, :, None]")
     if layout == "flat":
         c(f"off = (torch.arange(k_idx.shape[0]) * (mem.shape[0] // k_idx.shape[0]))[:, None]")
     if spec.mutation == "value_in_bank":
@@ -196,14 +208,15 @@ def source(spec: Spec) -> str:
     c("outs = []")
     if spec.mutation == "feedback":
         c(f"prev = torch.zeros_like({_tok(spec, 'v').replace('t]', '0]')})")
-    c(f"for t in range(k_idx.shape[{0 if layout == 'one' else 1}]):")
+    tdim = {"one": 0, "heads": 2}.get(layout, 1)
+    c(f"for t in range(k_idx.shape[{tdim}]):")
     _step(spec, c, 2, ki=_tok(spec, "k_idx"), kv=_tok(spec, "k_val"), vt=_tok(spec, "v"),
           b=_tok(spec, "beta") if spec.beta in ("T", "T1") else ("beta" if spec.beta == "scalar" else None),
           gg=_tok(spec, "g") if spec.gate != "none" else None, qi=_tok(spec, "q_idx"), qv=_tok(spec, "q_val"))
     c("outs.append(r)", 2)
     if spec.mutation == "feedback":
         c("prev = r", 2)
-    c(f"return torch.stack(outs, {0 if layout == 'one' else 1}), mem")
+    c(f"return torch.stack(outs, {tdim}), mem")
     return "\n".join(c.lines) + "\n"
 
 
@@ -255,9 +268,9 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
         fn = spec.decay
         a = {"T": f"{gg}.{fn}()", "T1": f"torch.{fn}({gg})", "TW": f"{gg}.{fn}()"}[spec.gate]
         if spec.gate == "T":
-            a = a if not bat else f"{a}[:, None, None]"
+            a = a if not bat else f"{a}[..., None, None]"
         elif spec.gate == "T1":
-            a = a if not bat else f"{a}[:, :, None]"
+            a = a if not bat else f"{a}[..., None]"
         else:
             a = f"{a}[..., None]"
         c(f"a = {a}", d)
@@ -278,7 +291,7 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
     else:
         bb = b
         if bat and spec.beta == "T":
-            bb = f"{b}[:, None]"
+            bb = f"{b}[..., None]"
         if mut == "beta_on_v_only":
             c(f"delta = {bb} * {vv} - ret", d)
         else:
@@ -300,7 +313,7 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
     if mut == "other_write_rows":
         widx = "qidx" if R == W else ("idx.flip(-1)" if W > 1 else "idx")
         if widx == "idx":           # one slot: write the row of the next slot of the bank
-            widx = f"((idx + 1) % {S if lay in ('one', 'batched') else B * S})"
+            widx = f"((idx + 1) % {S if lay in ('one', 'batched', 'heads') else B * S})"
     _write(spec, c, d, widx, long_)
     c(f"rd = {_read(spec, 'qidx', R, bank='mem_before' if mut == 'read_before_write' else 'mem')}", d)
     c(f"r = {_contract(spec, qv, 'rd', 'r')}", d)
@@ -328,6 +341,13 @@ def _read(spec, idx, n, bank="mem"):
             long_ = ".long()" if spec.idx_dtype == "int32" else ""
             return f"{bank}.take_along_dim({idx}{long_}[..., None], dim=1)"
         return f"{bank}[bi, {idx}]"
+    if lay == "heads":
+        long_ = ".long()" if spec.idx_dtype == "int32" else ""
+        if spec.read == "gather":
+            return f"{bank}.gather(2, {idx}{long_}[..., None].expand(-1, -1, -1, {bank}.shape[-1]))"
+        if spec.read == "take_along_dim":
+            return f"torch.take_along_dim({bank}, {idx}{long_}[..., None], dim=2)"
+        return f"{bank}[bi, hi, {idx}]"
     if lay == "flat":
         return f"{bank}[{idx}]"
     inner = f"{bank}.index_select(0, {idx})" if spec.read == "index_select" else f"{bank}[{idx}]"
@@ -351,9 +371,10 @@ def _contract(spec, w, rows, letter):
     if k == "mulsum":
         return f"({w}[..., None] * {rows}).sum(-2)"
     if k == "matmul":
-        return f"({w}[:, None, :] @ {rows}).squeeze(1)"
+        return f"({w}[..., None, :] @ {rows}).squeeze(-2)"
     if k == "einsum":
-        return f"torch.einsum('b{letter},b{letter}d->bd', {w}, {rows})"
+        s = "bh" if spec.layout == "heads" else "b"
+        return f"torch.einsum('{s}{letter},{s}{letter}d->{s}d', {w}, {rows})"
     if k == "tmatmul":
         return f"({rows}.mT @ {w}[..., None]).squeeze(-1)"
     return f"torch.bmm({w}.unsqueeze(1), {rows}).squeeze(1)"
@@ -369,8 +390,9 @@ def _outer(spec, k, delta):
             return f"torch.einsum('w,d->wd', {k}, {delta})"
         return f"{k}[:, None] * {delta}[None, :]"
     if o == "einsum" or o == "outer":
-        return f"torch.einsum('bw,bd->bwd', {k}, {delta})"
-    return f"{k}[..., None] * {delta}[:, None, :]"
+        s = "bh" if spec.layout == "heads" else "b"
+        return f"torch.einsum('{s}w,{s}d->{s}wd', {k}, {delta})"
+    return f"{k}[..., None] * {delta}[..., None, :]"
 
 
 def _write(spec, c, d, idx, long_):
@@ -397,19 +419,22 @@ def _write(spec, c, d, idx, long_):
         c(f"mem[{idx}] += new - rows", d)
         return
     zeros = "torch.zeros_like(mem)" if spec.seed % 3 else "torch.zeros(mem.shape, dtype=mem.dtype)"
-    if lay == "batched":
-        ex = f"{idx}{long_}[..., None].expand(-1, -1, {HD})"
+    if lay in ("batched", "heads"):
+        heads = lay == "heads"
+        ex = f"{idx}{long_}[..., None].expand({'-1, ' * (3 if heads else 2)}{HD})"
+        at = "bi, hi" if heads else "bi"
+        dim = 2 if heads else 1
         if w == "index_put":
-            c(f"mem = mem.index_put((bi, {idx}), new)", d)
+            c(f"mem = mem.index_put(({at}, {idx}), new)", d)
         elif w == "setitem":
-            c(f"mem[bi, {idx}] = new", d)
+            c(f"mem[{at}, {idx}] = new", d)
         elif w == "scatter":
-            c(f"mem = mem.scatter(1, {ex}, new)", d)
+            c(f"mem = mem.scatter({dim}, {ex}, new)", d)
         elif w == "scatter_add":
-            c(f"mem = mem.scatter_add(1, {ex}, new - rows)", d)
+            c(f"mem = mem.scatter_add({dim}, {ex}, new - rows)", d)
         else:
             c(f"upd = {zeros}", d)
-            c(f"upd.scatter_add_(1, {ex}, new - rows)", d)
+            c(f"upd.scatter_add_({dim}, {ex}, new - rows)", d)
             c("mem = mem + upd", d)
         return
     if w == "index_put":

@@ -588,8 +588,83 @@ def n_view_of_bigger_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
 POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
              p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
              p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop, p_sigmoid_decay]
-BATCHED = [p_batched_bank, p_flat_offsets]
-BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading]
+# ============================================================================ streams along two dims
+
+H = 3
+
+
+def inputs_heads(T=T, seed=0, requires_grad=False):
+    """B x H streams: a [B, H, S/B, hd] bank, slots [B, H, T, W] / [B, H, T, R]."""
+    d = inputs_batched(T=T, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    n = d["M"].shape[1]
+
+    def heads(x):       # stream b's inputs for head 0, then other draws for heads 1..H-1
+        rest = [torch.randn(x.shape, generator=gen).to(x.dtype) if x.is_floating_point() else
+                torch.stack([torch.stack([torch.randperm(n, generator=gen)[:x.shape[-1]] for _ in range(x.shape[1])])
+                             for _ in range(x.shape[0])]) for _ in range(H - 1)]
+        return torch.stack([x] + rest, 1)
+
+    d = {k: heads(x) for k, x in d.items()}
+    d["beta"] = d["beta"].abs().clamp(max=0.9)
+    d["g"] = -d["g"].abs()
+    if requires_grad:
+        for k in ("M", "k_val", "v", "beta", "g", "q_val"):
+            d[k].requires_grad_(True)
+    return d
+
+
+def _heads_step(M, t, k_idx, k_val, v, beta, g, mix=lambda r: r):
+    b = torch.arange(M.shape[0])[:, None, None]
+    h = torch.arange(M.shape[1])[None, :, None]
+    dec = M[b, h, k_idx[:, :, t]] * torch.exp(g[:, :, t])[..., None]
+    ret = mix(torch.einsum("bhw,bhwd->bhd", k_val[:, :, t], dec))
+    delta = beta[:, :, t, None] * (v[:, :, t] - ret)
+    return b, h, dec + k_val[:, :, t, :, None] * delta[:, :, None, :]
+
+
+def p_heads_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """A [B, H, S, hd] bank indexed per batch and head: M[b, h, idx[:, :, t]]."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[2]):
+        b, h, new = _heads_step(M, t, k_idx, k_val, v, beta, g)
+        M[b, h, k_idx[:, :, t]] = new
+        outs.append((q_val[:, :, t, :, None] * M[b, h, q_idx[:, :, t]]).sum(2))
+    return torch.stack(outs, 2), M
+
+
+def n_heads_mixed(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """Each head retrieves what the next head's rows hold (a roll over the heads)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[2]):
+        b, h, new = _heads_step(M, t, k_idx, k_val, v, beta, g, mix=lambda r: r.roll(1, 1))
+        M[b, h, k_idx[:, :, t]] = new
+        outs.append((q_val[:, :, t, :, None] * M[b, h, q_idx[:, :, t]]).sum(2))
+    return torch.stack(outs, 2), M
+
+
+def n_heads_summed_reading(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The reading sums over the heads (one reading per batch element)."""
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[2]):
+        b, h, new = _heads_step(M, t, k_idx, k_val, v, beta, g)
+        M[b, h, k_idx[:, :, t]] = new
+        outs.append(torch.einsum("bhr,bhrd->bd", q_val[:, :, t], M[b, h, q_idx[:, :, t]]))
+    return torch.stack(outs, 1), M
+
+
+BATCHED = [p_batched_bank, p_flat_offsets, p_heads_bank]
+BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading, n_heads_mixed, n_heads_summed_reading]
+
+
+def inputs_for(fn, seed, requires_grad=False):
+    """The inputs of a BATCHED program."""
+    if fn.__name__.endswith("heads_bank") or "_heads_" in fn.__name__:
+        return inputs_heads(seed=seed, requires_grad=requires_grad)
+    return inputs_batched(seed=seed, flat=fn is p_flat_offsets, requires_grad=requires_grad)
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
                n_beta_on_v_only, n_write_other_slots, n_tanh_decay, n_states_kept,

@@ -60,7 +60,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     seen = {f: {getattr(s, f) for s in a} for f in ("layout", "W", "R", "bank_dtype", "idx_dtype", "gate",
                                                    "beta", "read", "write", "contract", "outer", "form",
                                                    "scale", "decay", "root")}
-    assert seen["layout"] == {"one", "batched", "flat", "flat_global"}
+    assert seen["layout"] == {"one", "batched", "heads", "flat", "flat_global"}
     assert seen["W"] == {1, 2, 3} and seen["R"] == {1, 2}
     assert seen["write"] == {"index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add",
                              "zeros_add", "setitem_add"}

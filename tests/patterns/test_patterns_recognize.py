@@ -68,9 +68,10 @@ def test_near_miss_left_alone_and_equal(fn):
 
 @pytest.mark.parametrize("fn", C.BATCHED, ids=lambda f: f.__name__)
 def test_streams_batched_in_each_step(fn):
-    """B streams per step: a [B, S, hd] bank indexed per batch, a flat bank with offsets.
-    Gradients too (the op's backward through the stream layout)."""
-    d = C.inputs_batched(seed=17, flat=fn is C.p_flat_offsets, requires_grad=True)
+    """B streams per step: a [B, S, hd] bank indexed per batch, a flat bank with offsets,
+    a [B, H, S, hd] bank indexed per batch and head. Gradients too (the op's backward
+    through the stream layout)."""
+    d = C.inputs_for(fn, seed=17, requires_grad=True)
     out = fn(**d)
     (out[0].sin().sum() + out[1].pow(2).sum()).backward()
     ref_out = tuple(o.detach() for o in out)
@@ -88,7 +89,7 @@ def test_streams_batched_in_each_step(fn):
 
 @pytest.mark.parametrize("fn", C.BATCHED_NEAR_MISSES, ids=lambda f: f.__name__)
 def test_streams_near_miss(fn):
-    d = C.inputs_batched(seed=19)
+    d = C.inputs_for(fn, seed=19)
     compiled, report = rewrite_compile(fn)
     out = compiled(**d)
     assert not report.rewritten and report.rejected, str(report)
