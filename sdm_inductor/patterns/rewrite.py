@@ -214,6 +214,7 @@ def plan_insertion(an: Analysis, chain: Chain):
     firsts = [u for n in erase for u in n.users if u not in erase]
     firsts += [e.consumer for e in an.escapes if e.consumer not in erase and chain.bank.id in
                _deps_of(e.value) and getattr(e.value, "version", None) != 0]
+    firsts += _after_the_loop_on_its_memory(an, chain)
     out = next(n for n in an.graph.nodes if n.op == "output")
     before = min(firsts, key=order.get) if firsts else out
     # the op must come after every write node (in place on a graph input)
@@ -285,10 +286,6 @@ def check_chain(an: Analysis, chain: Chain):
     Rs = {st.read.R for st in chain.steps if st.read is not None}
     if len(Rs) > 1:
         raise Reject("tokens read different numbers of slots")
-    root_val = chain.bank.root.meta.get("val", chain.bank.root.meta.get("example_value"))
-    if (any(rec.inplace for rec in chain.bank.writes.values()) and chain.bank.root.op != "placeholder"
-            and isinstance(root_val, torch.Tensor) and root_val._is_view()):
-        raise Reject("the bank written in place is a view of another tensor (its base changes too)")
     if any(rec.inplace for rec in chain.bank.writes.values()):
         _no_other_view_of_the_bank(an, chain)
     proofs = {"one write slot per token" if st.write.W == 1 else proof(st.write.k_idx.node)
@@ -304,23 +301,50 @@ def _no_other_view_of_the_bank(an: Analysis, chain: Chain):
     reads such a tensor (``v`` given as rows of the bank, a view taken inside the loop)
     sees the writes of the tokens before, where the op reads its inputs as they were at
     the call. Refuse when a tensor sharing the bank's memory, other than the bank and the
-    loop's own reads of it, is used before the loop's last write (views used only after
-    the loop see the final bank in both programs)."""
+    loop's own reads of it, is taken or used while the loop runs (from its first access
+    of the bank to its last write). Uses before the loop see the first state in both
+    programs, and the op goes in front of uses after it (``_after_the_loop_on_its_memory``)."""
     root = chain.bank.root
     mem = an._storage(root)
     if mem is None:
         return
     order = {n: i for i, n in enumerate(an.graph.nodes)}
     last = max(order[rec.node] for rec in chain.bank.writes.values())
+    first = min(order[n] for n in chain.nodes if n is not root)
     ours = set(chain.nodes) | {root}
     for n in an.graph.nodes:
-        if order[n] >= last:
+        if order[n] > last:
             break
         other = an._storage(n) if n not in ours else None
-        if other is not None and other.cdata == mem.cdata and any(
-                order[u] <= last for u in n.users):
+        if other is None or other.cdata != mem.cdata:
+            continue
+        # (the bank may be a view of ``n``: taking it is not a read)
+        if any(first <= p <= last for p in [order[n]] + [order[u] for u in n.users if u is not root]):
             raise Reject(f"{an.fe.describe(n)} shares memory with the bank written in place "
                          "(the loop would read the writes of the tokens before it)")
+
+
+def _after_the_loop_on_its_memory(an: Analysis, chain: Chain) -> list:
+    """Nodes after the loop's last in-place write that touch the bank's memory through
+    another tensor (the base of a bank that is a view, other views of it): they must see
+    the final bank, so the op goes in front of them."""
+    if not any(rec.inplace for rec in chain.bank.writes.values()):
+        return []
+    mem = an._storage(chain.bank.root)
+    if mem is None:
+        return []
+    order = {n: i for i, n in enumerate(an.graph.nodes)}
+    last = max(order[rec.node] for rec in chain.bank.writes.values())
+    ours = set(chain.nodes) | {chain.bank.root}
+    out = []
+    for n in an.graph.nodes:
+        if n in ours or n.op == "output":
+            continue
+        other = an._storage(n)
+        if other is None or other.cdata != mem.cdata:
+            continue
+        out += [n] if order[n] > last else [u for u in n.users if order[u] > last and u not in ours]
+    return out
 
 
 def rewrite_chain(an: Analysis, chain: Chain, before, move, aten_level: bool, needs_grad: bool):
@@ -517,7 +541,8 @@ def _call_op(em: Emitter, chain: Chain, roles, dims, groups: int, needs_grad: bo
     if chain.distinct is None:
         k_idx = em.call(torch.ops.sdm.check_distinct_write_slots.default, k_idx,
                         f"the token loop at {chain.where}")
-    inplace = chain.bank.inplace_root and root.op in ("placeholder", "get_attr")
+    # written in place: a graph input, or a view (``M[h]``) whose base sees the writes
+    inplace = chain.bank.inplace_root and (root.op in ("placeholder", "get_attr") or _is_view(root))
     # uses of an in-place root after the loop are redirected to the final bank
     redirected = {e.consumer for e in chain.final_escapes} if chain.bank.inplace_root else set()
     bank_in = _unclone(root, set(chain.nodes), redirected) if not inplace else root
@@ -567,6 +592,11 @@ def _later_uses_read_final(g, chain, erase, final):
         for u in list(x.users):
             if u in after and u not in erase:
                 u.replace_input_with(x, final)
+
+
+def _is_view(node) -> bool:
+    v = meta_value(node)
+    return isinstance(v, torch.Tensor) and v._is_view()
 
 
 def _unclone(root, chain_nodes, redirected):

@@ -573,8 +573,9 @@ def p_two_layers(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return torch.stack(outs), M1, M2
 
 
-def n_view_of_bigger_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
-    """The loop writes in place into a view of a larger tensor, which is returned."""
+def p_view_of_bigger_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The loop writes in place into a view of a larger tensor, which is returned: an op
+    on the view (the larger tensor sees its writes)."""
     big = torch.cat([M, M[:4]]).clone()
     Mv = big[:S]
     outs = []
@@ -587,7 +588,8 @@ def n_view_of_bigger_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
 
 POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
              p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
-             p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop, p_sigmoid_decay]
+             p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop, p_sigmoid_decay,
+             p_view_of_bigger_bank]
 # ============================================================================ streams along two dims
 
 H = 3
@@ -656,8 +658,34 @@ def n_heads_summed_reading(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return torch.stack(outs, 1), M
 
 
+def _views_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, peek=False):
+    outs = []
+    for b in range(M.shape[0]):
+        Mb, ob = M[b], []           # stream b's rows, written in place through the view
+        for t in range(k_idx.shape[1]):
+            dec = Mb[k_idx[b, t]] * torch.exp(g[b, t])[:, None]
+            delta = beta[b, t] * (v[b, t] - (k_val[b, t][:, None] * dec).sum(0))
+            Mb[k_idx[b, t]] = dec + k_val[b, t][:, None] * delta[None, :]
+            r = (q_val[b, t][:, None] * Mb[q_idx[b, t]]).sum(0)
+            ob.append(r + M[(b + 1) % M.shape[0], 0] if peek else r)
+        outs.append(torch.stack(ob))
+    return torch.stack(outs), M
+
+
+def p_stream_views_in_place(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """One loop per stream over ``M[b]``, a view of the bank, written in place: B loops,
+    each an op on the view (the base sees the writes)."""
+    return _views_loop(M.clone(), k_idx, k_val, v, beta, g, q_idx, q_val)
+
+
+def n_base_read_in_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The same loops, but each token also reads the bank through its base ``M``."""
+    return _views_loop(M.clone(), k_idx, k_val, v, beta, g, q_idx, q_val, peek=True)
+
+
 BATCHED = [p_batched_bank, p_flat_offsets, p_heads_bank]
-BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading, n_heads_mixed, n_heads_summed_reading]
+BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading, n_heads_mixed, n_heads_summed_reading,
+                       n_base_read_in_loop]
 
 
 def inputs_for(fn, seed, requires_grad=False):
@@ -668,7 +696,7 @@ def inputs_for(fn, seed, requires_grad=False):
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
                n_beta_on_v_only, n_write_other_slots, n_tanh_decay, n_states_kept,
-               n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank, n_view_of_bigger_bank]
+               n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank]
 
 
 # ============================================================================ one write slot per token (W = 1)

@@ -134,6 +134,28 @@ def test_inductor_forward_rewritten():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.compile
+def test_inductor_loops_writing_the_callers_bank_through_views():
+    """One loop per stream writes ``M[b]`` of the caller's bank in place; the heads'
+    loops on a [B, H, S, hd] bank in the same program. Each loop is an op; the caller's
+    bank ends as eager leaves it."""
+    def fn(M, k_idx, k_val, v, beta, g, q_idx, q_val, heads):
+        y, _ = C._views_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val)
+        z, final = C.p_heads_bank(**heads)
+        return y, z, final
+
+    d, heads = C.inputs_batched(seed=29), C.inputs_heads(seed=31)
+    bank = d.pop("M")
+    m_eager, m_compiled = bank.clone(), bank.clone()
+    ref = fn(m_eager, **d, heads=heads)
+    torch._dynamo.reset()
+    with fresh_cache():  # a warm cache serves the compiled graph without running the passes
+        out = torch.compile(fn, fullgraph=True)(m_compiled, **d, heads=heads)
+    assert len(sdm_inductor.patterns.last_report().rewritten) == bank.shape[0] + 1
+    for a, b in zip(out + (m_compiled,), ref + (m_eager,)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def rarer_spellings(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     """take_along_dim reads, a sigmoid decay, .T contractions, a number on v, addcmul."""
     outs = []
