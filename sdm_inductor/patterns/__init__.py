@@ -15,7 +15,7 @@ What is recognised (one canonical token step, docs/spec.md section 1, checked in
 normal form, so spellings do not matter): chains of steps whose bank flows from each step
 into the next, unrolled Python loops or ``scan``, one stream or B streams per step (a
 ``[B, S, hd]`` bank indexed per batch, a ``[B, H, S, hd]`` bank indexed per batch and
-head, or a flat bank with per-stream rows), reads and
+head, slots shared by every stream, or a flat bank with per-stream rows), reads and
 writes by indexing / index_select / gather / index_put / setitem / index_copy / scatter /
 index_add / scatter_add, contractions by mul+sum / matmul / bmm / einsum / outer, gates
 per token, per write or absent, beta absent, one write or read slot per token (W = 1,

@@ -203,6 +203,12 @@ class Analysis:
         exp_of = self.split_atom(atom.exp_of, dim, sizes) if atom.exp_of is not None else None
         return Atom(key, atom.node, shape, exp_of, atom.decay)
 
+    def expand_atom(self, atom: Atom, lead) -> Atom:
+        """``atom`` broadcast over new leading dims ``lead`` (one index for every stream of
+        a batched bank: ``M[:, idx]``); its node is the unexpanded tensor."""
+        key = self._intern.setdefault(("expand", atom.key, tuple(lead)), len(self._intern))
+        return Atom(key, atom.node, tuple(lead) + tuple(atom.shape))
+
     def unmerge(self, op: "WriteOp") -> "WriteOp":
         """A write of ``Merged`` values at a flat index: the same write with the index
         split like the values' leading dims (``[B*W]`` rows -> ``[B, W]``)."""

@@ -309,7 +309,7 @@ class TorchOps(_Base):
         for n in graph.nodes:
             if n.op not in ("call_function", "call_method"):
                 continue
-            if n.target is operator.setitem and self._advanced(n.args[1]):
+            if n.target is operator.setitem and self._advanced(n.args[1]) and self._slices_fit(n):
                 out.add(n.args[0])
             elif self.kind(n) in _WRITE_KINDS:
                 out.add(n.args[0])
@@ -319,8 +319,16 @@ class TorchOps(_Base):
         if isinstance(idx, fx.Node):
             return isinstance(idx.meta.get(self.META), torch.Tensor)
         if isinstance(idx, tuple) and 1 <= len(idx) <= 3:
-            return all(self._advanced(i) for i in idx)
+            # full slices in front: one index for every stream (``M[:, idx]``)
+            return self._advanced(idx[-1]) and all(_all_streams(i) or self._advanced(i) for i in idx[:-1])
         return False
+
+    def _slices_fit(self, node) -> bool:
+        """``M[:, idx] = x`` writes rows of every stream only on a bank with stream dims
+        (on a matrix it writes columns: not a bank)."""
+        idx, shape = node.args[1], self.shape(node.args[0])
+        return not (isinstance(idx, tuple) and any(_all_streams(i) for i in idx)) or (
+            shape is not None and len(shape) == len(idx) + 1 >= 3)
 
     def inplace_target(self, node):
         if node.op == "call_method" and _name(node.target).endswith("_") and node.args:
@@ -442,11 +450,12 @@ class TorchOps(_Base):
             raise NotSymbolic("index_add with alpha")
         if kw.get("reduce") is not None:
             raise NotSymbolic("scatter with reduce")
-        idx = self.sym(an, _dim_arg(node, 2, "index"))
+        idx_node = _dim_arg(node, 2, "index")
+        idx = self.sym(an, idx_node)
         if k.startswith("scatter"):
             idx = drop_columns(idx)
-        elif nd != 2:
-            raise NotSymbolic(f"{k} of a batched bank")
+        elif nd != 2:       # ``M.index_copy(1, idx, src)``: rows idx of every stream
+            idx = bank_index(an, bank, (None,) * (nd - 2) + (idx_node,))
         return WriteOp(a[0], idx, self._vals(an, src), k in ("index_add", "scatter_add"), inplace)
 
     def _getitem(self, an, node):
@@ -524,9 +533,9 @@ class TorchOps(_Base):
         if isinstance(x, BankVal):
             nd = len(x.shape)
             if k == "index_select":
-                if _dim_arg(node, 1, "dim") not in (0, -2) or nd != 2:
+                if _dim_arg(node, 1, "dim") not in (nd - 2, -2):
                     raise NotSymbolic("index_select along the columns")
-                return Sym.rows(sp, x, self.sym(an, _dim_arg(node, 2, "index")))
+                return Sym.rows(sp, x, bank_index(an, x, (None,) * (nd - 2) + (_dim_arg(node, 2, "index"),)))
             if k == "gather":
                 if _dim_arg(node, 1, "dim") not in (nd - 2, -2):
                     raise NotSymbolic("gather along the columns")
@@ -637,12 +646,14 @@ def bank_index(an, bank, idx) -> Sym:
     if not isinstance(bank, (BankVal, ZeroBuf)):
         raise NotSymbolic("not a bank")
     idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+    nb = len(bank.shape) - 2
+    if nb >= 1 and len(idx) == nb + 1 and all(_all_streams(i) for i in idx[:-1]):
+        return _shared_rows(an, bank, idx[-1])
     if not all(isinstance(i, fx.Node) and isinstance(an.value(i), Sym) for i in idx):
         raise NotSymbolic("bank indexed by something else than tensors of rows")
     syms = [an.value(i) for i in idx]
     if len(bank.shape) == 2 and len(idx) == 1:
         return syms[0]
-    nb = len(bank.shape) - 2
     if nb >= 1 and len(idx) == nb + 1:
         *batches, aligned = syms
         for b in batches:       # rows, on the broadcast axes
@@ -653,11 +664,34 @@ def bank_index(an, bank, idx) -> Sym:
         for axis, (node, b) in enumerate(zip(idx, batches)):
             if not _is_arange(an, node, b, aligned, bank.shape[axis], axis):
                 raise NotSymbolic("the batch index of a batched bank is not arange(B) along its own axis")
+        if len(syms[-1].shape) == 1 and len(aligned.shape) == nb + 1:
+            return _shared_rows(an, bank, idx[-1])     # ``M[arange(B)[:, None], idx]``, idx [W]
         if nb > 1 and tuple(A.index_atom(aligned)[0].shape) != tuple(aligned.shape):
             # the op's index tensor is this atom reshaped to [B*H, W]: no broadcast rows
             raise NotSymbolic("rows of a bank with several stream dims broadcast over a stream dim")
         return aligned
     raise NotSymbolic("bank indexed along several dims")
+
+
+def _all_streams(i) -> bool:
+    """A full slice (``M[:, idx]``; ``None`` in aten's index lists)."""
+    return i is None or i == slice(None)
+
+
+def _shared_rows(an, bank, node) -> Sym:
+    """``M[:, idx]`` of a ``[B, (H,) S, hd]`` bank, ``idx`` one tensor of rows ``[W]``: the
+    rows ``idx`` of every stream, an index ``[B, (H,) W]`` that does not vary along the
+    streams (an atom of ``idx`` broadcast over them)."""
+    rows = an.value(node) if isinstance(node, fx.Node) else None
+    if not isinstance(rows, Sym):
+        raise NotSymbolic("bank indexed by something else than tensors of rows")
+    atom, live = A.index_atom(rows)
+    if len(rows.shape) != 1 or len(live) != 1:
+        raise NotSymbolic("rows shared by the streams of a batched bank are not one [W] tensor")
+    lead = tuple(bank.shape[:-2])
+    wide = an.expand_atom(atom, lead)
+    labels = tuple(an.space.fresh(n) for n in lead) + (live[0],)
+    return Sym(wide.shape, labels, [A.Term(1.0, (A.Factor("atom", wide, labels),))])
 
 
 def _is_arange(an, node, batch: Sym, aligned: Sym, B: int, axis: int = 0) -> bool:

@@ -7,6 +7,7 @@ on Dynamo graphs, aten ops on post-grad graphs and exported programs.
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -117,11 +118,23 @@ class Emitter:
         return self._call(op, *args)
 
 
+def _atom_value(em: Emitter, atom):
+    """The tensor of ``atom``: its node, or its node viewed (a split atom) or broadcast
+    over leading dims (an index shared by the streams) to the atom's shape."""
+    x, have = atom.node, _meta_shape(atom.node)
+    if have is None or have == list(atom.shape):
+        return x
+    if math.prod(have) != math.prod(atom.shape):
+        lead = len(atom.shape) - len(have)
+        return em.expand(em.reshape(x, [1] * lead + have), list(atom.shape))
+    return em.reshape(x, list(atom.shape))
+
+
 def _factor_to(em: Emitter, rf: RoleFactor, letters, sizes):
     """The atom of ``rf`` laid out along ``letters`` (size 1 where it does not vary)."""
     live = [(d, lb) for d, lb in zip(rf.atom.shape, rf.labels) if lb is not None]
     names = [lb for _, lb in live]
-    x = rf.atom.node
+    x = _atom_value(em, rf.atom)
     if _meta_shape(x) != [d for d, _ in live]:      # size-1 dims (or a virtual atom's view)
         x = em.reshape(x, [d for d, _ in live])
     order = sorted(range(len(names)), key=lambda i: letters.index(names[i]))
@@ -495,10 +508,10 @@ def _stacked_roles(em: Emitter, chain: Chain):
         return _stack(em, per, plain, P)
 
     def index(atoms, n):
-        per = [(lambda a=a: em.reshape(a.node, (P, n)) if a is not None else
+        per = [(lambda a=a: em.reshape(_atom_value(em, a), (P, n)) if a is not None else
                 em.full((P, n), 0, torch.int64, dev)) for a in atoms]
-        plain = [a.node if a is not None and not several and list(a.shape) in ([n], [P, n]) else None
-                 for a in atoms]
+        plain = [a.node if a is not None and not several and list(a.shape) in ([n], [P, n])
+                 and _meta_shape(a.node) == list(a.shape) else None for a in atoms]
         return _stack(em, per, plain, P)
 
     def gate(gt):

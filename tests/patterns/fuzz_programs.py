@@ -45,6 +45,7 @@ class Spec:
     scale: str = "none"     # none | value (beta * (0.5 v - r)) | retrieval (beta * (v - 2 r))
     decay: str = "exp"      # exp | sigmoid (the rows decay by exp(g) or sigmoid(g))
     root: str = "input"     # input | view (the bank is block 1 of a stacked input: mem[1])
+    shared: bool = False    # batched / heads: one [T, W] index for every stream (mem[:, idx])
 
     def short(self):
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -94,6 +95,13 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
         spec.layout = "heads"           # streams along two dims: M[bi, hi, idx]
         if spec.contract == "bmm":      # bmm takes one batch dim
             spec.contract = "matmul"
+    if spec.layout in ("batched", "heads") and r.random() < 0.3:
+        spec.shared = True              # (one slot shared: left alone, see README)
+        spec.W, spec.R = max(spec.W, 2), max(spec.R, 2)
+        heads = spec.layout == "heads"
+        spec.read = "index" if heads else r.choice(("index", "index_select"))
+        spec.write = "setitem" if heads or mutation == "value_in_bank" else r.choice(
+            ("setitem", "index_copy", "index_add", "zeros_add"))
     return spec
 
 
@@ -116,7 +124,11 @@ def inputs(spec: Spec, seed: int | None = None) -> dict:
             return torch.stack([block(dims[1:]) for _ in range(dims[0])])
         return block(lead)
 
+    if spec.shared:
+        lead, full = (), lead
     k_idx, q_idx = slots(W, True), slots(R, False)
+    if spec.shared:
+        lead = full
     if spec.layout == "flat_global":       # global row ids of stream b's private range
         off = (torch.arange(B) * S)[:, None, None]
         k_idx, q_idx = k_idx + off, q_idx + off
@@ -171,6 +183,8 @@ class _Code:
 
 
 def _tok(spec: Spec, name: str) -> str:
+    if spec.shared and name in ("k_idx", "q_idx"):
+        return f"{name}[t]"
     """Token t of a per-token input, in the program's layout."""
     return {"one": f"{name}[t]", "heads": f"{name}[:, :, t]"}.get(spec.layout, f"{name}[:, t]")
 
@@ -209,7 +223,7 @@ def source(spec: Spec) -> str:
     if spec.mutation == "feedback":
         c(f"prev = torch.zeros_like({_tok(spec, 'v').replace('t]', '0]')})")
     tdim = {"one": 0, "heads": 2}.get(layout, 1)
-    c(f"for t in range(k_idx.shape[{tdim}]):")
+    c(f"for t in range(k_idx.shape[{0 if spec.shared else tdim}]):")
     _step(spec, c, 2, ki=_tok(spec, "k_idx"), kv=_tok(spec, "k_val"), vt=_tok(spec, "v"),
           b=_tok(spec, "beta") if spec.beta in ("T", "T1") else ("beta" if spec.beta == "scalar" else None),
           gg=_tok(spec, "g") if spec.gate != "none" else None, qi=_tok(spec, "q_idx"), qv=_tok(spec, "q_val"))
@@ -323,6 +337,11 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
 
 def _read(spec, idx, n, bank="mem"):
     lay = spec.layout
+    if spec.shared:     # M[:, idx] (odd seeds: M[bi, idx], the aranges broadcast over idx)
+        if spec.read == "index_select":
+            return f"{bank}.index_select(1, {idx})"
+        at = ("bi, hi" if lay == "heads" else "bi") if spec.seed % 2 else (":, :" if lay == "heads" else ":")
+        return f"{bank}[{at}, {idx}]"
     if lay == "one":
         if spec.read == "index_select":
             return f"{bank}.index_select(0, {idx})" if spec.seed % 2 else f"torch.index_select({bank}, 0, {idx})"
@@ -419,6 +438,20 @@ def _write(spec, c, d, idx, long_):
         c(f"mem[{idx}] += new - rows", d)
         return
     zeros = "torch.zeros_like(mem)" if spec.seed % 3 else "torch.zeros(mem.shape, dtype=mem.dtype)"
+    if spec.shared:
+        at = ("bi, hi" if lay == "heads" else "bi") if spec.seed % 2 else (":, :" if lay == "heads" else ":")
+        at = f"{at}, {idx}"
+        if w == "setitem":
+            c(f"mem[{at}] = new", d)
+        elif w == "index_copy":
+            c(f"mem = mem.index_copy(1, {idx}{long_}, new)", d)
+        elif w == "index_add":
+            c(f"mem = mem.index_add(1, {idx}, new - rows)", d)
+        else:
+            c(f"upd = {zeros}", d)
+            c(f"upd.index_add_(1, {idx}, new - rows)", d)
+            c("mem = mem + upd", d)
+        return
     if lay in ("batched", "heads"):
         heads = lay == "heads"
         ex = f"{idx}{long_}[..., None].expand({'-1, ' * (3 if heads else 2)}{HD})"

@@ -683,15 +683,39 @@ def n_base_read_in_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return _views_loop(M.clone(), k_idx, k_val, v, beta, g, q_idx, q_val, peek=True)
 
 
-BATCHED = [p_batched_bank, p_flat_offsets, p_heads_bank]
+def _shared_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, mix=lambda r: r):
+    M = M.clone()
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[:, k_idx[t]] * torch.exp(g[:, t])[..., None]          # [B, W, hd]
+        delta = beta[:, t, None] * (v[:, t] - mix((k_val[:, t, :, None] * dec).sum(1)))
+        M[:, k_idx[t]] = dec + k_val[:, t, :, None] * delta[:, None, :]
+        outs.append(torch.einsum("br,brd->bd", q_val[:, t], M[:, q_idx[t]]))
+    return torch.stack(outs, 1), M
+
+
+def p_shared_rows(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """A [B, S, hd] bank whose streams write and read the same slots: ``M[:, idx[t]]``."""
+    return _shared_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val)
+
+
+def n_shared_rows_mixed(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The same slots, but each stream retrieves what the other stream's rows hold."""
+    return _shared_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, mix=lambda r: r.flip(0))
+
+
+BATCHED = [p_batched_bank, p_flat_offsets, p_heads_bank, p_shared_rows]
 BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading, n_heads_mixed, n_heads_summed_reading,
-                       n_base_read_in_loop]
+                       n_base_read_in_loop, n_shared_rows_mixed]
 
 
 def inputs_for(fn, seed, requires_grad=False):
     """The inputs of a BATCHED program."""
     if fn.__name__.endswith("heads_bank") or "_heads_" in fn.__name__:
         return inputs_heads(seed=seed, requires_grad=requires_grad)
+    if "_shared_rows" in fn.__name__:       # stream 0's slots for every stream
+        d = inputs_batched(seed=seed, requires_grad=requires_grad)
+        return d | dict(k_idx=d["k_idx"][0], q_idx=d["q_idx"][0])
     return inputs_batched(seed=seed, flat=fn is p_flat_offsets, requires_grad=requires_grad)
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
