@@ -625,16 +625,34 @@ def _bank_plus_scattered(an, node, k):
 
 def _einsum(sp, eq: str, syms):
     eq = eq.replace(" ", "")
-    if "..." in eq:
-        raise NotSymbolic("einsum with ellipsis")
-    lhs, _, out = eq.partition("->")
+    lhs, arrow, out = eq.partition("->")
     ins = lhs.split(",")
-    if not _:
-        letters = "".join(ins)
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
     if len(ins) != len(syms):
         raise NotSymbolic("einsum operand count")
+    ell = ""
+    if "..." in eq:
+        ins, ell = _ellipsis(ins, syms, eq)
+        out = out.replace("...", ell)
+    if not arrow:
+        letters = "".join(ins)
+        out = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
     return A.contract(sp, list(zip(syms, ins)), out)
+
+
+def _ellipsis(ins, syms, eq):
+    """Each operand's ``...`` spelled out in letters the equation does not use, aligned
+    from the right as torch broadcasts them (the longest one is the output's)."""
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    counts = []
+    for term, x in zip(ins, syms):
+        if term.count("...") > 1:
+            raise NotSymbolic("einsum with two ellipses in one operand")
+        counts.append(len(x.shape) - len(term.replace("...", "")) if "..." in term else 0)
+    n = max(counts)
+    if min(counts) < 0 or n > len(spare):
+        raise NotSymbolic("einsum ellipsis does not fit the operands")
+    ell = "".join(spare[:n])
+    return [t.replace("...", ell[n - k:]) for t, k in zip(ins, counts)], ell
 
 
 def bank_index(an, bank, idx) -> Sym:

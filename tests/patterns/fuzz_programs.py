@@ -382,8 +382,9 @@ def _contract(spec, w, rows, letter):
             return f"({w}[:, None] * {rows}).sum(0)"
         if k == "matmul":
             return f"{w} @ {rows}"
-        if k == "einsum":
-            return f"torch.einsum('{letter},{letter}d->d', {w}, {rows})"
+        if k == "einsum":   # (seeds divisible by 3: with an ellipsis)
+            eq = f"{letter},{letter}...->..." if spec.seed % 3 == 0 else f"{letter},{letter}d->d"
+            return f"torch.einsum('{eq}', {w}, {rows})"
         if k == "tmatmul":
             return f"{rows}.T @ {w}"
         return f"torch.bmm({w}[None, None, :], {rows}[None]).reshape({HD})"
@@ -392,7 +393,7 @@ def _contract(spec, w, rows, letter):
     if k == "matmul":
         return f"({w}[..., None, :] @ {rows}).squeeze(-2)"
     if k == "einsum":
-        s = "bh" if spec.layout == "heads" else "b"
+        s = "..." if spec.seed % 3 == 0 else "bh" if spec.layout == "heads" else "b"
         return f"torch.einsum('{s}{letter},{s}{letter}d->{s}d', {w}, {rows})"
     if k == "tmatmul":
         return f"({rows}.mT @ {w}[..., None]).squeeze(-1)"
@@ -406,10 +407,11 @@ def _outer(spec, k, delta):
         if o == "outer":
             return f"torch.outer({k}, {delta})"
         if o == "einsum":
-            return f"torch.einsum('w,d->wd', {k}, {delta})"
+            eq = "w,...->w..." if spec.seed % 3 == 0 else "w,d->wd"
+            return f"torch.einsum('{eq}', {k}, {delta})"
         return f"{k}[:, None] * {delta}[None, :]"
     if o == "einsum" or o == "outer":
-        s = "bh" if spec.layout == "heads" else "b"
+        s = "..." if spec.seed % 3 == 0 else "bh" if spec.layout == "heads" else "b"
         return f"torch.einsum('{s}w,{s}d->{s}wd', {k}, {delta})"
     return f"{k}[..., None] * {delta}[..., None, :]"
 
