@@ -51,6 +51,7 @@ class WriteRoles:
     streams: int = 0   # B for a step of B streams at once, 0 for one stream
     v_coef: float = 1.0   # the value's number: beta * (2 v - r) is beta' = beta, v' = 2 v
     stream_shape: tuple = ()   # the stream axes' sizes ((B,), or (B, H) for a [B, H, S, hd] bank)
+    decay_coef: float = 1.0    # a number on the decay (``rows * 0.9``): log-decay += log of it
 
     @property
     def per_write_gate(self) -> bool:
@@ -165,8 +166,9 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, stream_dims: t
         raise Reject("the written rows hold no single value term beta * k * v")
     d, b, c = D[0], B[0], C[0]
     u = c.bank_factors()[0].labels[-2]
-    if d.bound or b.bound or c.bound != {u} or not _close(d.coef, 1.0):
-        raise Reject("the old row is scaled by a number or summed in the decay term")
+    if d.bound or b.bound or c.bound != {u}:
+        raise Reject("the old row is summed in the decay term")
+    a = _decay_number(d.coef)
     snames, streams, sshape = _streams(live, ls)
     names = {lw: "w", ld: "d", u: "u"} | snames
     dparts = _by_axis(_split(d, names), "decay term")
@@ -189,8 +191,10 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, stream_dims: t
         raise Reject("the retrieval uses other weights or gates than the write")
     # numbers on the value and on the retrieval differ (beta * (2 v - r)): the retrieval's is
     # the strength's, the ratio goes to the value (exact for any nonzero ratio)
-    return WriteRoles(idx, k, gate, beta, -c.coef, v, W, hd, streams=streams,
-                      v_coef=_ratio(b.coef, -c.coef), stream_shape=sshape)
+    # the retrieval reads the decayed rows: its number is the strength's times the decay's
+    strength = -c.coef / a
+    return WriteRoles(idx, k, gate, beta, strength, v, W, hd, streams=streams,
+                      v_coef=_ratio(b.coef, strength), stream_shape=sshape, decay_coef=a)
 
 
 def _bank_term(t, bank_id: int, version: int, idx: Atom, ld):
@@ -262,9 +266,19 @@ def _match_one_slot(vals: Sym, bank_id: int, version: int, idx: Atom, live) -> W
         raise errors[0]
     if len(found) > 1:
         raise Reject("the decay and retrieval terms of a one-slot write cannot be told apart")
-    k, gate, beta, strength = found[0]
+    k, gate, beta, strength, a = found[0]
     return WriteRoles(idx, k, gate, beta, strength, v, 1, hd, streams=streams,
-                      v_coef=_ratio(b.coef, strength), stream_shape=sshape)
+                      v_coef=_ratio(b.coef, strength), stream_shape=sshape, decay_coef=a)
+
+
+def _decay_number(coef: float) -> float:
+    """The decay term's number (``rows * 0.9``): a constant decay ``exp(log 0.9)``,
+    exactly 1 where it is 1 to rounding. A number <= 0 (or not finite) is no decay."""
+    if _close(coef, 1.0):
+        return 1.0
+    if not (0.0 < coef < float("inf")):
+        raise Reject(f"the old row is scaled by {coef:g}, which is not a decay exp(g)")
+    return coef
 
 
 def _ratio(a: float, b: float) -> float:
@@ -287,8 +301,9 @@ def _exp_gate(dparts, a_f):
 def _one_slot_roles(d, c, b, X, names):
     """(k, gate, beta, strength) when ``d`` is the decay term and ``c`` the retrieval term
     (the strength: the retrieval's number, as in ``match_write``)."""
-    if d.bound or c.bound or not _close(d.coef, 1.0):
-        raise Reject("the old row is scaled by a number or summed in the decay term")
+    if d.bound or c.bound:
+        raise Reject("the old row is summed in the decay term")
+    a = _decay_number(d.coef)
     dparts = _by_axis(_split(d, names), "decay term")
     gate = _exp_gate(dparts, dparts[""])
     cparts = _by_axis(_split(c, names), "retrieval term")
@@ -310,7 +325,7 @@ def _one_slot_roles(d, c, b, X, names):
             k.append(rf)
         else:
             beta.append(rf)
-    return k, gate, beta, -c.coef
+    return k, gate, beta, -c.coef / a, a
 
 
 def match_read(val: Sym, bank_id: int) -> ReadRoles:

@@ -404,8 +404,10 @@ class Analysis:
         if not isinstance(tv, BankVal):
             # a write into something that is not a tracked bank state
             if _deps(tv):
+                why = f" ({tv.why})" if isinstance(tv, Opaque) and tv.why else ""
                 for bid in _deps(tv):
-                    self._reject_bank(bid, f"the bank is altered by a foreign op before {self.fe.describe(node)}")
+                    self._reject_bank(bid, f"the bank is altered by a foreign op before "
+                                           f"{self.fe.describe(node)}{why}")
             self._escape(node, self._inputs(node))
             out = Opaque(dep)
             if op.inplace:

@@ -719,13 +719,16 @@ def _is_arange(an, node, batch: Sym, aligned: Sym, B: int, axis: int = 0) -> boo
     f = batch.terms[0].factors[0]
     n = f.ref.node
     name = _name(n.target) if n.op in ("call_function", "call_method") else ""
-    if "arange" not in name or [a for a in n.args if isinstance(a, int)] not in ([B], [0, B]):
+    if "iota" in name:      # aten graphs: prims.iota(B, start=0, step=1)
+        if n.args[:1] != (B,) or n.kwargs.get("start", 0) != 0 or n.kwargs.get("step", 1) != 1:
+            return False
+    elif "arange" not in name or [a for a in n.args if isinstance(a, int)] not in ([B], [0, B]):
         return False
     live = [lb for lb in f.labels if lb is not None]
     nb = len(aligned.shape)
     pad = (None,) * (nb - len(batch.axes)) + tuple(batch.axes)
-    return (len(live) == 1 and pad[axis] == live[0]
-            and all(a is None for i, a in enumerate(pad) if i != axis))
+    # (other axes may be broadcast: ``arange(B)[:, None].expand(B, W)`` is the same index)
+    return len(live) == 1 and pad[axis] == live[0]
 
 
 # ======================================================================== aten level

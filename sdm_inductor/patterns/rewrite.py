@@ -514,11 +514,14 @@ def _stacked_roles(em: Emitter, chain: Chain):
                  and _meta_shape(a.node) == list(a.shape) else None for a in atoms]
         return _stack(em, per, plain, P)
 
-    def gate(gt):
+    def gate(w):
+        gt, log_a = w.gate, math.log(w.decay_coef)     # (a number on the decay: rows * 0.9)
         if gt is None:
-            return em.full((P, G), 0.0, torch.float32, dev)
+            return em.full((P, G), log_a, torch.float32, dev)
         g = _factor_to(em, RoleFactor(gt.atom.exp_of, gt.labels), SW, sz)
         g = em.log_decay(g, gt.atom.exp_of.decay)
+        if log_a != 0.0:
+            g = em.add(g, log_a)
         return flat(em.expand(g, [sz[lt] for lt in S] + [G]), (G,)) if several else em.expand(g, (P, G))
 
     roles = dict(
@@ -529,14 +532,15 @@ def _stacked_roles(em: Emitter, chain: Chain):
         q_idx=index([r.q_idx if r is not None else None for r in reads], R),
         q_val=role(lambda r: r.q if r is not None else [], SR, dtype,
                    coef=lambda r: r.coef if r is not None else 0.0, items=reads))
-    if all(gt is None for gt in gates):
+    if all(gt is None for gt in gates) and all(st.write.decay_coef == 1.0 for st in steps):
         G = 1
         roles["g"] = em.full((P, len(steps), 1), 0.0, torch.float32, dev)
     else:
         plain = [_plain([RoleFactor(gt.atom.exp_of, gt.labels)], 1.0, SW, sz, [P, G])
-                 if gt is not None and gt.atom.exp_of.decay == "exp" and not several else None
-                 for gt in gates]
-        roles["g"] = _stack(em, [lambda gt=gt: gate(gt) for gt in gates], plain, P)
+                 if gt is not None and gt.atom.exp_of.decay == "exp" and not several
+                 and st.write.decay_coef == 1.0 else None
+                 for gt, st in zip(gates, steps)]
+        roles["g"] = _stack(em, [lambda st=st: gate(st.write) for st in steps], plain, P)
     return roles, dict(P=P, W=W, R=R, G=G, hd=hd, dev=dev)
 
 

@@ -17,6 +17,8 @@ without a vmap batching rule (hoisting would unroll it) or symbolic shapes.
 """
 from __future__ import annotations
 
+import math
+
 import operator
 
 import torch
@@ -177,11 +179,14 @@ def _rewrite_scan(graph, node, fe, level, report, state):
     k_val = em.unsqueeze(product(w.k, W, 1.0, dtype), 0)
     v = em.unsqueeze(product(w.v, hd, w.v_coef, dtype), 0)
     beta = em.reshape(product(w.beta, 1, w.coef, torch.float32), (1, T))
+    log_a = math.log(w.decay_coef)      # a number on the decay (rows * 0.9)
     if w.gate is None:
-        g = em.full((1, T, 1), 0.0, torch.float32, dev)
+        g = em.full((1, T, 1), log_a, torch.float32, dev)
     else:
         G = W if w.per_write_gate else 1
         g = em.log_decay(factor(w.gate.atom.exp_of, w.gate.labels), w.gate.atom.exp_of.decay)
+        if log_a != 0.0:
+            g = em.add(g, log_a)
         g = em.unsqueeze(em.expand(g, (T, G)), 0)
     if r is None:
         q_idx = em.full((1, T, 1), 0, torch.int64, dev)

@@ -46,6 +46,7 @@ class Spec:
     decay: str = "exp"      # exp | sigmoid (the rows decay by exp(g) or sigmoid(g))
     root: str = "input"     # input | view (the bank is block 1 of a stacked input: mem[1])
     shared: bool = False    # batched / heads: one [T, W] index for every stream (mem[:, idx])
+    number: bool = False    # a constant decay on top of the gate, if any: rows * 0.9
 
     def short(self):
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -102,6 +103,8 @@ def draw(seed: int, mutation: str | None = None) -> Spec:
         spec.read = "index" if heads else r.choice(("index", "index_select"))
         spec.write = "setitem" if heads or mutation == "value_in_bank" else r.choice(
             ("setitem", "index_copy", "index_add", "zeros_add"))
+    # (an undecayed retrieval under a number is a step in disguise: v * 0.9, beta / 0.9)
+    spec.number = r.random() < 0.2 and mutation != "undecayed_retrieval"
     return spec
 
 
@@ -290,6 +293,8 @@ def _step(spec: Spec, c: _Code, d: int, ki, kv, vt, b, gg, qi, qv):
         c(f"a = {a}", d)
         mixed = spec.bank_dtype == "bfloat16" and spec.gate_dtype == "float32"
         c("dec = (rows * a).to(rows.dtype)" if mixed else "dec = rows * a", d)
+    if spec.number:
+        c("dec = dec * 0.9", d)
     src = "rows" if mut == "undecayed_retrieval" else "dec"
     kr = f"{kv}.sin()" if mut == "other_retrieval_weights" else kv
     c(f"ret = {_contract(spec, kr, src, 'w')}", d)

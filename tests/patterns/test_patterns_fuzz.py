@@ -59,7 +59,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     assert [FP.source(x) for x in a] == [FP.source(x) for x in b]
     seen = {f: {getattr(s, f) for s in a} for f in ("layout", "W", "R", "bank_dtype", "idx_dtype", "gate",
                                                    "beta", "read", "write", "contract", "outer", "form",
-                                                   "scale", "decay", "root", "shared")}
+                                                   "scale", "decay", "root", "shared", "number")}
     assert seen["layout"] == {"one", "batched", "heads", "flat", "flat_global"}
     assert seen["W"] == {1, 2, 3} and seen["R"] == {1, 2}
     assert seen["write"] == {"index_put", "setitem", "index_copy", "scatter", "index_add", "scatter_add",
@@ -73,6 +73,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
     assert seen["decay"] == {"exp", "sigmoid"}
     assert seen["root"] == {"input", "view"}
     assert seen["shared"] == {False, True}
+    assert seen["number"] == {False, True}
 
 
 @pytest.mark.parametrize("seed,root", [(11, "input"), (12, "view")])
