@@ -370,6 +370,17 @@ def p_sigmoid_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):   # g = logsigmo
     return torch.stack(outs), M
 
 
+def p_constant_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """A decay by a number on top of the gate: ``rows * exp(g) * 0.9`` (g + log 0.9)."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        dec = M[k_idx[t]] * torch.exp(g[t])[:, None] * 0.9
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        M = M.index_put((k_idx[t],), dec + k_val[t][:, None] * delta[None, :])
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
 def n_tanh_decay(M, k_idx, k_val, v, beta, g, q_idx, q_val):    # a decay that can be < 0
     M = M.clone()
     outs = []
@@ -496,6 +507,19 @@ def p_batched_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return torch.stack(outs, 1), M
 
 
+def p_expanded_arange(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The batch index spelled ``arange(B)[:, None].expand(B, W)``, once for every token."""
+    bw = torch.arange(M.shape[0])[:, None].expand(-1, k_idx.shape[-1])
+    br = torch.arange(M.shape[0])[:, None].expand(-1, q_idx.shape[-1])
+    outs = []
+    for t in range(k_idx.shape[1]):
+        dec = M[bw, k_idx[:, t]] * torch.exp(g[:, t])[..., None]
+        delta = beta[:, t, None] * (v[:, t] - torch.einsum("bw,bwd->bd", k_val[:, t], dec))
+        M = M.index_put((bw, k_idx[:, t]), dec + k_val[:, t, :, None] * delta[:, None, :])
+        outs.append(torch.einsum("br,brd->bd", q_val[:, t], M[br, q_idx[:, t]]))
+    return torch.stack(outs, 1), M
+
+
 def p_flat_offsets(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     """A flat bank with per-stream row offsets, gather/scatter along rows."""
     off = (torch.arange(k_idx.shape[0]) * (M.shape[0] // k_idx.shape[0]))[:, None]
@@ -589,7 +613,7 @@ def p_view_of_bigger_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
 POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
              p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
              p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop, p_sigmoid_decay,
-             p_view_of_bigger_bank]
+             p_view_of_bigger_bank, p_constant_decay]
 # ============================================================================ streams along two dims
 
 H = 3
@@ -704,7 +728,7 @@ def n_shared_rows_mixed(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return _shared_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, mix=lambda r: r.flip(0))
 
 
-BATCHED = [p_batched_bank, p_flat_offsets, p_heads_bank, p_shared_rows]
+BATCHED = [p_batched_bank, p_flat_offsets, p_heads_bank, p_shared_rows, p_expanded_arange]
 BATCHED_NEAR_MISSES = [n_streams_mixed, n_streams_summed_reading, n_heads_mixed, n_heads_summed_reading,
                        n_base_read_in_loop, n_shared_rows_mixed]
 
