@@ -66,12 +66,8 @@ def test_near_miss_left_alone_and_equal(fn):
     _close(out, fn(**d), torch.float32)
 
 
-@pytest.mark.parametrize("fn", C.BATCHED, ids=lambda f: f.__name__)
-def test_streams_batched_in_each_step(fn):
-    """B streams per step: a [B, S, hd] bank indexed per batch, a flat bank with offsets,
-    a [B, H, S, hd] bank indexed per batch and head. Gradients too (the op's backward
-    through the stream layout)."""
-    d = C.inputs_for(fn, seed=17, requires_grad=True)
+def _rewritten_like_eager_with_gradients(fn, d, chains: int):
+    """``fn`` rewritten into ``chains`` ops gives eager's outputs and gradients."""
     out = fn(**d)
     (out[0].sin().sum() + out[1].pow(2).sum()).backward()
     ref_out = tuple(o.detach() for o in out)
@@ -80,31 +76,26 @@ def test_streams_batched_in_each_step(fn):
         t.grad = None
     compiled, report = rewrite_compile(fn)
     out = compiled(**d)
-    assert len(report.rewritten) == 1, str(report)
+    assert len(report.rewritten) == chains, str(report)
     _close(out, ref_out, torch.float32)
     (out[0].sin().sum() + out[1].pow(2).sum()).backward()
     for k in ref:
         torch.testing.assert_close(d[k].grad, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize("fn", C.BATCHED, ids=lambda f: f.__name__)
+def test_streams_batched_in_each_step(fn):
+    """B streams per step: a [B, S, hd] bank indexed per batch, a flat bank with offsets,
+    a [B, H, S, hd] bank indexed per batch and head, slots shared by the streams.
+    Gradients too (the op's backward through the stream layout)."""
+    _rewritten_like_eager_with_gradients(fn, C.inputs_for(fn, seed=17, requires_grad=True), 1)
 
 
 def test_per_stream_loops_over_views_written_in_place():
     """``Mb = M[b]`` written in place, one loop per stream: each loop is an op on the view,
     and the base ``M`` returned holds every stream's final rows. Gradients too."""
-    fn = C.p_stream_views_in_place
     d = C.inputs_batched(seed=23, requires_grad=True)
-    out = fn(**d)
-    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
-    ref_out = tuple(o.detach() for o in out)
-    ref = {k: t.grad.clone() for k, t in d.items() if t.grad is not None}
-    for t in d.values():
-        t.grad = None
-    compiled, report = rewrite_compile(fn)
-    out = compiled(**d)
-    assert len(report.rewritten) == d["M"].shape[0], str(report)
-    _close(out, ref_out, torch.float32)
-    (out[0].sin().sum() + out[1].pow(2).sum()).backward()
-    for k in ref:
-        torch.testing.assert_close(d[k].grad, ref[k], atol=1e-5, rtol=1e-4, msg=k)
+    _rewritten_like_eager_with_gradients(C.p_stream_views_in_place, d, d["M"].shape[0])
 
 
 @pytest.mark.parametrize("fn", C.BATCHED_NEAR_MISSES, ids=lambda f: f.__name__)
