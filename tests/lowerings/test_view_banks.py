@@ -14,13 +14,19 @@ import sdm_inductor
 from sdm_inductor.testing import make_inputs
 
 N, HD = 32, 8
+# (on CUDA under torch.compile the op is an extern call too, where the fix acts)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(scope="module")
-def streams():
+@pytest.fixture(scope="module", params=DEVICES)
+def streams(request):
     torch.manual_seed(0)
     _, *rest = make_inputs(P=1, T=6, hd=HD, slots_per_stream=N)
-    return tuple(rest)
+    return tuple(x.to(request.param) for x in rest)
+
+
+def _randn(streams, *shape):
+    return torch.randn(*shape, device=streams[0].device)
 
 
 def _compare(fn, *args, dynamic=False):
@@ -33,19 +39,19 @@ def _compare(fn, *args, dynamic=False):
 
 @pytest.mark.compile
 def test_functional_op_on_a_view_of_an_input(streams):
-    _compare(lambda big: sdm_inductor.write_read(big[1], *streams), torch.randn(3, N, HD))
+    _compare(lambda big: sdm_inductor.write_read(big[1], *streams), _randn(streams, 3, N, HD))
 
 
 @pytest.mark.compile
 def test_functional_op_on_a_view_of_a_tensor_used_again(streams):
-    w = torch.randn(HD, HD)
+    w = _randn(streams, HD, HD)
 
     def fn(big):
         t = big @ w                      # a realized buffer, read again after the op
         readings, final = sdm_inductor.write_read(t[1], *streams)
         return readings, final, t.sum(0)
 
-    _compare(fn, torch.randn(3, N, HD))
+    _compare(fn, _randn(streams, 3, N, HD))
 
 
 @pytest.mark.compile
@@ -56,7 +62,7 @@ def test_in_place_api_on_a_clone_of_a_view(streams):
         memory = big[2].clone()
         return sdm_inductor.sdm_write_read(memory, *flat), memory
 
-    _compare(fn, torch.randn(3, N, HD))
+    _compare(fn, _randn(streams, 3, N, HD))
 
 
 @pytest.mark.compile
@@ -67,7 +73,7 @@ def test_in_place_api_on_a_view_at_a_symbolic_offset(streams):
         readings = sdm_inductor.sdm_write_read(big[1], *flat)
         return readings, big             # the input, advanced in place at rows [N, 2N)
 
-    _compare(fn, torch.randn(3, N, HD), dynamic=True)
+    _compare(fn, _randn(streams, 3, N, HD), dynamic=True)
 
 
 @pytest.mark.compile
@@ -76,7 +82,8 @@ def test_gradients_through_a_row_slice(streams):
         return sdm_inductor.write_read(flat_bank[N:2 * N], *streams)
 
     def grads(f):
-        b = torch.randn(3 * N, HD, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        b = torch.randn(3 * N, HD, generator=torch.Generator().manual_seed(1)).to(
+            streams[0].device).requires_grad_(True)
         readings, final = f(b)
         (readings.square().sum() + final.square().sum()).backward()
         return readings.detach(), final.detach(), b.grad
@@ -94,6 +101,7 @@ def test_rewritten_loops_over_the_banks_of_a_stack(streams):
     q_idx = torch.rand(H, T, N).topk(4).indices
     args = (torch.randn(H, N, HD), k_idx, torch.rand(H, T, 4), torch.randn(H, T, HD),
             torch.rand(H, T), -torch.rand(H, T, 4), q_idx, torch.rand(H, T, 4))
+    args = tuple(x.to(streams[0].device) for x in args)
 
     def loops(M, k_idx, k_val, v, beta, g, q_idx, q_val):
         banks, outs = list(M.unbind(0)), []
