@@ -640,46 +640,37 @@ def inputs_heads(T=T, seed=0, requires_grad=False):
     return d
 
 
-def _heads_step(M, t, k_idx, k_val, v, beta, g, mix=lambda r: r):
+def _heads_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, mix=lambda r: r, summed=False):
+    """The token loop on a [B, H, S, hd] bank indexed per batch and head; ``mix`` is applied
+    to each retrieval, ``summed`` reads one sum over the heads per batch element."""
+    M = M.clone()
     b = torch.arange(M.shape[0])[:, None, None]
     h = torch.arange(M.shape[1])[None, :, None]
-    dec = M[b, h, k_idx[:, :, t]] * torch.exp(g[:, :, t])[..., None]
-    ret = mix(torch.einsum("bhw,bhwd->bhd", k_val[:, :, t], dec))
-    delta = beta[:, :, t, None] * (v[:, :, t] - ret)
-    return b, h, dec + k_val[:, :, t, :, None] * delta[:, :, None, :]
+    outs = []
+    for t in range(k_idx.shape[2]):
+        dec = M[b, h, k_idx[:, :, t]] * torch.exp(g[:, :, t])[..., None]
+        ret = mix(torch.einsum("bhw,bhwd->bhd", k_val[:, :, t], dec))
+        delta = beta[:, :, t, None] * (v[:, :, t] - ret)
+        M[b, h, k_idx[:, :, t]] = dec + k_val[:, :, t, :, None] * delta[:, :, None, :]
+        rows = M[b, h, q_idx[:, :, t]]
+        outs.append(torch.einsum("bhr,bhrd->bd", q_val[:, :, t], rows) if summed else
+                    (q_val[:, :, t, :, None] * rows).sum(2))
+    return torch.stack(outs, 1 if summed else 2), M
 
 
 def p_heads_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     """A [B, H, S, hd] bank indexed per batch and head: M[b, h, idx[:, :, t]]."""
-    M = M.clone()
-    outs = []
-    for t in range(k_idx.shape[2]):
-        b, h, new = _heads_step(M, t, k_idx, k_val, v, beta, g)
-        M[b, h, k_idx[:, :, t]] = new
-        outs.append((q_val[:, :, t, :, None] * M[b, h, q_idx[:, :, t]]).sum(2))
-    return torch.stack(outs, 2), M
+    return _heads_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val)
 
 
 def n_heads_mixed(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     """Each head retrieves what the next head's rows hold (a roll over the heads)."""
-    M = M.clone()
-    outs = []
-    for t in range(k_idx.shape[2]):
-        b, h, new = _heads_step(M, t, k_idx, k_val, v, beta, g, mix=lambda r: r.roll(1, 1))
-        M[b, h, k_idx[:, :, t]] = new
-        outs.append((q_val[:, :, t, :, None] * M[b, h, q_idx[:, :, t]]).sum(2))
-    return torch.stack(outs, 2), M
+    return _heads_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, mix=lambda r: r.roll(1, 1))
 
 
 def n_heads_summed_reading(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     """The reading sums over the heads (one reading per batch element)."""
-    M = M.clone()
-    outs = []
-    for t in range(k_idx.shape[2]):
-        b, h, new = _heads_step(M, t, k_idx, k_val, v, beta, g)
-        M[b, h, k_idx[:, :, t]] = new
-        outs.append(torch.einsum("bhr,bhrd->bd", q_val[:, :, t], M[b, h, q_idx[:, :, t]]))
-    return torch.stack(outs, 1), M
+    return _heads_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, summed=True)
 
 
 def _views_loop(M, k_idx, k_val, v, beta, g, q_idx, q_val, peek=False):
