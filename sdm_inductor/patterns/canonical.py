@@ -189,9 +189,8 @@ def match_write(vals: Sym, bank_id: int, version: int, idx: Atom, stream_dims: t
         if per_write and _ms(cparts["u"]) == _ms(_relabel(k, "w", "u")):
             raise Reject("the retrieval reads the rows before their decay (spec: retrieve from decayed rows)")
         raise Reject("the retrieval uses other weights or gates than the write")
-    # numbers on the value and on the retrieval differ (beta * (2 v - r)): the retrieval's is
-    # the strength's, the ratio goes to the value (exact for any nonzero ratio)
-    # the retrieval reads the decayed rows: its number is the strength's times the decay's
+    # the retrieval's number is the strength's times the decay's (it reads the decayed
+    # rows); where the value's differs (beta * (2 v - r)) the ratio goes to the value
     strength = -c.coef / a
     return WriteRoles(idx, k, gate, beta, strength, v, W, hd, streams=streams,
                       v_coef=_ratio(b.coef, strength), stream_shape=sshape, decay_coef=a)

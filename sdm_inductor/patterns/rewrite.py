@@ -299,14 +299,29 @@ def check_chain(an: Analysis, chain: Chain):
     Rs = {st.read.R for st in chain.steps if st.read is not None}
     if len(Rs) > 1:
         raise Reject("tokens read different numbers of slots")
-    if any(rec.inplace for rec in chain.bank.writes.values()):
-        _no_other_view_of_the_bank(an, chain)
+    _no_other_view_of_the_bank(an, chain)
     proofs = {"one write slot per token" if st.write.W == 1 else proof(st.write.k_idx.node)
               for st in chain.steps}
     chain.distinct = None if None in proofs else sorted(proofs)[0]
     if chain.distinct is None and config.assume_distinct_write_slots:
         chain.distinct = "assumed (assume_distinct_write_slots)"
     return plan_insertion(an, chain)
+
+
+def _on_its_memory(an: Analysis, chain: Chain):
+    """For a bank written in place: (graph order, its last write's position, the nodes
+    other than the loop's whose tensors share the bank's memory), or None."""
+    if not any(rec.inplace for rec in chain.bank.writes.values()):
+        return None
+    mem = an._storage(chain.bank.root)
+    if mem is None:
+        return None
+    order = {n: i for i, n in enumerate(an.graph.nodes)}
+    last = max(order[rec.node] for rec in chain.bank.writes.values())
+    ours = set(chain.nodes) | {chain.bank.root}
+    sharers = [n for n in an.graph.nodes if n not in ours and n.op != "output"
+               and (st := an._storage(n)) is not None and st.cdata == mem.cdata]
+    return order, last, sharers
 
 
 def _no_other_view_of_the_bank(an: Analysis, chain: Chain):
@@ -317,20 +332,13 @@ def _no_other_view_of_the_bank(an: Analysis, chain: Chain):
     loop's own reads of it, is taken or used while the loop runs (from its first access
     of the bank to its last write). Uses before the loop see the first state in both
     programs, and the op goes in front of uses after it (``_after_the_loop_on_its_memory``)."""
-    root = chain.bank.root
-    mem = an._storage(root)
-    if mem is None:
+    found = _on_its_memory(an, chain)
+    if found is None:
         return
-    order = {n: i for i, n in enumerate(an.graph.nodes)}
-    last = max(order[rec.node] for rec in chain.bank.writes.values())
+    order, last, sharers = found
+    root = chain.bank.root
     first = min(order[n] for n in chain.nodes if n is not root)
-    ours = set(chain.nodes) | {root}
-    for n in an.graph.nodes:
-        if order[n] > last:
-            break
-        other = an._storage(n) if n not in ours else None
-        if other is None or other.cdata != mem.cdata:
-            continue
+    for n in sharers:
         # (the bank may be a view of ``n``: taking it is not a read)
         if any(first <= p <= last for p in [order[n]] + [order[u] for u in n.users if u is not root]):
             raise Reject(f"{an.fe.describe(n)} shares memory with the bank written in place "
@@ -341,21 +349,13 @@ def _after_the_loop_on_its_memory(an: Analysis, chain: Chain) -> list:
     """Nodes after the loop's last in-place write that touch the bank's memory through
     another tensor (the base of a bank that is a view, other views of it): they must see
     the final bank, so the op goes in front of them."""
-    if not any(rec.inplace for rec in chain.bank.writes.values()):
+    found = _on_its_memory(an, chain)
+    if found is None:
         return []
-    mem = an._storage(chain.bank.root)
-    if mem is None:
-        return []
-    order = {n: i for i, n in enumerate(an.graph.nodes)}
-    last = max(order[rec.node] for rec in chain.bank.writes.values())
+    order, last, sharers = found
     ours = set(chain.nodes) | {chain.bank.root}
     out = []
-    for n in an.graph.nodes:
-        if n in ours or n.op == "output":
-            continue
-        other = an._storage(n)
-        if other is None or other.cdata != mem.cdata:
-            continue
+    for n in sharers:
         out += [n] if order[n] > last else [u for u in n.users if order[u] > last and u not in ours]
     return out
 
@@ -522,7 +522,7 @@ def _stacked_roles(em: Emitter, chain: Chain):
         g = em.log_decay(g, gt.atom.exp_of.decay)
         if log_a != 0.0:
             g = em.add(g, log_a)
-        return flat(em.expand(g, [sz[lt] for lt in S] + [G]), (G,)) if several else em.expand(g, (P, G))
+        return flat(em.expand(g, [sz[lt] for lt in S] + [G]), (G,))
 
     roles = dict(
         k_idx=index([st.write.k_idx for st in steps], W),
