@@ -3,7 +3,7 @@
 Inductor drops a clone of such a view as a no-op (it compares sizes and strides, not
 offsets) and then copies the rows at offset 0 for the op: without
 ``lowerings.offset_views`` and the in-place rule's symbolic-offset path every case below
-computed on another bank's rows (errors of 3 to 1e38), with no error raised.
+computes on another bank's rows (errors of 3 to 1e38), with no error raised.
 """
 from __future__ import annotations
 

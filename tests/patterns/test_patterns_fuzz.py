@@ -79,7 +79,7 @@ def test_generator_is_reproducible_and_covers_the_grammar():
 @pytest.mark.parametrize("seed,root", [(11, "input"), (12, "view")])
 def test_generated_programs_through_inductor(seed, root):
     """A few programs through the full torch.compile (the passes installed by import); one
-    whose bank is a view at a storage offset (Inductor once copied other rows for it)."""
+    whose bank is a view at a storage offset (torch bugs: ``lowerings/offset_views.py``)."""
     spec = next(s for s in FP.programs(40, seed=seed)
                 if s.mutation is None and s.form == "unrolled" and s.root == root)
     outcome = FC.check(spec, runner=FC.inductor_run)
