@@ -135,6 +135,9 @@ def step_specs(C: int, bank: str, prec: str, save: bool) -> dict:
 def main(dtype="bf16"):
     bank = "*bf16" if dtype == "bf16" else "*fp32"
     f32, i32, i64 = "*fp32", "*i32", "*i64"
+
+    def cap(maxnreg):   # the queue walks' register caps reach 2-byte banks only (register_cap)
+        return maxnreg if dtype == "bf16" else None
     W, R, C = 64, 64, 64
     for gated in (False, True):   # gated: beta and g from the raw projections (bf16)
         compile_one(entries._prep_kernel,
@@ -204,7 +207,7 @@ def main(dtype="bf16"):
                          KW=CFG["KW_STEP"], SAVE=CC != 64, PREC="tf32",
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
                          KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"]),
-                    num_warps=CFG["WARPS_QUEUE"])
+                    num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE"]))
         compile_one(queue_reverse._queue_reverse_kernel,
                     dict(dB_ptr=bank, fin_ptr=bank, log_ptr=bank, scale_ptr=f32, src_ptr=i32,
                          slot_ptr=i32, ev_ptr=f32, coef_ptr=f32, v_ptr=bank, X_ptr=f32,
@@ -219,7 +222,7 @@ def main(dtype="bf16"):
                          TB=min(CFG["TB_QUEUE_B"], CC),
                          BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                          KT=CFG["QUEUE_TOKENS_B"], PREC="tf32", LINE=queue_walk.LINE),
-                    num_warps=CFG["WARPS_QUEUE"])
+                    num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE_B"]))
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
                          v_ptr=bank, beta_ptr=f32, out_ptr=bank, run_slot_ptr=i32,

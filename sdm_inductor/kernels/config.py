@@ -65,6 +65,10 @@ CONFIG = dict(
     # programs per SM; 32 x 32 needs 208 and is 14 % slower at A and B, 16 x 16 8 %)
     QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_GATHER_ENTRIES=2,
     QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=4, MB_QUEUE_B=32, TB_QUEUE_B=16,
+    # Register caps of the forward and reverse queue walks (each kind of item a non-inlined
+    # function, so a cap binds the largest one), 2-byte banks only (``register_cap``): 168
+    # and 128 compile without spills and fit 3 and 4 programs per SM; 0: no cap
+    MAXNREG_QUEUE=168, MAXNREG_QUEUE_B=128,
     # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE

@@ -198,3 +198,30 @@ def test_queue_walk_refuses_more_items_than_its_int32_tickets():
     pl.NC = 2 ** 26 - 1   # 2**31 - 32 items: past the check (the launch then needs a plan)
     with pytest.raises(AttributeError, match="runs"):
         queue_walk(bank, pl, None, None, None, False, host.CONFIG, "tf32")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_traced_queue_walks_carry_their_register_caps(dtype):
+    """A traced queue walk's register cap is its launch's one autotune ``Config``, which
+    Inductor's output code compiles with (a ``maxnreg`` launch argument would not reach it):
+    2-byte banks take ``MAXNREG_QUEUE`` / ``MAXNREG_QUEUE_B``, fp32 banks no cap."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    def caps(fn, args):
+        gm = make_fx(fn, tracing_mode="symbolic")(*args)
+        found = {}
+        for n in gm.graph.nodes:
+            if "triton_kernel_wrapper" in str(n.target):
+                k = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
+                found[k.fn.__name__] = {c.maxnreg for c in getattr(k, "configs", [None]) if c}
+        return found
+
+    def cast(args, at):   # the tensors at these positions (banks, values, gradients) in dtype
+        return tuple(a.to(dtype) if i in at else a for i, a in enumerate(args))
+
+    bf16 = dtype == torch.bfloat16
+    fwd = caps(_forward, cast(_wide_inputs(37), (0, 3)))["_queue_walk_kernel"]
+    # dy, dM, the final bank, the undo log, then the forward's inputs (v at 7)
+    bwd = caps(_backward, cast(_wide_backward_args(37), (0, 1, 2, 3, 7)))["_queue_reverse_kernel"]
+    assert fwd == ({host.CONFIG["MAXNREG_QUEUE"]} if bf16 else {None}), fwd
+    assert bwd == ({host.CONFIG["MAXNREG_QUEUE_B"]} if bf16 else {None}), bwd

@@ -39,8 +39,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ..common.tiles import _token_program_at
-from ..forward.queue_walk import LINE, _await_count, _finish, _programs
-from ..runtime.launch import launch, pow2
+from ..forward.queue_walk import LINE, _await_count, _finish, _programs, register_cap
+from ..runtime.launch import launch_capped, pow2
 from .step_walk import (_dev_program, _dw_token, _group_program, _mix1_blocks, _mix2_blocks,
                         _vmr_token, group_args, partial_buffers, window_sums)
 
@@ -221,11 +221,12 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     parts, sums = partial_buffers(P, NC, P * NC, C, W, E, NCB * (BD // BDG), NCB,
                                   NCB * (BD // MB), dB.device)
     sync = torch.zeros((1 + 6 * P * NCB) * LINE, dtype=torch.int32, device=dB.device)
-    launch(_queue_reverse_kernel, (_programs(dB.device, config),), dB, final, log, scales,
-           sources, pl.slot, pl.ev, pl.coef, v, pl.X, pl.QK, pl.beta, dy, vmr, delta, ddelta, dr,
-           dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"], parts["ev"],
-           *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R, BD=BD, WP=pow2(W),
-           RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG, KW=config["KW_GROUP"],
-           KT=KT, PREC=prec, LINE=LINE, num_warps=config["WARPS_QUEUE"], num_stages=1)
+    launch_capped(_queue_reverse_kernel, (_programs(dB.device, config),), config["WARPS_QUEUE"],
+                  register_cap(dB, config["MAXNREG_QUEUE_B"]), dB, final, log, scales, sources,
+                  pl.slot, pl.ev, pl.coef, v, pl.X, pl.QK, pl.beta, dy, vmr, delta, ddelta, dr,
+                  dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"],
+                  parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R,
+                  BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
+                  KW=config["KW_GROUP"], KT=KT, PREC=prec, LINE=LINE)
     window_sums(parts, sums, 0, NC, NC, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}

@@ -43,7 +43,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..common.tiles import _write_head, _write_tile
-from ..runtime.launch import launch, pow2
+from ..runtime.launch import launch_capped, pow2
 from .step_walk import _mix_block, step_buffers
 
 # counters sit one 128-byte line apart (``LINE`` int32s): polls of one group's count do
@@ -92,7 +92,13 @@ def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, E: tl.constex
     return tl.sum(acc, axis=1)
 
 
-@triton.jit
+# Each kind of item is its own function (not inlined), so the launch's register cap
+# (MAXNREG_QUEUE) binds the largest item alone: inlined, the persistent loop keeps all three
+# kinds' values live and needs 255 registers; non-inlined and capped at 168, bf16 compiles
+# without spills and fits 3 programs per SM.
+
+
+@triton.jit(noinline=True)
 def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, wdone_ptr, c, p, cb,
                  i0, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                  BD: tl.constexpr, CP: tl.constexpr, KG: tl.constexpr, ES: tl.constexpr):
@@ -115,7 +121,7 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, wdon
     tl.store(i_ptr + buf, inter, mask=cm[None, :])
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
                 run_coef_ptr, log_ptr, mdone_ptr, c, p, cb, j0, P, hd, NC, NM,
                 C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
@@ -140,6 +146,17 @@ def _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_t
                     cols, cols < hd, sc, hd, log_ptr, lb, NG, KW, BD, SAVE, hd)
         sl, ln, dec, tk, cf = sl_n, ln_n, dec_n, tk_n, cf_n
         f0 += NG
+
+
+@triton.jit(noinline=True)
+def _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, c0,
+              C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+              PREC: tl.constexpr):
+    """The products of token block ``t0``, columns ``[c0, c0 + MB)`` (a non-inlined
+    function takes scalars only: the columns are made here)."""
+    cols = c0 + tl.arange(0, MB)
+    _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
+               cols < hd, C, MB, TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
@@ -183,10 +200,9 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
                          BD, CP, KG, ES)
             _finish(gdone + g * LINE)
         elif kind == 1:
-            cols = (g % NCB) * BD + (j % NMS) * MB + tl.arange(0, MB)
             _await_count(gdone + g * LINE, (c + 1) * NGB)         # chunk c's u, inter
-            _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, p * NC + c, p, c, T, hd,
-                       (j // NMS) * TB, cols, cols < hd, C, MB, TB, CP, PREC)
+            _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, p * NC + c, p, c, T, hd,
+                      (j // NMS) * TB, (g % NCB) * BD + (j % NMS) * MB, C, MB, TB, CP, PREC)
             _finish(mdone + g * LINE)
         else:
             _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
@@ -194,6 +210,12 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
                         j * KT, P, hd, NC, NMI, C, W, BD, NG, KW, CP, SAVE, KT)
             _finish(wdone + g * LINE)
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+
+
+def register_cap(bank: Tensor, cap: int) -> int:
+    """A queue walk's register cap (``CONFIG``'s ``MAXNREG_QUEUE*``) for ``bank``'s dtype:
+    2-byte banks compile without spills under it; fp32 banks spill and run uncapped."""
+    return cap if bank.element_size() == 2 else 0
 
 
 def _programs(device: torch.device, config: dict) -> int:
@@ -224,8 +246,9 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                  f"chunk times {NC} chunks exceed its int32 tickets: split the sequence")
     sync = torch.zeros((1 + 3 * P * NCB) * LINE, dtype=torch.int32, device=bank.device)
     ru = pl.runs
-    launch(_queue_walk_kernel, (_programs(bank.device, config),), bank, pl.slot, pl.ev, v,
-           pl.beta, pl.X, pl.QKX, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
-           delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W, R=R, BD=BD, CP=CP, TB=TB, MB=MB,
-           NG=NG, KW=config["KW_STEP"], SAVE=save, PREC=prec, LINE=LINE, KG=KG, KT=KT,
-           ES=config["QUEUE_GATHER_ENTRIES"], num_warps=config["WARPS_QUEUE"], num_stages=1)
+    launch_capped(_queue_walk_kernel, (_programs(bank.device, config),), config["WARPS_QUEUE"],
+                  register_cap(bank, config["MAXNREG_QUEUE"]), bank, pl.slot, pl.ev, v, pl.beta,
+                  pl.X, pl.QKX, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
+                  delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W, R=R, BD=BD, CP=CP, TB=TB,
+                  MB=MB, NG=NG, KW=config["KW_STEP"], SAVE=save, PREC=prec, LINE=LINE, KG=KG,
+                  KT=KT, ES=config["QUEUE_GATHER_ENTRIES"])

@@ -97,6 +97,24 @@ def launch(kernel, grid, *args, **meta):
         kernel[grid](*args, **meta)
 
 
+@functools.cache
+def capped(kernel: JITFunction, num_warps: int, maxnreg: int) -> Autotuner:
+    """``kernel`` launched in ``num_warps`` warps under a cap of ``maxnreg`` registers per
+    thread: a one-config ``triton.autotune`` (nothing to tune). Its ``Config`` is how a cap
+    reaches Inductor's output code and AOTInductor packages; a ``maxnreg`` launch argument
+    would not pass through ``wrap_triton``."""
+    cfg = triton.Config({}, num_warps=num_warps, num_stages=1, maxnreg=maxnreg)
+    return triton.autotune([cfg], key=[])(kernel)
+
+
+def launch_capped(kernel, grid, num_warps: int, maxnreg: int, *args, **meta):
+    """``launch`` in ``num_warps`` warps, under ``maxnreg`` registers (0: no cap)."""
+    if maxnreg and isinstance(kernel, JITFunction):
+        launch(capped(kernel, num_warps, maxnreg), grid, *args, **meta)
+    else:
+        launch(kernel, grid, *args, num_warps=num_warps, num_stages=1, **meta)
+
+
 def direct_launches(fn):
     """Run ``fn`` (an eager implementation, called with real tensors) with
     ``wrap_triton`` switched off, as ``triton_op`` does for its own eager calls: every
