@@ -314,8 +314,9 @@ def case_queue_walk():
     dy = torch.randn(ins.v.shape, generator=gen)
     dM = torch.randn(ins.bank.shape, generator=gen)
     # groups of 32 columns: dB and d ev items over two column blocks; two inline dB members
+    # dB items of 3 tiles (the last one partial)
     host.CONFIG.update(BD_STEP_B=32, MB_MIX_B_WIDE=16, TB_MIX_B_WIDE=16, MB_QUEUE_B=16,
-                       TB_QUEUE_B=16, KW_GROUP=2)
+                       TB_QUEUE_B=16, KW_GROUP=2, QUEUE_DB_TILES=3)
     for walk in ("queue", "step"):
         host.CONFIG["WALK"] = walk
         bank = ins.bank.clone()

@@ -129,13 +129,14 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                           BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           BDG: tl.constexpr, NG: tl.constexpr,
-                          KW: tl.constexpr, KT: tl.constexpr, PREC: tl.constexpr,
-                          LINE: tl.constexpr):
+                          KW: tl.constexpr, KT: tl.constexpr, KB: tl.constexpr,
+                          PREC: tl.constexpr, LINE: tl.constexpr):
     E: tl.constexpr = W + R
     NTI: tl.constexpr = C // KT                 # token items (gather, dw, dev) a group and chunk
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # product items
     NGT: tl.constexpr = (C * E + NG - 1) // NG  # dB tiles
+    NDI: tl.constexpr = (NGT + KB - 1) // KB    # dB items (KB tiles each)
     G = P * NCB
     NB = P * NC                                 # partial-sum rows per column block
     n_tok = G * NTI
@@ -145,7 +146,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     b3 = b2 + n_tok
     b4 = b3 + n_mix
     b5 = b4 + n_tok
-    per_chunk = b5 + G * NGT
+    per_chunk = b5 + G * NDI
     total = NC * per_chunk
     cnt = sync_ptr + LINE                       # kind k's count of group g: cnt[(k * G + g) * LINE]
     t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
@@ -172,7 +173,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                        hd, C, BD, MB, TB, CP, PREC)
         elif kind == 2:
             _await_count(cnt + (G + g) * LINE, (k + 1) * NMI)
-            _await_count(cnt + (5 * G + g) * LINE, k * NGT)
+            _await_count(cnt + (5 * G + g) * LINE, k * NDI)
             _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
                      dd_ptr, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C, W, R, BD, WP, CP,
                      KT)
@@ -187,9 +188,12 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                       cb, j, c, T, hd, width, NC, NB, C, W, R, BD, BDG, WP, RP, CP, KT)
         else:
             _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
-            _group_program(p * NGT + j, cb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr,
-                           g_pos_ptr, g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr,
-                           c, T, hd, NC, C, E, BDG, NG, KW, CP, 0, BD // BDG, "")
+            for u in range(KB):
+                if j * KB + u < NGT:
+                    _group_program(p * NGT + j * KB + u, cb, dB_ptr, g_slot_ptr, g_len_ptr,
+                                   g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr,
+                                   g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC, C, E,
+                                   BDG, NG, KW, CP, 0, BD // BDG, "")
         _finish(cnt + (kind * G + g) * LINE)
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
 
@@ -211,8 +215,8 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     MB, TB = min(config["MB_QUEUE_B"], BD), min(config["TB_QUEUE_B"], CP)
     NCB = -(-hd // BD)
     KT = math.gcd(C, config["QUEUE_TOKENS_B"])
-    NG = config["NG_GROUP"]
-    items = P * NCB * (3 * (C // KT) + 2 * (CP // TB) * (BD // MB) + -(-C * E // NG))
+    NG, KB = config["NG_GROUP"], config["QUEUE_DB_TILES"]
+    items = P * NCB * (3 * (C // KT) + 2 * (CP // TB) * (BD // MB) + -(-C * E // (NG * KB)))
     torch._check(NC * items < 2 ** 31, lambda: f"sdm: the reverse queue walk's {items} items "
                  f"per chunk times {NC} chunks exceed its int32 tickets: split the sequence")
     f32 = dict(dtype=torch.float32, device=dB.device)
@@ -227,6 +231,6 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                   dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"],
                   parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R,
                   BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
-                  KW=config["KW_GROUP"], KT=KT, PREC=prec, LINE=LINE)
+                  KW=config["KW_GROUP"], KT=KT, KB=KB, PREC=prec, LINE=LINE)
     window_sums(parts, sums, 0, NC, NC, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}
