@@ -130,7 +130,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           BDG: tl.constexpr, NG: tl.constexpr,
                           KW: tl.constexpr, KT: tl.constexpr, KB: tl.constexpr,
-                          PREC: tl.constexpr, LINE: tl.constexpr):
+                          PREC: tl.constexpr, LINE: tl.constexpr, ORDER: tl.constexpr):
     E: tl.constexpr = W + R
     NTI: tl.constexpr = C // KT                 # token items (gather, dw, dev) a group and chunk
     NMS: tl.constexpr = BD // MB
@@ -141,46 +141,75 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     NB = P * NC                                 # partial-sum rows per column block
     n_tok = G * NTI
     n_mix = G * NMI
-    b1 = n_tok
-    b2 = b1 + n_mix
-    b3 = b2 + n_tok
-    b4 = b3 + n_mix
-    b5 = b4 + n_tok
-    per_chunk = b5 + G * NDI
-    total = NC * per_chunk
     cnt = sync_ptr + LINE                       # kind k's count of group g: cnt[(k * G + g) * LINE]
+    if ORDER == 0:
+        # step k (chunk NC - 1 - k): gather, mix1, dw, mix2, dev, dB
+        n_pro = 0
+        a1 = n_tok
+        a2 = a1 + n_mix
+        a3 = a2 + n_tok
+        a4 = a3 + n_mix
+        a5 = a4 + n_tok
+    else:
+        # gather and mix1 of step 0 first; then step k: dw(k), gather(k + 1), mix2(k),
+        # mix1(k + 1), dev(k), dB(k): the next chunk's gathers and first products run
+        # beside this chunk's dB items (v - r0, delta, d delta double-buffered by chunk)
+        n_pro = n_tok + n_mix
+        a1 = n_tok
+        a2 = a1 + n_tok
+        a3 = a2 + n_mix
+        a4 = a3 + n_mix
+        a5 = a4 + n_tok
+    per_chunk = a5 + G * NDI
+    total = n_pro + NC * per_chunk
     t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     while t < total:
-        k = t // per_chunk                      # the k-th chunk step: chunk NC - 1 - k
+        if t < n_pro:
+            k = t * 0
+            seg = (t >= n_tok).to(tl.int32)
+            kind = seg
+            q = t - seg * n_tok
+        else:
+            r = (t - n_pro) % per_chunk
+            k = (t - n_pro) // per_chunk
+            seg = ((r >= a1).to(tl.int32) + (r >= a2).to(tl.int32) + (r >= a3).to(tl.int32)
+                   + (r >= a4).to(tl.int32) + (r >= a5).to(tl.int32))
+            q = r - tl.where(seg == 0, 0, tl.where(seg == 1, a1, tl.where(
+                seg == 2, a2, tl.where(seg == 3, a3, tl.where(seg == 4, a4, a5)))))
+            if ORDER == 0:
+                kind = seg
+            else:
+                kind = tl.where(seg == 0, 2, tl.where(seg == 1, 0, tl.where(
+                    seg == 2, 3, tl.where(seg == 3, 1, seg))))
+                k += (kind < 2).to(tl.int32)     # gather and mix1 of the next step
         c = NC - 1 - k
-        r = t % per_chunk
-        kind = ((r >= b1).to(tl.int32) + (r >= b2).to(tl.int32) + (r >= b3).to(tl.int32)
-                + (r >= b4).to(tl.int32) + (r >= b5).to(tl.int32))
-        q = r - tl.where(kind == 0, 0, tl.where(kind == 1, b1, tl.where(
-            kind == 2, b2, tl.where(kind == 3, b3, tl.where(kind == 4, b4, b5)))))
+        # the chunk's v - r0, delta and d delta (ORDER 1: one of two buffers)
+        sb = (c % 2).to(tl.int64) * P * CP * hd * ORDER
         g = q % G                               # the groups interleaved in each kind
         j = q // G
         p = g // NCB
         cb = g % NCB
         b = p * NC + c
-        if kind == 0:
-            _await_count(cnt + (3 * G + g) * LINE, k * NMI)
-            _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr,
+        if k >= NC:
+            pass                                # (ORDER 1: no step after the last)
+        elif kind == 0:
+            _await_count(cnt + (3 * G + g) * LINE, tl.maximum(k - ORDER, 0) * NMI)
+            _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr + sb,
                          p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
         elif kind == 1:
             _await_count(cnt + g * LINE, (k + 1) * NTI)
-            _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, cb, j, c, T,
+            _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + sb, dy_ptr, d_ptr + sb, dd_ptr + sb, p, b, cb, j, c, T,
                        hd, C, BD, MB, TB, CP, PREC)
         elif kind == 2:
             _await_count(cnt + (G + g) * LINE, (k + 1) * NMI)
             _await_count(cnt + (5 * G + g) * LINE, k * NDI)
-            _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr,
-                     dd_ptr, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C, W, R, BD, WP, CP,
+            _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr + sb,
+                     dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C, W, R, BD, WP, CP,
                      KT)
         elif kind == 3:
             _await_count(cnt + (2 * G + g) * LINE, (k + 1) * NTI)
             _await_count(cnt + (4 * G + g) * LINE, k * NTI)
-            _mix2_item(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
+            _mix2_item(X_ptr, beta_ptr, vmr_ptr + sb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
                        pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB, TB, CP, PREC)
         elif kind == 4:
             _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
@@ -194,7 +223,8 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                                    g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr,
                                    g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC, C, E,
                                    BDG, NG, KW, CP, 0, BD // BDG, "")
-        _finish(cnt + (kind * G + g) * LINE)
+        if k < NC:
+            _finish(cnt + (kind * G + g) * LINE)
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
 
 
@@ -217,10 +247,12 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     KT = math.gcd(C, config["QUEUE_TOKENS_B"])
     NG, KB = config["NG_GROUP"], config["QUEUE_DB_TILES"]
     items = P * NCB * (3 * (C // KT) + 2 * (CP // TB) * (BD // MB) + -(-C * E // (NG * KB)))
-    torch._check(NC * items < 2 ** 31, lambda: f"sdm: the reverse queue walk's {items} items "
+    torch._check((NC + 1) * items < 2 ** 31, lambda: f"sdm: the reverse queue walk's {items} items "
                  f"per chunk times {NC} chunks exceed its int32 tickets: split the sequence")
     f32 = dict(dtype=torch.float32, device=dB.device)
-    vmr, delta, ddelta, dr = (torch.empty(P, CP, hd, **f32) for _ in range(4))
+    order = config["QUEUE_B_ORDER"]
+    vmr, delta, ddelta = (torch.empty(1 + order, P, CP, hd, **f32) for _ in range(3))
+    dr = torch.empty(P, CP, hd, **f32)
     # every chunk's row of the partial sums (no windows: one launch)
     parts, sums = partial_buffers(P, NC, P * NC, C, W, E, NCB * (BD // BDG), NCB,
                                   NCB * (BD // MB), dB.device)
@@ -231,6 +263,6 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                   dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"],
                   parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R,
                   BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
-                  KW=config["KW_GROUP"], KT=KT, KB=KB, PREC=prec, LINE=LINE)
+                  KW=config["KW_GROUP"], KT=KT, KB=KB, PREC=prec, LINE=LINE, ORDER=order)
     window_sums(parts, sums, 0, NC, NC, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}
