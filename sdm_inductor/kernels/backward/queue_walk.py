@@ -4,14 +4,14 @@ backward, except the small shapes of ``launch.column_suits`` and fp8 / int4 undo
 
 The backward step walk (``step_walk.py``) runs each chunk step, last chunk first, as five
 launches; here the same programs run as items of one launch, as the forward's queue walk
-(``forward/queue_walk.py``) runs the forward step walk's. Per chunk, in this order:
+(``forward/queue_walk.py``) runs the forward step walk's. Per chunk, six kinds of item:
 
 0. gather (stream, ``KT`` tokens, column block): ``v - r0``;
 1. mix1 (stream, token block, column slice): ``delta = X u`` and ``QK^T dy``;
 2. dw (stream, ``KT`` tokens, column block): ``Dw = dB[written slots]``, ``d delta``;
 3. mix2 (stream, token block, column slice): ``du``, ``dv``, ``d r0`` and partial sums;
 4. dev (stream, ``KT`` tokens, column block): the ``d ev`` partial sums;
-5. dB (stream, tile of groups, column block): the new dB rows of the chunk's slots.
+5. dB (stream, ``KB`` tiles of groups, column block): the new dB rows of the chunk's slots.
 
 The chunk-start rows come from their sources (``sources.py``: the final bank or the undo
 log, both unchanged by the walk), so nothing restores the bank. Everything is separable by
@@ -19,14 +19,20 @@ stream and column, so a *group* (stream, column block of ``BD``) depends only on
 Each group counts its finished items per kind, and an item waits for the counts that say
 what it reads is written and what it overwrites is read:
 
-- gather of chunk c: the products of chunk c + 1 (the last readers of ``v - r0``);
-- mix1: the gathers of c (and so the products of c + 1, readers of ``delta``, ``d delta``);
+- gather of chunk c: the second products of chunk c + 2 (the last readers of its buffer
+  of ``v - r0``: ``v - r0``, ``delta`` and ``d delta`` have one buffer per chunk parity);
+- mix1: the gathers of c (and so the products of c + 2, readers of its ``delta`` and
+  ``d delta`` buffers);
 - dw: mix1 of c, and the dB items of c + 1 (``dB`` at the end of chunk c);
 - mix2: the dw items of c, and the dev items of c + 1 (the last readers of ``d r0``);
 - dev and dB: mix2 of c (its ``d r0``; dw of c has read the dB rows before).
 
 Tickets, counts and their memory order are the forward queue walk's: every wait is for
-smaller tickets, so the walk cannot deadlock. The partial sums hold every chunk (the step
+smaller tickets, so the walk cannot deadlock. Nothing of chunk c - 1's gathers and first
+products needs chunk c's dB, so their tickets come before it: per step, dw(c), gather(c - 1),
+mix2(c), mix1(c - 1), dev(c), dB(c), and they run beside chunk c's last items (with the
+gathers after the dB items, each chunk's gathers waited ~60 us at A for the dB tickets
+before them to drain: docs/performance.md). The partial sums hold every chunk (the step
 walk's hold a window of chunks) and are reduced once after the walk, in a fixed order.
 """
 from __future__ import annotations
@@ -130,7 +136,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           BDG: tl.constexpr, NG: tl.constexpr,
                           KW: tl.constexpr, KT: tl.constexpr, KB: tl.constexpr,
-                          PREC: tl.constexpr, LINE: tl.constexpr, ORDER: tl.constexpr):
+                          PREC: tl.constexpr, LINE: tl.constexpr):
     E: tl.constexpr = W + R
     NTI: tl.constexpr = C // KT                 # token items (gather, dw, dev) a group and chunk
     NMS: tl.constexpr = BD // MB
@@ -142,58 +148,43 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     n_tok = G * NTI
     n_mix = G * NMI
     cnt = sync_ptr + LINE                       # kind k's count of group g: cnt[(k * G + g) * LINE]
-    if ORDER == 0:
-        # step k (chunk NC - 1 - k): gather, mix1, dw, mix2, dev, dB
-        n_pro = 0
-        a1 = n_tok
-        a2 = a1 + n_mix
-        a3 = a2 + n_tok
-        a4 = a3 + n_mix
-        a5 = a4 + n_tok
-    else:
-        # gather and mix1 of step 0 first; then step k: dw(k), gather(k + 1), mix2(k),
-        # mix1(k + 1), dev(k), dB(k): the next chunk's gathers and first products run
-        # beside this chunk's dB items (v - r0, delta, d delta double-buffered by chunk)
-        n_pro = n_tok + n_mix
-        a1 = n_tok
-        a2 = a1 + n_tok
-        a3 = a2 + n_mix
-        a4 = a3 + n_mix
-        a5 = a4 + n_tok
+    # tickets: gather and mix1 of step 0, then per step k (chunk NC - 1 - k) dw(k),
+    # gather(k + 1), mix2(k), mix1(k + 1), dev(k), dB(k)
+    n_pro = n_tok + n_mix
+    a1 = n_tok
+    a2 = a1 + n_tok
+    a3 = a2 + n_mix
+    a4 = a3 + n_mix
+    a5 = a4 + n_tok
     per_chunk = a5 + G * NDI
     total = n_pro + NC * per_chunk
     t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     while t < total:
         if t < n_pro:
             k = t * 0
-            seg = (t >= n_tok).to(tl.int32)
-            kind = seg
-            q = t - seg * n_tok
+            kind = (t >= n_tok).to(tl.int32)
+            q = t - kind * n_tok
         else:
             r = (t - n_pro) % per_chunk
-            k = (t - n_pro) // per_chunk
             seg = ((r >= a1).to(tl.int32) + (r >= a2).to(tl.int32) + (r >= a3).to(tl.int32)
                    + (r >= a4).to(tl.int32) + (r >= a5).to(tl.int32))
             q = r - tl.where(seg == 0, 0, tl.where(seg == 1, a1, tl.where(
                 seg == 2, a2, tl.where(seg == 3, a3, tl.where(seg == 4, a4, a5)))))
-            if ORDER == 0:
-                kind = seg
-            else:
-                kind = tl.where(seg == 0, 2, tl.where(seg == 1, 0, tl.where(
-                    seg == 2, 3, tl.where(seg == 3, 1, seg))))
-                k += (kind < 2).to(tl.int32)     # gather and mix1 of the next step
+            kind = tl.where(seg == 0, 2, tl.where(seg == 1, 0, tl.where(
+                seg == 2, 3, tl.where(seg == 3, 1, seg))))
+            # gather and mix1 items belong to the next step
+            k = (t - n_pro) // per_chunk + (kind < 2).to(tl.int32)
         c = NC - 1 - k
-        # the chunk's v - r0, delta and d delta (ORDER 1: one of two buffers)
-        sb = (c % 2).to(tl.int64) * P * CP * hd * ORDER
+        sb = (c % 2).to(tl.int64) * P * CP * hd   # the chunk's buffer of v - r0, delta, d delta
         g = q % G                               # the groups interleaved in each kind
         j = q // G
         p = g // NCB
         cb = g % NCB
         b = p * NC + c
         if k >= NC:
-            pass                                # (ORDER 1: no step after the last)
+            pass                                # (no step after the last)
         elif kind == 0:
-            _await_count(cnt + (3 * G + g) * LINE, tl.maximum(k - ORDER, 0) * NMI)
+            _await_count(cnt + (3 * G + g) * LINE, tl.maximum(k - 1, 0) * NMI)
             _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr + sb,
                          p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
         elif kind == 1:
@@ -250,8 +241,9 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     torch._check((NC + 1) * items < 2 ** 31, lambda: f"sdm: the reverse queue walk's {items} items "
                  f"per chunk times {NC} chunks exceed its int32 tickets: split the sequence")
     f32 = dict(dtype=torch.float32, device=dB.device)
-    order = config["QUEUE_B_ORDER"]
-    vmr, delta, ddelta = (torch.empty(1 + order, P, CP, hd, **f32) for _ in range(3))
+    # two chunks' buffers of each: the next chunk's gathers and first products run beside
+    # this chunk's dw, second products and dB items
+    vmr, delta, ddelta = (torch.empty(2, P, CP, hd, **f32) for _ in range(3))
     dr = torch.empty(P, CP, hd, **f32)
     # every chunk's row of the partial sums (no windows: one launch)
     parts, sums = partial_buffers(P, NC, P * NC, C, W, E, NCB * (BD // BDG), NCB,
@@ -263,6 +255,6 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                   dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"],
                   parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R,
                   BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
-                  KW=config["KW_GROUP"], KT=KT, KB=KB, PREC=prec, LINE=LINE, ORDER=order)
+                  KW=config["KW_GROUP"], KT=KT, KB=KB, PREC=prec, LINE=LINE)
     window_sums(parts, sums, 0, NC, NC, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}
