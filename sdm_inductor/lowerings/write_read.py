@@ -47,7 +47,7 @@ TRITON_DEVICES = ("cuda",)
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
 # calls the eager implementation, whose step walks are faster than the walks a graph can
 # hold: the queue walk forward takes 1.20-1.24x the step walk's no-grad time at configs A
-# and B, forward + backward with the reverse queue walk 1.5-1.6x (docs/performance.md). "always":
+# and B, forward + backward with the reverse queue walk 1.35-1.41x (docs/performance.md). "always":
 # torch.compile's output code launches them too. SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 
