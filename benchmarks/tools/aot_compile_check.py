@@ -221,7 +221,8 @@ def main(dtype="bf16"):
                          MB=min(CFG["MB_QUEUE_B"], CFG["BD_STEP_B"]),
                          TB=min(CFG["TB_QUEUE_B"], CC),
                          BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
-                         KT=CFG["QUEUE_TOKENS_B"], PREC="tf32", LINE=queue_walk.LINE),
+                         KT=CFG["QUEUE_TOKENS_B"], KB=CFG["QUEUE_DB_TILES"], PREC="tf32",
+                         LINE=queue_walk.LINE),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE_B"]))
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

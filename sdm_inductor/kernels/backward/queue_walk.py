@@ -185,23 +185,24 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
             pass                                # (no step after the last)
         elif kind == 0:
             _await_count(cnt + (3 * G + g) * LINE, tl.maximum(k - 1, 0) * NMI)
-            _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, vmr_ptr + sb,
-                         p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
+            _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
+                         vmr_ptr + sb, p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
         elif kind == 1:
             _await_count(cnt + g * LINE, (k + 1) * NTI)
-            _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + sb, dy_ptr, d_ptr + sb, dd_ptr + sb, p, b, cb, j, c, T,
-                       hd, C, BD, MB, TB, CP, PREC)
+            _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + sb, dy_ptr, d_ptr + sb, dd_ptr + sb, p,
+                       b, cb, j, c, T, hd, C, BD, MB, TB, CP, PREC)
         elif kind == 2:
             _await_count(cnt + (G + g) * LINE, (k + 1) * NMI)
             _await_count(cnt + (5 * G + g) * LINE, k * NDI)
-            _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr + sb,
-                     dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C, W, R, BD, WP, CP,
-                     KT)
+            _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr,
+                     d_ptr + sb, dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C,
+                     W, R, BD, WP, CP, KT)
         elif kind == 3:
             _await_count(cnt + (2 * G + g) * LINE, (k + 1) * NTI)
             _await_count(cnt + (4 * G + g) * LINE, k * NTI)
-            _mix2_item(X_ptr, beta_ptr, vmr_ptr + sb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr, dv_ptr, pqk_ptr,
-                       pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB, TB, CP, PREC)
+            _mix2_item(X_ptr, beta_ptr, vmr_ptr + sb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr,
+                       dv_ptr, pqk_ptr, pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB,
+                       TB, CP, PREC)
         elif kind == 4:
             _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
             _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p,
@@ -238,8 +239,9 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     KT = math.gcd(C, config["QUEUE_TOKENS_B"])
     NG, KB = config["NG_GROUP"], config["QUEUE_DB_TILES"]
     items = P * NCB * (3 * (C // KT) + 2 * (CP // TB) * (BD // MB) + -(-C * E // (NG * KB)))
-    torch._check((NC + 1) * items < 2 ** 31, lambda: f"sdm: the reverse queue walk's {items} items "
-                 f"per chunk times {NC} chunks exceed its int32 tickets: split the sequence")
+    torch._check((NC + 1) * items < 2 ** 31, lambda: f"sdm: the reverse queue walk's {items} "
+                 f"items per chunk times {NC + 1} chunk steps exceed its int32 tickets: split "
+                 "the sequence")
     f32 = dict(dtype=torch.float32, device=dB.device)
     # two chunks' buffers of each: the next chunk's gathers and first products run beside
     # this chunk's dw, second products and dB items
