@@ -136,9 +136,10 @@ def run_config(name, C, bw, quick=False, mode="none"):
     dM = torch.randn_like(bank)
 
     def fwdbwd():
-        y, M, rows, scales = torch.ops.sdm.triton_write_read(bank, *rest, C, mode, True)
+        # nothing handed over: the backward recomputes Phase 1 and v - r0
+        y, M, rows, scales, _ = torch.ops.sdm.triton_write_read(bank, *rest, C, mode, True)
         return torch.ops.sdm.triton_write_read_backward(dy, dM, M, rows, scales, *rest, C, mode,
-                                                        False)
+                                                        False, [])
 
     fb = bench(fwdbwd, rep=200 if quick else 400)
     torch.cuda.synchronize()
@@ -179,7 +180,7 @@ def run_config(name, C, bw, quick=False, mode="none"):
 def autograd_step(ins, dy, dM, C, mode):
     """Forward + backward as training runs it: ``sdm::write_read`` on leaves, then
     ``torch.autograd.backward`` (the forward hands its Phase 1 and ``v - r0`` to the
-    backward, ``host.Kept``). Index checks off (a host sync each; the op-level rows have
+    backward, ``Kept``). Index checks off (a host sync each; the op-level rows have
     none either); the gradients are dropped after each call (no accumulation)."""
     ops.CHECK_INDICES["cuda"] = False
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = ins
@@ -251,9 +252,10 @@ def main():
     ap.add_argument("--configs", default="A,B")
     ap.add_argument("--chunks", default="64,128,256")
     ap.add_argument("--walks", default=host.CONFIG["WALK"],
-                    help="forward walks to compare, e.g. step,queue,column (forward/step_walk.py, "
-                         "queue_walk.py, column_walk.py; the queue and column rows' backward is "
-                         "the reverse column walk)")
+                    help="walks to compare, e.g. step,queue,column (forward/ and backward/ "
+                         "step_walk.py, queue_walk.py; forward/column_walk.py, "
+                         "backward/reverse_walk.py); the autograd column hands Phase 1 and "
+                         "v - r0 to the backward as a compiled graph's emitted kernels do")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=INT",
                     help="override kernels.host.CONFIG entries, e.g. NG_STEP=64 WARPS_STEP_W=8")
     ap.add_argument("--no-extras", action="store_true",

@@ -79,8 +79,9 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
     fg = g.reshape(P * T, -1)
 
     def raw_fb():
-        y, M, r, s = torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True)
-        torch.ops.sdm.triton_write_read_backward(dy, dM, M, r, s, *rest, C, "none", False)
+        # nothing handed over: the backward recomputes Phase 1 and v - r0
+        y, M, r, s, _ = torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True)
+        torch.ops.sdm.triton_write_read_backward(dy, dM, M, r, s, *rest, C, "none", False, [])
 
     def op_fb():
         lb, lk, lvv, lbeta, lg, lq = lv

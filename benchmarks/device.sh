@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/device.sh tests          # every CUDA-marked test (three pytest processes)
 #   bash benchmarks/device.sh bench          # benchmarks/bench_cuda.py (configs A and B)
+#   bash benchmarks/device.sh walks          # the same at C=128, step against queue walks
+#                                            # (the traced path's walks, forward and backward)
 #   bash benchmarks/device.sh floor          # benchmarks/floor_cuda.py (B and A at C=128, B at 256)
 #   bash benchmarks/device.sh user           # benchmarks/bench_user.py (what users call, A and B at C=128)
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
@@ -48,6 +50,9 @@ while [ $# -gt 0 ]; do
       wait ;;
     bench)
       run bench_cuda 560 python3 benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" ;;
+    walks)
+      run bench_walks 400 python3 benchmarks/bench_cuda.py --chunks 128 --walks step,queue \
+        --no-extras --json "$OUT/bench_walks.json" ;;
     floor)
       run floor_128 300 python3 benchmarks/floor_cuda.py --configs B,A
       run floor_256 200 python3 benchmarks/floor_cuda.py --configs B --chunk 256 ;;
@@ -78,6 +83,7 @@ while [ $# -gt 0 ]; do
       grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
-      echo "unknown segment: $seg (tests, bench, floor, user, compile, aoti [N [J]])"; exit 2 ;;
+      echo "unknown segment: $seg (tests, bench, walks, floor, user, compile, aoti [N [J]])"
+      exit 2 ;;
   esac
 done

@@ -21,9 +21,10 @@ Ops (canonical layout of ``reference.py``: ``[P, T, *]`` inputs, global bank row
 
 An eager forward that saves for a backward may also hand its implementation's
 intermediates (CUDA: Phase 1's plan and ``v - r0``) to its own backward through the
-autograd context (``kept.keep_for_backward``), so the backward does not recompute them. That
-is an optimisation only: a backward without them (a traced graph, a direct call of
-``write_read_backward``) recomputes the same values.
+autograd context (``kept.keep_for_backward``), so the backward does not recompute them (a
+traced graph whose kernels are emitted hands them through the graph: ``lowerings``). That
+is an optimisation only: a backward without them (a direct call of ``write_read_backward``)
+recomputes the same values.
 
 Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), CUDA by
 ``sdm_inductor.kernels`` when Triton and a GPU are there.

@@ -201,12 +201,13 @@ def main(dtype="bf16"):
                          X_ptr=f32, QKX_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
                          run_coef_ptr=f32, u_ptr=f32, i_ptr=f32, d_ptr=bank, log_ptr=bank,
-                         sync_ptr=i32),
+                         keep_ptr=f32, sync_ptr=i32),
                     dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], CP=CC,
                          TB=CFG["TB_MIX"], MB=CFG["MB_MIX"], NG=CFG["NG_STEP"],
                          KW=CFG["KW_STEP"], SAVE=CC != 64, PREC="tf32",
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
-                         KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"]),
+                         KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"],
+                         KEEP=CC != 64),   # a training forward keeps v - r0
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE"]))
         compile_one(queue_reverse._queue_reverse_kernel,
                     dict(dB_ptr=bank, fin_ptr=bank, log_ptr=bank, scale_ptr=f32, src_ptr=i32,
@@ -221,8 +222,8 @@ def main(dtype="bf16"):
                          MB=min(CFG["MB_QUEUE_B"], CFG["BD_STEP_B"]),
                          TB=min(CFG["TB_QUEUE_B"], CC),
                          BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
-                         KT=CFG["QUEUE_TOKENS_B"], KB=CFG["QUEUE_DB_TILES"], PREC="tf32",
-                         LINE=queue_walk.LINE),
+                         KT=CFG["QUEUE_TOKENS_B"], KB=CFG["QUEUE_DB_TILES"],
+                         KEPT=CC != 64, PREC="tf32", LINE=queue_walk.LINE),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE_B"]))
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

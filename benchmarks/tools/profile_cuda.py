@@ -33,8 +33,9 @@ def main():
     dy, dM = torch.randn_like(v), torch.randn_like(bank)
 
     def fwdbwd():
-        y, M, rows, scales = torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True)
-        torch.ops.sdm.triton_write_read_backward(dy, dM, M, rows, scales, *rest, C, "none", False)
+        y, M, rows, scales, _ = torch.ops.sdm.triton_write_read(bank, *rest, C, "none", True)
+        torch.ops.sdm.triton_write_read_backward(dy, dM, M, rows, scales, *rest, C, "none", False,
+                                                 [])
 
     torch.ops.sdm.triton_write_read_(work, *rest, C)
     fwdbwd()

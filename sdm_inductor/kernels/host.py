@@ -11,15 +11,14 @@ walks).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from .. import quant
+from .. import kept, quant
 from ..validation import no_work
 from . import backward as bwd
+from .backward import Kept
 from .config import CONFIG
 from .forward.column_walk import column_walk
 from .forward.decode import DECODE_MAX_T, decode
@@ -31,7 +30,8 @@ from .runtime import launch as runtime_launch
 from .runtime.launch import direct_launches, pow2
 from .runtime.pipeline import ahead, token_windows
 
-__all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_once",
+__all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_kept",
+           "forward_once",
            "raw_gate_layout", "saved_buffers", "walk_kind"]
 
 
@@ -61,11 +61,15 @@ def _contig(*xs):
 
 
 def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
-                    saved: Tensor | None, gate_params=None):
-    """Phase 1 + the Phase 2 walk for the whole sequence; advances ``bank``, returns readings.
+                    saved: Tensor | None, gate_params=None, keep: bool = False,
+                    raw_log: bool = True):
+    """Phase 1 + the Phase 2 walk for the whole sequence; advances ``bank``, returns the
+    readings and what a backward would otherwise recompute (``Kept``) with ``keep``, else None.
 
     ``saved`` ([NC*P*C, W, hd], chunk-major like ``ops._saved_shapes``) receives the undo
-    log when given: the chunk-start value of each distinct row a chunk writes.
+    log when given: the chunk-start value of each distinct row a chunk writes. ``v - r0``
+    is kept where the backward's walk reads it: the step and queue walks over a ``raw_log``
+    (``backward.dispatch.reverse_kind``).
     """
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
@@ -75,10 +79,17 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
-    walk = dict(step=step_walk, column=column_walk, queue=queue_walk)[walk_kind(C, bank, P, W, R)]
+    kind = walk_kind(C, bank, P, W, R)
+    vmr = None
+    if keep and raw_log and kind in ("step", "queue"):
+        vmr = torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32, device=bank.device)
     _await_index_check()
-    walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype))
-    return out
+    if kind == "column":
+        column_walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype))
+    else:
+        walk = step_walk if kind == "step" else queue_walk
+        walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype), vmr)
+    return out, (Kept(pl, vmr) if keep else None)
 
 
 def walk_kind(C: int, bank: Tensor, P: int, W: int, R: int) -> str:
@@ -114,6 +125,17 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     With ``gate_params = (A_log, dt_bias)``, ``beta`` / ``g`` are the raw gate inputs
     ``[Bg, T, GH]`` that the prep kernel reads through their strides (in place when eager;
     a traced call copies them to contiguous first, below)."""
+    return forward_kept(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
+                        snapshot_quant, save, gate_params)[:3]
+
+
+def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
+                 snapshot_quant: str, save: bool, gate_params=None):
+    """``forward_once`` and, fourth, what a backward of the call would otherwise recompute,
+    as a list of tensors for ``backward(handed=...)`` (``Kept.tensors``: the plan, and
+    ``v - r0`` where the backward's walk reads it) when the call saves for a backward and
+    made a plan, else empty. A traced forward hands it to the traced backward as values of
+    the graph (``lowerings.write_read``)."""
     k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
     if gate_params is None or is_fake(beta) or is_fake(g):
         # a traced call's raw gates are made contiguous too: the kernel reads them through
@@ -126,17 +148,19 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
         gate_params = _contig(*gate_params)
     P, T, W = k_idx.shape
     raw, rows, scales = saved_buffers(bank, P, T, W, chunk_size, snapshot_quant, save)
+    handed = []
     if no_work(bank, k_idx):
         out = bank.new_zeros(P, T, bank.shape[1])
     elif not save and T <= DECODE_MAX_T:
         _await_index_check()
         out = decode(bank, k_idx, k_val, v, beta, g, q_idx, q_val, CONFIG, gate_params)
     else:
-        out = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, raw,
-                              gate_params)
+        out, keep = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
+                                    raw, gate_params, save, bwd.raw_log(snapshot_quant))
+        handed = [] if keep is None else keep.tensors()
     if rows is None:
         rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
-    return out, rows, scales
+    return out, rows, scales, handed
 
 
 @direct_launches
@@ -161,8 +185,11 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
         return _step_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant,
                              save, gate_params, wins)
     if windows == 1:
-        return forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save,
-                            gate_params)
+        readings, rows, scales, handed = forward_kept(
+            bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save, gate_params)
+        if handed and _keeps(bank):
+            kept.keep_for_backward(readings, Kept.from_tensors(P, T, C, W, R, handed))
+        return readings, rows, scales
     readings = bank.new_empty(P, T, bank.shape[1])
     for t0, t1 in wins:
         sl = slice(t0, t1)
@@ -172,6 +199,15 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     _, empty_rows, empty_scales = saved_buffers(bank, P, T, k_idx.shape[2], C, snapshot_quant,
                                                 False)
     return readings, empty_rows, empty_scales
+
+
+def _keeps(bank: Tensor) -> bool:
+    """Whether an eager training forward on ``bank`` offers its backward what it would
+    otherwise recompute (``KEEP``): not while a CUDA graph records the call (a compiled
+    graph's extern call: nothing takes the offer there, and it would pin memory of the
+    graph's pool)."""
+    from .. import ops
+    return bool(CONFIG["KEEP"]) and not ops.capturing(bank)
 
 
 def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
@@ -194,15 +230,12 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         return plan(S, *_contig(k_idx[:, sl], k_val[:, sl]), b, a,
                     *_contig(q_idx[:, sl], q_val[:, sl]), C, gate_params)
 
-    from .. import kept, ops
     whole = len(wins) == 1
     keep = None
     for (t0, t1), pl in ahead(wins, make, bank.device):
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
-        # not while a CUDA graph records the call (a compiled graph's extern call: nothing
-        # takes the offer there, and it would pin memory of the graph's pool)
-        if save and whole and CONFIG["KEEP"] and not ops.capturing(bank):
+        if save and whole and _keeps(bank):
             keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
                                         device=bank.device))
         _await_index_check()
@@ -215,16 +248,6 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     if keep is not None:
         kept.keep_for_backward(readings, keep)
     return readings, rows, scales
-
-
-@dataclasses.dataclass(frozen=True)
-class Kept:
-    """What a training forward's step walk hands to its backward (``kept.keep_for_backward``):
-    its Phase 1 (``phase1.plan``) and ``v - r0`` of every chunk (``[NC, P, CP, hd]`` fp32),
-    which the backward would otherwise recompute (a plan, and a gather of every write row
-    per chunk). About 0.2 GiB at config A, beside the undo log's 1.6 GiB."""
-    plan: object
-    vmr: Tensor
 
 
 @direct_launches
@@ -255,10 +278,12 @@ def _record(path: str, windows: int, bank: Tensor, walk: str | None):
 
 @direct_launches
 def backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx, k_val, v,
-             beta, g, q_idx, q_val, chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool):
-    """``IMPLS`` interface: the six gradients (bank, k_val, v, beta, g, q_val)."""
+             beta, g, q_idx, q_val, chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool,
+             handed=()):
+    """``IMPLS`` interface: the six gradients (bank, k_val, v, beta, g, q_val); ``handed``:
+    what the forward handed over (``forward_kept``), if anything."""
     from .. import ops
     ops.record_dispatch(backward_path="chunked-reverse", block_cols_bwd=CONFIG["BD_BWD"])
     return bwd.backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
                         k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant,
-                        grad_bank_fp32, CONFIG)
+                        grad_bank_fp32, CONFIG, handed)

@@ -20,8 +20,10 @@ from . import host
 def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                       g: Tensor, q_idx: Tensor, q_val: Tensor, chunk_size: int = 64,
                       snapshot_quant: str = "none", save_for_backward: bool = True
-                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Functional ``sdm::write_read`` on CUDA: ``(readings, final_bank, saved_rows, saved_scales)``.
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
+    """Functional ``sdm::write_read`` on CUDA: ``(readings, final_bank, saved_rows, saved_scales,
+    handed)``; ``handed``: what the backward would otherwise recompute (Phase 1's plan), for
+    ``triton_write_read_backward``, or empty (nothing saved for a backward).
 
     Contract: inputs in the op's canonical layout (bank [S, hd] fp32/bf16; k_idx/k_val
     [P, T, W]; v [P, T, hd]; beta [P, T]; g [P, T, 1 or W]; q_idx/q_val [P, T, R]);
@@ -34,10 +36,10 @@ def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, bet
     kernel runs instead of the chunked path (a guard on T, not a recompilation per T).
     """
     final = bank.clone()
-    readings, rows, scales = host.forward_once(
+    readings, rows, scales, handed = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
         q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
-    return readings, final, rows, scales
+    return readings, final, rows, scales, handed
 
 
 @torch.library.triton_op("sdm::triton_write_read_gated", mutates_args=())
@@ -45,7 +47,7 @@ def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tenso
                             b_raw: Tensor, a_raw: Tensor, A_log: Tensor, dt_bias: Tensor,
                             q_idx: Tensor, q_val: Tensor, chunk_size: int = 64,
                             snapshot_quant: str = "none", save_for_backward: bool = True
-                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """``sdm::write_read_gated`` on CUDA: ``triton_write_read`` whose prep kernel (Phase 1,
     or the decode path's) computes ``beta = sigmoid(b_raw)`` and
     ``g = -exp(A_log) * softplus(a_raw + dt_bias)`` in fp32 from the raw inputs.
@@ -56,11 +58,11 @@ def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tenso
     ``[P]``. Other inputs and the outputs as ``triton_write_read``.
     """
     final = bank.clone()
-    readings, rows, scales = host.forward_once(
+    readings, rows, scales, handed = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), host.raw_gate_layout(b_raw),
         host.raw_gate_layout(a_raw), q_idx, q_val.to(bank.dtype), chunk_size, snapshot_quant,
         save_for_backward, gate_params=(A_log, dt_bias))
-    return readings, final, rows, scales
+    return readings, final, rows, scales, handed
 
 
 @torch.library.triton_op("sdm::triton_write_read_", mutates_args=("bank",))
@@ -79,17 +81,20 @@ def triton_write_read_(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, be
 @torch.library.triton_op("sdm::triton_write_read_backward", mutates_args=())
 def triton_write_read_backward(grad_readings: Tensor, grad_final: Tensor,
                                final_bank: Tensor, saved_rows: Tensor, saved_scales: Tensor,
-                               k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor, q_idx: Tensor, q_val: Tensor,
-                               chunk_size: int, snapshot_quant: str, grad_bank_fp32: bool
+                               k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor, g: Tensor,
+                               q_idx: Tensor, q_val: Tensor, chunk_size: int, snapshot_quant: str,
+                               grad_bank_fp32: bool, handed: list[Tensor]
                                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``sdm::write_read_backward`` on CUDA: ``(d_bank, d_kval, d_v, d_beta, d_g, d_qval)``.
 
-    ``final_bank``, ``saved_rows`` / ``saved_scales`` as produced by ``triton_write_read``
-    with the same chunk_size and snapshot_quant. d_bank, d_kval, d_v, d_qval come in the bank dtype
-    (``grad_final.dtype``), d_beta and d_g in fp32, like the op's fake impl. With
-    ``grad_bank_fp32`` the bank gradient accumulates in fp32 (one cast at the end).
+    ``final_bank``, ``saved_rows`` / ``saved_scales`` and ``handed`` as produced by
+    ``triton_write_read`` (or its gated form) with the same inputs, chunk_size and
+    snapshot_quant; ``handed`` may be empty (the backward then recomputes Phase 1). d_bank,
+    d_kval, d_v, d_qval come in the bank dtype (``grad_final.dtype``), d_beta and d_g in
+    fp32, like the op's fake impl. With ``grad_bank_fp32`` the bank gradient accumulates in
+    fp32 (one cast at the end).
     """
     dt = grad_final.dtype
     return bwd.backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
                         k_val.to(dt), v.to(dt), beta.float(), g.float(), q_idx, q_val.to(dt),
-                        chunk_size, snapshot_quant, grad_bank_fp32, host.CONFIG)
+                        chunk_size, snapshot_quant, grad_bank_fp32, host.CONFIG, handed)

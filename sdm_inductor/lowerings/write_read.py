@@ -31,7 +31,7 @@ import torch._inductor.config
 from torch._inductor.virtualized import V
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .. import gates, ops
+from .. import gates, kept, ops
 from . import _rules
 
 # op name -> name of the triton_op (in torch.ops.sdm) that implements it on these devices
@@ -87,6 +87,27 @@ def emitted(name: str, device: torch.device):
     return triton_op(name, device)
 
 
+class _Handed:
+    """What an emitted forward hands to its emitted backward (Phase 1's plan, which the
+    backward would otherwise recompute), as values of the graph being traced. The rule of
+    the forward offers it to the op's autograd context (``kept.keep_for_backward``), as an
+    eager forward offers its ``Kept``; the backward's rule passes it to the backward's
+    triton_op, so AOTAutograd saves those values for the backward graph like any other
+    activation."""
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+
+
+def _emit_forward(kernel, args, save: bool):
+    """The forward's triton_op on ``args``: its four outputs, what it hands over offered to
+    the backward."""
+    readings, final, rows, scales, handed = kernel(*args)
+    if save and len(handed):
+        kept.keep_for_backward(readings, _Handed(handed))
+    return readings, final, rows, scales
+
+
 def _cast_inputs(dtype, k_val, v, beta, g, q_val):
     """The eager op's casts, as graph ops (no-ops when the dtypes already match)."""
     return k_val.to(dtype), v.to(dtype), beta.float(), g.float(), q_val.to(dtype)
@@ -99,8 +120,8 @@ def _write_read_rule(mode, op, types, args, kwargs):
         k_val, v, beta, g, q_val = _cast_inputs(bank.dtype, k_val, v, beta, g, q_val)
         kernel = emitted("write_read", bank.device)
         if kernel is not None:
-            return kernel(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
-                          snapshot_quant, save)
+            return _emit_forward(kernel, (bank, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                          chunk_size, snapshot_quant, save), save)
         if not save:
             final = bank.clone()
             readings = torch.ops.sdm.write_read_(final, k_idx, k_val, v, beta, g, q_idx, q_val,
@@ -127,8 +148,8 @@ def _write_read_gated_rule(mode, op, types, args, kwargs):
         k_val, v, q_val = k_val.to(dt), v.to(dt), q_val.to(dt)
         kernel = emitted("write_read_gated", bank.device)
         if kernel is not None:
-            return kernel(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
-                          chunk_size, snapshot_quant, save)
+            return _emit_forward(kernel, (bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias,
+                                          q_idx, q_val, chunk_size, snapshot_quant, save), save)
         if triton_op("write_read_gated", bank.device) is None:
             beta, g = gates.torch_gates(b_raw, a_raw, A_log, dt_bias)
             return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
@@ -173,7 +194,9 @@ def _backward_rule(mode, op, types, args, kwargs):
                 beta, g, q_idx, q_val, chunk_size, snapshot_quant, grad_bank_fp32)
         kernel = emitted("write_read_backward", grad_final.device)
         if kernel is not None:
-            return kernel(*args)
+            # the op's autograd formula (ops._backward) makes its forward's offer current
+            offer = kept.kept_for_backward()
+            return kernel(*args, offer.tensors if isinstance(offer, _Handed) else [])
     return mode.__torch_dispatch__(op, types, args, {})
 
 

@@ -585,9 +585,10 @@ def test_cuda_graph_capture_and_no_recompile():
         return sum(len(c[0]) for k in kernels for c in k.device_caches.values())
 
     def call(ins, C=64):
-        y, M, rows, scales = torch.ops.sdm.triton_write_read(*ins, C, "none", True)
+        y, M, rows, scales, handed = torch.ops.sdm.triton_write_read(*ins, C, "none", True)
         grads = torch.ops.sdm.triton_write_read_backward(
-            torch.ones_like(y), torch.ones_like(M), M, rows, scales, *ins[1:], C, "none", False)
+            torch.ones_like(y), torch.ones_like(M), M, rows, scales, *ins[1:], C, "none", False,
+            handed)
         return y, M, grads
 
     ins = _inputs(torch.bfloat16, P=2, T=100, W=8, R=8, hd=64, slots_per_stream=64)
@@ -652,7 +653,7 @@ def test_token_windows_under_cuda_graph_capture():
 
 def test_triton_ops_match_eager_op():
     ins = _inputs(torch.float32, P=2, T=90, W=6, R=4, hd=32, slots_per_stream=64)
-    y, M, rows, scales = torch.ops.sdm.triton_write_read(*ins, 32, "fp8", True)
+    y, M, rows, scales, _ = torch.ops.sdm.triton_write_read(*ins, 32, "fp8", True)
     y2, M2, rows2, scales2 = _op(ins, 32, mode="fp8")
     assert torch.equal(y, y2) and torch.equal(M, M2)
     assert rows.shape == rows2.shape and rows.dtype == rows2.dtype

@@ -259,13 +259,48 @@ def case_windows_and_tiles():
     _check("windowed bank", bank, M_ref, 1e-5)
 
 
+def _handed_over(ins, C: int, walk: str):
+    """``host.forward_kept``'s hand-over (what a traced forward gives its traced backward):
+    the backward given it recomputes no Phase 1 and, after a queue walk, gathers no
+    ``v - r0``, and gives the gradients of a backward that recomputes them: bitwise with
+    the plan alone; to fp32 rounding with the forward's ``v - r0`` (the forward's gather
+    sums a token's rows in another order than the backward's)."""
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.phase1 import Plan
+    gen = torch.Generator().manual_seed(9)
+    dy = torch.randn(ins.v.shape, generator=gen)
+    dM = torch.randn(ins.bank.shape, generator=gen)
+    args = tuple(ins)[1:]
+    bank = ins.bank.clone()
+    y, rows, scales, handed = host.forward_kept(bank, *args, C, "none", True)
+    assert len(handed) == Plan.n_backward_tensors() + (walk == "queue"), len(handed)
+    got = host.backward(dy, dM, bank, rows, scales, *args, C, "none", False, handed)
+    assert ops.last_dispatch().get("phase1_backward") == "handed", ops.last_dispatch()
+    assert ops.last_dispatch().get("reverse_walk") == walk, ops.last_dispatch()
+    want = host.backward(dy, dM, bank, rows, scales, *args, C, "none", False)
+    assert ops.last_dispatch().get("phase1_backward") == "recomputed", ops.last_dispatch()
+    for n, a, b in zip(NAMES, got, want):
+        if walk == "queue":
+            _check(f"handed-over grad {n}", a, b, 1e-6)
+        else:
+            assert torch.equal(a, b), n
+    # nothing saved for a backward: nothing handed over
+    assert host.forward_kept(ins.bank.clone(), *args, C, "none", False)[3] == []
+
+
 def case_column_walk():
     """The column walk (``forward/column_walk.py``, one program per stream and 16-column block)."""
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import make_inputs
     host.CONFIG["WALK"] = "column"
-    _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
-                       repeats=True, seed=11), 16)
+    ins = make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=24, per_write_gate=True,
+                      repeats=True, seed=11)
+    _train(ins, 16)
+    _handed_over(ins, 16, "column")
+    _kept_for_backward(plain_only=True)   # an eager column walk's forward keeps its plan
+    host.CONFIG["WALK"] = "column"
     host.CONFIG["TB"] = 16   # C=48: three token tiles per chunk, padded last chunk
     _train(make_inputs(P=1, T=52, W=2, R=2, hd=16, slots_per_stream=40, seed=16), 48)
     # rows of two entry tiles in flight, runs longer than the inline members (the loop),
@@ -300,6 +335,7 @@ def case_queue_walk():
     _train(ins, 16)
     assert ops.last_dispatch().get("walk") == "queue", ops.last_dispatch()
     assert ops.last_dispatch().get("reverse_walk") == "queue", ops.last_dispatch()
+    _handed_over(ins, 16, "queue")
     _train(make_inputs(P=1, T=70, W=2, R=3, hd=16, slots_per_stream=200, seed=32), 32)
     _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                        repeats=True, dtype=torch.bfloat16, seed=33), 16, tol=2e-2)
@@ -411,11 +447,12 @@ def case_step_walk_kept():
     _kept_for_backward()
 
 
-def _kept_for_backward():
+def _kept_for_backward(plain_only: bool = False):
     """Through the ops and autograd (the kernels' host code as the CPU implementation):
-    the training forward hands its Phase 1 and ``v - r0`` to its backward (``KEEP``),
-    which then gives bitwise the gradients of a backward that recomputes them; the gated
-    op's backward uses them too (its forward's gates came from the prep kernel)."""
+    the training forward hands its Phase 1 (and the step walk its ``v - r0``) to its
+    backward (``KEEP``), which then gives bitwise the gradients of a backward that
+    recomputes them; unless ``plain_only``, the gated op's backward uses them too (its
+    forward's gates came from the prep kernel), and so does a compiled graph's."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -450,6 +487,9 @@ def _kept_for_backward():
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
         _check("kept grad " + n, a, r, 1e-5)
+    if plain_only:
+        host.CONFIG["KEEP"] = 1
+        return
     (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
     assert how_k == "kept", how_k
     for i, (a, b) in enumerate(zip(kept, recomputed)):

@@ -172,6 +172,93 @@ def test_emit_kernels_policy(monkeypatch):
         lowering.emitted("write_read", cuda)
 
 
+class _Sm90:
+    """The active Triton driver's target for the mutation analysis of the kernels that a
+    trace records (no GPU here): what it would find on an H200."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+
+def _traced_training_graphs(fn, args, monkeypatch) -> dict:
+    """AOTAutograd's forward and backward graphs of a training step through ``fn`` with
+    the CUDA kernels emitted, traced on CPU tensors (the kernels are recorded, never run:
+    each graph runs on fake tensors and returns zeros): the kernels each graph launches
+    (name, arguments other than tensors), in order, and whether it sorts."""
+    import triton
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr(lowering, "TRITON_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Sm90())
+    graphs = {}
+
+    def capture(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind] = gm
+
+            def run(*a):
+                with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                    out = gm(*[mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+                               for x in a])
+                return [torch.zeros(o.shape, dtype=o.dtype) if isinstance(o, torch.Tensor)
+                        else o for o in out]
+            return make_boxed_func(run)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=capture("fw"), bw_compiler=capture("bw"))
+    torch._dynamo.reset()
+    y, M = torch.compile(fn, backend=backend, fullgraph=True)(*float_leaves(args))
+    (y.sum() + M.sum()).backward()
+    launches = {}
+    for kind, gm in graphs.items():
+        launches[kind] = [
+            (getattr(kernel_side_table.get_kernel(n.kwargs["kernel_idx"]), "fn", None).__name__,
+             {k: v for k, v in n.kwargs["kwargs"].items() if not isinstance(v, torch.fx.Node)})
+            for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+        launches[kind + " sorts"] = any("sort" in str(n.target) for n in gm.graph.nodes)
+    torch._dynamo.reset()   # (after reading the kernel side table: this clears it)
+    return launches
+
+
+PHASE1_KERNELS = {"_prep_kernel", "_groups_kernel", "_pairs_kernel", "_inverse_kernel"}
+
+
+@pytest.mark.parametrize("gated_op", [False, True])
+def test_emitted_backward_takes_the_forwards_plan_and_v_minus_r0(gated_op, monkeypatch):
+    """A compiled training step whose kernels are emitted (the queue walks): the forward
+    hands its Phase 1 and ``v - r0`` to the backward as values of the graph, so the
+    backward graph runs no Phase 1 (no prep, groups, pairs or inverse kernel, no sort) and
+    its reverse walk no gathers (``KEPT``); the forward's queue walk stores ``v - r0``
+    (``KEEP``). Correctness of the hand-over is the interpreter's ``queue_walk`` case
+    (the same host code on real tensors) and the CUDA tests."""
+    pytest.importorskip("triton")
+    ins = make_inputs(P=2, T=37, W=17, R=3, hd=18, slots_per_stream=24, seed=5)
+    if gated_op:
+        raw = torch.randn(2, 37), torch.randn(2, 37), torch.randn(2), torch.randn(2)
+
+        def fn(bank, k_idx, k_val, v, beta, g, q_idx, q_val):
+            return sdm_inductor.api.write_read_gated(
+                bank, k_idx, k_val, v, beta, g, *raw[2:], q_idx, q_val, chunk_size=C,
+                slots_per_stream=24)
+        args = [ins.bank, ins.k_idx, ins.k_val, ins.v, *raw[:2], ins.q_idx, ins.q_val]
+    else:
+        def fn(*a):
+            return sdm_inductor.write_read(*a, chunk_size=C, slots_per_stream=24)
+        args = list(ins)
+    launches = _traced_training_graphs(fn, args, monkeypatch)
+    fw = dict(launches["fw"])
+    bw = [name for name, _ in launches["bw"]]
+    print("forward:", list(fw), "\nbackward:", bw)
+    assert PHASE1_KERNELS <= set(fw) and launches["fw sorts"], fw
+    assert fw["_queue_walk_kernel"]["KEEP"] is True
+    assert not PHASE1_KERNELS & set(bw) and not launches["bw sorts"], bw
+    assert dict(launches["bw"])["_queue_reverse_kernel"]["KEPT"] is True
+
+
 def test_symbolic_int_options_are_specialized():
     """``dynamic=True`` makes int arguments and closure variables symbolic. The chunk size
     and the slots per stream shape the kernels: the graph specializes on them (a guard;

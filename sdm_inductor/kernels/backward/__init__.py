@@ -2,6 +2,6 @@
 when eager, ``queue_walk`` when traced, ``reverse_walk`` for small shapes and fp8 / int4
 undo logs), whose chunk-start rows come from ``sources`` or a restored working bank, then
 ``phase1_grads``."""
-from .dispatch import backward
+from .dispatch import Kept, backward, raw_log
 
-__all__ = ["backward"]
+__all__ = ["Kept", "backward", "raw_log"]

@@ -4,11 +4,13 @@ windows (the last first, each window's Phase 1 on a side stream one window ahead
 chunk-start rows by their sources or restored, then Phase 1 backward."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
 from ...validation import no_work
-from ..phase1 import entry_groups, plan
+from ..phase1 import Plan, entry_groups, plan
 from ..runtime.launch import walk_kind
 from ..runtime.pipeline import ahead, behind, token_windows
 from .phase1_grads import phase1_grads
@@ -22,14 +24,37 @@ from .step_walk import step_reverse
 _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
 
 
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """What a training forward hands to its backward, which would otherwise recompute it:
+    its Phase 1 (``phase1.plan``) and, from an eager forward's step walk, ``v - r0`` of
+    every chunk (``[NC, P, CP, hd]`` fp32; None: gathered again). About 0.2 GiB at config A,
+    beside the undo log's 1.6 GiB. An eager forward offers it through the autograd context
+    (``kept.keep_for_backward``); a traced one hands its tensors through the graph."""
+    plan: Plan
+    vmr: Tensor | None
+
+    def tensors(self) -> list[Tensor]:
+        """The tensors of this ``Kept`` (a traced forward's values for ``from_tensors``)."""
+        return self.plan.backward_tensors() + ([] if self.vmr is None else [self.vmr])
+
+    @staticmethod
+    def from_tensors(P: int, T: int, C: int, W: int, R: int, tensors) -> "Kept":
+        n = Plan.n_backward_tensors()
+        return Kept(Plan.from_tensors(P, T, C, W, R, tensors[:n]),
+                    tensors[n] if len(tensors) > n else None)
+
+
 def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, saved_rows: Tensor,
              saved_scales: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
-             snapshot_quant: str, grad_bank_fp32: bool, config: dict):
+             snapshot_quant: str, grad_bank_fp32: bool, config: dict, handed=()):
     """The six gradients (bank, k_val, v, beta, g, q_val). Shapes-only host code.
 
     Eager calls (the step walks) run the sequence in token windows, the last first, with
     the Phase 1 of the window before on a side stream (``pipeline.ahead``); a traced call
-    does the whole sequence as one window."""
+    does the whole sequence as one window. ``handed``: what the forward handed over as
+    tensors (``host.forward_kept``; a traced graph's), else empty: then an eager forward's
+    ``Kept`` (``kept.kept_for_backward``), else recomputed."""
     k_idx, k_val, v, beta, g, q_idx, q_val, dy = (
         x.contiguous() for x in (k_idx, k_val, v, beta, g, q_idx, q_val, grad_readings))
     S, hd = grad_final.shape
@@ -68,8 +93,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         pl = plan(S, *(x[:, sl].contiguous() for x in (k_idx, k_val, beta, g, q_idx, q_val)), C)
         return pl, entry_groups(pl)
 
-    # the forward keeps its Phase 1 only for one step-walk window: token windows recompute
-    kept = _kept(step and one_window, P, T, C, W, R)
+    # what a forward hands over covers the whole sequence: token windows recompute
+    kept = (_handed(handed, P, T, C, W, R) if len(handed) and one_window else
+            _kept(one_window, P, T, C, W, R))
     if one_window:
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
         from ... import ops
@@ -102,6 +128,11 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
 
 
+def raw_log(snapshot_quant: str) -> bool:
+    """Whether an undo log of ``snapshot_quant`` holds raw rows (the queue walk reads those)."""
+    return _QMODE[snapshot_quant] == 0
+
+
 def reverse_kind(config: dict, dB: Tensor, P: int, W: int, R: int, C: int, qmode: int) -> str:
     """The reverse walk of a backward: the forward's choice (``launch.walk_kind``), except
     that an fp8 / int4 undo log takes the column walk where that choice is the queue walk
@@ -111,7 +142,7 @@ def reverse_kind(config: dict, dB: Tensor, P: int, W: int, R: int, C: int, qmode
 
 
 def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
-    """What the forward kept for this backward (``host.Kept``), when ``usable`` and it fits
+    """What the eager forward kept for this backward (``Kept``), when ``usable`` and it fits
     the call; the dispatch record says whether the backward recomputes its Phase 1."""
     from ... import kept as kept_values, ops
     kept = kept_values.kept_for_backward() if usable else None
@@ -120,6 +151,13 @@ def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
         kept = None   # not this call's forward: never used
     ops.record_dispatch(phase1_backward="recomputed" if kept is None else "kept")
     return kept
+
+
+def _handed(tensors, P: int, T: int, C: int, W: int, R: int) -> Kept:
+    """``Kept`` of the tensors a traced forward handed over (``host.forward_kept``)."""
+    from ... import ops
+    ops.record_dispatch(phase1_backward="handed")
+    return Kept.from_tensors(P, T, C, W, R, tensors)
 
 
 def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
@@ -137,7 +175,7 @@ def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec:
     elif walk == "queue":
         # traced: the step walk's items in one launch (the chunk-start rows by their sources)
         sums = queue_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, prec, config,
-                             sources)
+                             sources, vmr)
     else:
         sums = column_reverse(dB, work, log, scales, width, pl, gr, v, dy, dv, qmode, prec,
                                config)

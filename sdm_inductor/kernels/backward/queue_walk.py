@@ -22,7 +22,8 @@ what it reads is written and what it overwrites is read:
 - gather of chunk c: the second products of chunk c + 2 (the last readers of its buffer
   of ``v - r0``: ``v - r0``, ``delta`` and ``d delta`` have one buffer per chunk parity);
 - mix1: the gathers of c (and so the products of c + 2, readers of its ``delta`` and
-  ``d delta`` buffers);
+  ``d delta`` buffers); with ``KEPT`` (the forward's ``v - r0`` of every chunk, handed
+  over: no gather items) the products of c + 2 directly;
 - dw: mix1 of c, and the dB items of c + 1 (``dB`` at the end of chunk c);
 - mix2: the dw items of c, and the dev items of c + 1 (the last readers of ``d r0``);
 - dev and dB: mix2 of c (its ``d r0``; dw of c has read the dB rows before).
@@ -136,7 +137,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           BDG: tl.constexpr, NG: tl.constexpr,
                           KW: tl.constexpr, KT: tl.constexpr, KB: tl.constexpr,
-                          PREC: tl.constexpr, LINE: tl.constexpr):
+                          KEPT: tl.constexpr, PREC: tl.constexpr, LINE: tl.constexpr):
     E: tl.constexpr = W + R
     NTI: tl.constexpr = C // KT                 # token items (gather, dw, dev) a group and chunk
     NMS: tl.constexpr = BD // MB
@@ -146,13 +147,14 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     G = P * NCB
     NB = P * NC                                 # partial-sum rows per column block
     n_tok = G * NTI
+    n_gat = 0 if KEPT else n_tok                # gather items: none with the forward's v - r0
     n_mix = G * NMI
     cnt = sync_ptr + LINE                       # kind k's count of group g: cnt[(k * G + g) * LINE]
     # tickets: gather and mix1 of step 0, then per step k (chunk NC - 1 - k) dw(k),
     # gather(k + 1), mix2(k), mix1(k + 1), dev(k), dB(k)
-    n_pro = n_tok + n_mix
+    n_pro = n_gat + n_mix
     a1 = n_tok
-    a2 = a1 + n_tok
+    a2 = a1 + n_gat
     a3 = a2 + n_mix
     a4 = a3 + n_mix
     a5 = a4 + n_tok
@@ -162,8 +164,8 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     while t < total:
         if t < n_pro:
             k = t * 0
-            kind = (t >= n_tok).to(tl.int32)
-            q = t - kind * n_tok
+            kind = (t >= n_gat).to(tl.int32)
+            q = t - kind * n_gat
         else:
             r = (t - n_pro) % per_chunk
             seg = ((r >= a1).to(tl.int32) + (r >= a2).to(tl.int32) + (r >= a3).to(tl.int32)
@@ -176,6 +178,10 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
             k = (t - n_pro) // per_chunk + (kind < 2).to(tl.int32)
         c = NC - 1 - k
         sb = (c % 2).to(tl.int64) * P * CP * hd   # the chunk's buffer of v - r0, delta, d delta
+        if KEPT:                                # the forward's v - r0: a block per chunk
+            vb = c.to(tl.int64) * P * CP * hd
+        else:
+            vb = sb
         g = q % G                               # the groups interleaved in each kind
         j = q // G
         p = g // NCB
@@ -188,8 +194,11 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
             _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
                          vmr_ptr + sb, p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
         elif kind == 1:
-            _await_count(cnt + g * LINE, (k + 1) * NTI)
-            _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + sb, dy_ptr, d_ptr + sb, dd_ptr + sb, p,
+            if KEPT:   # the products of c + 2, last readers of this chunk's delta buffers
+                _await_count(cnt + (3 * G + g) * LINE, tl.maximum(k - 1, 0) * NMI)
+            else:      # the gathers of c (which waited for those products)
+                _await_count(cnt + g * LINE, (k + 1) * NTI)
+            _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + vb, dy_ptr, d_ptr + sb, dd_ptr + sb, p,
                        b, cb, j, c, T, hd, C, BD, MB, TB, CP, PREC)
         elif kind == 2:
             _await_count(cnt + (G + g) * LINE, (k + 1) * NMI)
@@ -200,7 +209,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
         elif kind == 3:
             _await_count(cnt + (2 * G + g) * LINE, (k + 1) * NTI)
             _await_count(cnt + (4 * G + g) * LINE, k * NTI)
-            _mix2_item(X_ptr, beta_ptr, vmr_ptr + sb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr,
+            _mix2_item(X_ptr, beta_ptr, vmr_ptr + vb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr,
                        dv_ptr, pqk_ptr, pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB,
                        TB, CP, PREC)
         elif kind == 4:
@@ -222,12 +231,13 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
 
 def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width: int, pl, gr,
                   v: Tensor, dy: Tensor, dv: Tensor, prec: str, config: dict,
-                  sources: Tensor) -> dict:
+                  sources: Tensor, vmr_kept: Tensor | None = None) -> dict:
     """The reverse queue walk over plan ``pl`` (``gr``: its entry groups) in one launch:
     advances ``dB`` in place, writes ``dv``, and returns the cross-column sums, ``[B, C, n]``
     each (``step_walk.step_reverse``'s keys). ``final`` is the final bank and ``sources``
     (``sources.chunk_start_sources``) says where each entry's chunk-start row is: there or
-    in the raw undo log ``log``."""
+    in the raw undo log ``log``. With ``vmr_kept`` (the forward's ``v - r0``,
+    ``[NC, P, CP, hd]``) there are no gather items."""
     P, C, W, R, NC, B, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B, pl.T
     E, hd, CP = W + R, dB.shape[1], pow2(C)
     BD, BDG = config["BD_STEP_B"], config["BD_GROUP"]
@@ -245,7 +255,8 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     f32 = dict(dtype=torch.float32, device=dB.device)
     # two chunks' buffers of each: the next chunk's gathers and first products run beside
     # this chunk's dw, second products and dB items
-    vmr, delta, ddelta = (torch.empty(2, P, CP, hd, **f32) for _ in range(3))
+    delta, ddelta = (torch.empty(2, P, CP, hd, **f32) for _ in range(2))
+    vmr = torch.empty(2, P, CP, hd, **f32) if vmr_kept is None else vmr_kept
     dr = torch.empty(P, CP, hd, **f32)
     # every chunk's row of the partial sums (no windows: one launch)
     parts, sums = partial_buffers(P, NC, P * NC, C, W, E, NCB * (BD // BDG), NCB,
@@ -257,6 +268,7 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                   dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"],
                   parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R,
                   BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
-                  KW=config["KW_GROUP"], KT=KT, KB=KB, PREC=prec, LINE=LINE)
+                  KW=config["KW_GROUP"], KT=KT, KB=KB, KEPT=vmr_kept is not None, PREC=prec,
+                  LINE=LINE)
     window_sums(parts, sums, 0, NC, NC, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}

@@ -99,11 +99,13 @@ def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, E: tl.constex
 
 
 @triton.jit(noinline=True)
-def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, wdone_ptr, c, p, cb,
-                 i0, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-                 BD: tl.constexpr, CP: tl.constexpr, KG: tl.constexpr, ES: tl.constexpr):
+def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, wdone_ptr,
+                 c, p, cb, i0, P, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr,
+                 R: tl.constexpr, BD: tl.constexpr, CP: tl.constexpr, KG: tl.constexpr,
+                 ES: tl.constexpr, KEEP: tl.constexpr):
     """Tokens ``[i0, i0 + KG)`` of the chunk, one per warp: their chunk-start rows, ``u``
-    and ``inter``."""
+    and ``inter``; with ``KEEP`` also ``v - r0`` into the backward's ``[NC, P, CP, hd]``
+    buffer (the step walk's ``keep``)."""
     b = p * NC + c
     cols = cb * BD + tl.arange(0, BD)
     cm = cols < hd
@@ -119,6 +121,8 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, wdon
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     tl.store(u_ptr + buf, bt[:, None] * (vv - r0), mask=cm[None, :])
     tl.store(i_ptr + buf, inter, mask=cm[None, :])
+    if KEEP:
+        tl.store(keep_ptr + c.to(tl.int64) * P * CP * hd + buf, vv - r0, mask=cm[None, :])
 
 
 @triton.jit(noinline=True)
@@ -162,12 +166,12 @@ def _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, 
 @triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
 def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_ptr, out_ptr,
                        run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr, run_coef_ptr,
-                       u_ptr, i_ptr, d_ptr, log_ptr, sync_ptr, P, T, hd, NC, NCB,
+                       u_ptr, i_ptr, d_ptr, log_ptr, keep_ptr, sync_ptr, P, T, hd, NC, NCB,
                        C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                        CP: tl.constexpr, TB: tl.constexpr, MB: tl.constexpr, NG: tl.constexpr,
                        KW: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                        LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr,
-                       ES: tl.constexpr):
+                       ES: tl.constexpr, KEEP: tl.constexpr):
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # mix items per group and chunk
     NGB: tl.constexpr = C // KG                 # gather items (KG tokens each)
@@ -195,9 +199,9 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
         j = q // G
         p = g // NCB
         if kind == 0:
-            _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr,
-                         wdone + g * LINE, c, p, g % NCB, j * KG, T, hd, NC, NWB, C, W, R,
-                         BD, CP, KG, ES)
+            _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr,
+                         wdone + g * LINE, c, p, g % NCB, j * KG, P, T, hd, NC, NWB, C, W, R,
+                         BD, CP, KG, ES, KEEP)
             _finish(gdone + g * LINE)
         elif kind == 1:
             _await_count(gdone + g * LINE, (c + 1) * NGB)         # chunk c's u, inter
@@ -228,9 +232,10 @@ def _programs(device: torch.device, config: dict) -> int:
 
 
 def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
-               config: dict, prec: str):
+               config: dict, prec: str, keep: Tensor | None = None):
     """The queue walk of plan ``pl``: one launch; advances ``bank``, writes the readings to
-    ``out`` and with ``save`` the undo log to ``saved``."""
+    ``out`` and with ``save`` the undo log to ``saved``; ``keep`` (``[NC, P, CP, hd]``
+    fp32): receives ``v - r0`` for the backward."""
     P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     hd = bank.shape[1]
     CP = pow2(C)
@@ -249,6 +254,7 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
     launch_capped(_queue_walk_kernel, (_programs(bank.device, config),), config["WARPS_QUEUE"],
                   register_cap(bank, config["MAXNREG_QUEUE"]), bank, pl.slot, pl.ev, v, pl.beta,
                   pl.X, pl.QKX, out, ru.slot, ru.length, ru.decay, ru.tok, ru.coef, u, inter,
-                  delta, saved, sync, P, pl.T, hd, NC, NCB, C=C, W=W, R=R, BD=BD, CP=CP, TB=TB,
-                  MB=MB, NG=NG, KW=config["KW_STEP"], SAVE=save, PREC=prec, LINE=LINE, KG=KG,
-                  KT=KT, ES=config["QUEUE_GATHER_ENTRIES"])
+                  delta, saved, u if keep is None else keep, sync, P, pl.T, hd, NC, NCB, C=C,
+                  W=W, R=R, BD=BD, CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"], SAVE=save,
+                  PREC=prec, LINE=LINE, KG=KG, KT=KT, ES=config["QUEUE_GATHER_ENTRIES"],
+                  KEEP=keep is not None)

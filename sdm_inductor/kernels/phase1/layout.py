@@ -33,7 +33,7 @@ class Plan:
     A: Tensor       # [B, C, C]
     QK: Tensor      # [B, C, C]
     X: Tensor       # [B, C, C] (I + tril(beta A, -1))^-1
-    QKX: Tensor     # [B, C, C] QK @ X
+    QKX: "Tensor | None"  # [B, C, C] QK @ X (the forward's; None in a plan handed over)
     runs: "Runs | None" = None  # the write pass of the forward, in sorted order
 
     @property
@@ -43,6 +43,35 @@ class Plan:
     @property
     def B(self) -> int:
         return self.P * self.NC
+
+    def backward_tensors(self) -> list[Tensor]:
+        """What the backward reads of this plan (all but ``QKX``), for ``from_tensors``: how
+        a traced forward hands its plan to the traced backward, as graph values."""
+        return ([getattr(self, f) for f in _BACKWARD_FIELDS]
+                + [getattr(self.runs, f) for f in _RUNS_FIELDS])
+
+    @staticmethod
+    def n_backward_tensors() -> int:
+        return len(_BACKWARD_FIELDS) + len(_RUNS_FIELDS)
+
+    @staticmethod
+    def from_tensors(P: int, T: int, C: int, W: int, R: int, tensors) -> "Plan":
+        """The plan ``backward_tensors`` listed, for a call of ``P`` streams of ``T`` tokens
+        in chunks of ``C`` with ``W`` / ``R`` slots per token."""
+        n = len(_BACKWARD_FIELDS)
+        if len(tensors) != Plan.n_backward_tensors():
+            raise ValueError(f"sdm: a handed-over plan has {Plan.n_backward_tensors()} "
+                             f"tensors, got {len(tensors)}")
+        fields = dict(zip(_BACKWARD_FIELDS, tensors[:n]))
+        pl = Plan(P, T, C, -(-T // C), W, R, QKX=None, **fields)
+        pl.runs = Runs(*tensors[n:])
+        return pl
+
+
+# the Plan fields the backward reads, and those of its Runs (``Plan.backward_tensors``)
+_BACKWARD_FIELDS = ("slot", "val", "gate", "first", "perm", "gs", "nw", "na", "gam", "gend",
+                    "ev", "coef", "decay", "beta", "A", "QK", "X")
+_RUNS_FIELDS = ("slot", "length", "decay", "tok", "coef")
 
 
 @dataclass
