@@ -31,8 +31,7 @@ from .runtime.launch import direct_launches, pow2
 from .runtime.pipeline import ahead, token_windows
 
 __all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_kept",
-           "forward_once",
-           "raw_gate_layout", "saved_buffers", "walk_kind"]
+           "forward_once", "raw_gate_layout", "saved_buffers", "walk_kind"]
 
 
 def _dummy(like: torch.Tensor) -> torch.Tensor:
@@ -126,16 +125,16 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     ``[Bg, T, GH]`` that the prep kernel reads through their strides (in place when eager;
     a traced call copies them to contiguous first, below)."""
     return forward_kept(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
-                        snapshot_quant, save, gate_params)[:3]
+                        snapshot_quant, save, gate_params, keep=False)[:3]
 
 
 def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
-                 snapshot_quant: str, save: bool, gate_params=None):
+                 snapshot_quant: str, save: bool, gate_params=None, keep: bool = True):
     """``forward_once`` and, fourth, what a backward of the call would otherwise recompute,
     as a list of tensors for ``backward(handed=...)`` (``Kept.tensors``: the plan, and
-    ``v - r0`` where the backward's walk reads it) when the call saves for a backward and
-    made a plan, else empty. A traced forward hands it to the traced backward as values of
-    the graph (``lowerings.write_read``)."""
+    ``v - r0`` where the backward's walk reads it) when ``keep`` and the call saves for a
+    backward and made a plan, else empty. A traced forward hands it to the traced backward
+    as values of the graph (``lowerings.write_read``)."""
     k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
     if gate_params is None or is_fake(beta) or is_fake(g):
         # a traced call's raw gates are made contiguous too: the kernel reads them through
@@ -156,7 +155,8 @@ def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
         out = decode(bank, k_idx, k_val, v, beta, g, q_idx, q_val, CONFIG, gate_params)
     else:
         out, keep = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
-                                    raw, gate_params, save, bwd.raw_log(snapshot_quant))
+                                    raw, gate_params, keep and save,
+                                    bwd.raw_log(snapshot_quant))
         handed = [] if keep is None else keep.tensors()
     if rows is None:
         rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
@@ -186,8 +186,9 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
                              save, gate_params, wins)
     if windows == 1:
         readings, rows, scales, handed = forward_kept(
-            bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save, gate_params)
-        if handed and _keeps(bank):
+            bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save, gate_params,
+            keep=_keeps(bank))
+        if handed:
             kept.keep_for_backward(readings, Kept.from_tensors(P, T, C, W, R, handed))
         return readings, rows, scales
     readings = bank.new_empty(P, T, bank.shape[1])

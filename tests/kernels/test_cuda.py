@@ -115,9 +115,10 @@ def test_forward_backward_vs_oracle(case, walk):
         assert ops.last_dispatch()["walk"] == ("step" if walk == "windows" else walk)
         if host.CONFIG["WINDOW_TOKENS"] == 64:
             assert ops.last_dispatch()["windows"] == len(range(0, T, max(64 // C, 1) * C))
-        # the backward reuses the forward's Phase 1 where the forward ran one step walk
-        assert ops.last_dispatch()["phase1_backward"] == ("kept" if walk == "step" else
-                                                          "recomputed")
+        # the backward reuses the forward's Phase 1 (and after a step or queue walk its
+        # v - r0) unless the forward ran in token windows
+        assert ops.last_dispatch()["phase1_backward"] == ("recomputed" if walk == "windows"
+                                                          and T > 64 else "kept")
     tol = TOL[dtype]
     _check("readings", y, y_ref, tol)
     _check("final bank", M, M_ref, tol)
@@ -253,8 +254,8 @@ def test_bad_indices_refused_before_the_bank_changes(path, bad):
                                    dict(P=2, T=200, W=32, R=8, hd=64)])
 def test_auto_walk_follows_the_shape_rule(shape):
     """``WALK="auto"``: the column walks where ``launch.column_suits`` (W, R <= 16, P * hd
-    <= 4096, C <= 64), the step walks elsewhere; the backward follows the same rule (it
-    finds the forward's kept values only after a step walk)."""
+    <= 4096, C <= 64), the step walks elsewhere; the backward follows the same rule and
+    takes what the forward kept after either walk."""
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.runtime.launch import column_suits
     host.CONFIG["WALK"] = "auto"
@@ -264,7 +265,7 @@ def test_auto_walk_follows_the_shape_rule(shape):
     column = column_suits(2, shape["W"], shape["R"], 64, shape["hd"])
     assert column == (shape["W"] <= 16)
     assert ops.last_dispatch()["walk"] == ("column" if column else "step")
-    assert ops.last_dispatch()["phase1_backward"] == ("recomputed" if column else "kept")
+    assert ops.last_dispatch()["phase1_backward"] == "kept"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -274,19 +275,24 @@ def test_queue_walk_matches_the_step_walk_and_repeats(dtype):
     column blocks, 16 chunks): the step walks' readings, bank and gradients within the
     oracle tolerance, and bitwise the same results on every run (a missed dependency
     between items would read rows, deltas or dB rows too early, differently from run to
-    run)."""
+    run); the same for the backward given the forward's Phase 1 and ``v - r0``
+    (``host.forward_kept``: what a traced graph hands over; no gather items)."""
     from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.runtime.launch import direct_launches
     ins = _inputs(dtype, P=4, T=1000, W=32, R=32, hd=320, slots_per_stream=2048,
                   per_write_gate=True, repeats=True)
     gen = torch.Generator(device="cuda").manual_seed(5)
     dy = torch.randn(ins.v.shape, generator=gen, device="cuda").to(dtype)
     dM = torch.randn(ins.bank.shape, generator=gen, device="cuda").to(dtype)
 
-    def run(walk):
+    def run(walk, handed=False):
         host.CONFIG["WALK"] = walk
         bank = ins.bank.clone()
-        y, rows, scales = host.forward(bank, *tuple(ins)[1:], 64, "none", True)
-        grads = host.backward(dy, dM, bank, rows, scales, *tuple(ins)[1:], 64, "none", False)
+        y, rows, scales, kept = direct_launches(host.forward_kept)(
+            bank, *tuple(ins)[1:], 64, "none", True)
+        grads = host.backward(dy, dM, bank, rows, scales, *tuple(ins)[1:], 64, "none", False,
+                              kept if handed else [])
+        assert ops.last_dispatch()["phase1_backward"] == ("handed" if handed else "recomputed")
         return (y, bank, *grads)
 
     names = ("readings", "bank") + tuple("grad " + n for n in
@@ -299,6 +305,12 @@ def test_queue_walk_matches_the_step_walk_and_repeats(dtype):
         _check(n, a, b, TOL[dtype])
     for _ in range(3):
         for a, b in zip(run("queue"), first):
+            assert torch.equal(a, b)
+    first = run("queue", handed=True)
+    for n, a, b in zip(names, first, ref):
+        _check("handed over: " + n, a, b, TOL[dtype])
+    for _ in range(3):
+        for a, b in zip(run("queue", handed=True), first):
             assert torch.equal(a, b)
 
 

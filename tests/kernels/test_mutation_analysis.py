@@ -44,11 +44,11 @@ def _case_inputs(case: str) -> tuple:
 
 
 def _run_case(case: str, args: tuple):
-    """The case's host-code call (``host.forward_once`` / ``host.backward``)."""
+    """The case's host-code call (``host.forward_kept`` / ``host.backward``)."""
     from sdm_inductor.kernels import host
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = args[:8]
-    if case in ("forward", "forward_queue"):
-        return host.forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "none", True)
+    if case in ("forward", "forward_queue"):   # a training forward, as traced (KEEP)
+        return host.forward_kept(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "none", True)
     if case == "forward_fp8":
         return host.forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "fp8", True)
     if case == "forward_gated":   # the compiled layer's no-grad call (examples/export_aoti.py)
@@ -58,10 +58,12 @@ def _run_case(case: str, args: tuple):
                                  gate_params=(A_log, dt_bias))
     dy, dM = args[8:]
     final = bank.clone()
-    _, rows, scales = host.forward_once(final, k_idx, k_val, v, beta, g, q_idx, q_val, C,
-                                        "none", True)
+    _, rows, scales, handed = host.forward_kept(final, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                                C, "none", True)
+    # the queue walk's backward as a traced graph runs it (what the forward handed over:
+    # no gathers, KEPT); the column walk's as a backward called on its own (recomputing)
     return host.backward(dy, dM, final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
-                         C, "none", False)
+                         C, "none", False, handed if case == "backward_queue" else [])
 
 
 def _kernel_modules():

@@ -420,6 +420,8 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
         assert "_forward_kernel" in in_fw and "_reverse_kernel" in in_bw, (in_fw, in_bw)
         assert not any(n.startswith("_step") for n in in_fw | in_bw), (in_fw, in_bw)
         assert in_bw - in_fw, (names, in_bw)
+        # the backward takes the forward's Phase 1 (saved activations), computes none
+        assert not PHASE1_KERNELS & in_bw, in_bw
     # the lowering against the eager op (the same kernels): only fusion-order rounding
     eager = float_leaves(args)
     loss_of(eager, gated).backward()
@@ -440,7 +442,8 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
 def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkeypatch,
                                                                   no_caches):
     """A shape past ``launch.column_suits`` (W = 17, two 128-column groups per stream):
-    the output code launches the queue walks, forward and backward; one compilation serves
+    the output code launches the queue walks, forward and backward (the backward with the
+    forward's Phase 1 and ``v - r0``, no Phase 1 of its own); one compilation serves
     two lengths, and its readings, bank and gradients are the eager step walks' up to
     rounding order (bf16: the forward's gathers sum a token's rows over 4 warps, the step
     walk's over one) and the oracle's."""
@@ -469,6 +472,7 @@ def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkey
             (y, M), (fw, bw) = run_and_get_code(step)
             assert "_queue_walk_kernel" in fw and not extern_calls(fw), extern_calls(fw)
             assert "_queue_reverse_kernel" in bw and not extern_calls(bw), extern_calls(bw)
+            assert not any(re.search(rf"\b{n}\b", bw) for n in PHASE1_KERNELS)
         else:
             y, M = step()
         eager = float_leaves(list(ins))
