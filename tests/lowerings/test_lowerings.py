@@ -227,16 +227,20 @@ def _traced_training_graphs(fn, args, monkeypatch) -> dict:
 PHASE1_KERNELS = {"_prep_kernel", "_groups_kernel", "_pairs_kernel", "_inverse_kernel"}
 
 
-@pytest.mark.parametrize("gated_op", [False, True])
-def test_emitted_backward_takes_the_forwards_plan_and_v_minus_r0(gated_op, monkeypatch):
-    """A compiled training step whose kernels are emitted (the queue walks): the forward
-    hands its Phase 1 and ``v - r0`` to the backward as values of the graph, so the
+@pytest.mark.parametrize("walk,gated_op", [("queue", False), ("queue", True),
+                                           ("column", False)])
+def test_emitted_backward_takes_the_forwards_plan_and_v_minus_r0(walk, gated_op, monkeypatch):
+    """A compiled training step whose kernels are emitted: the forward hands its Phase 1
+    (and after the queue walk ``v - r0``) to the backward as values of the graph, so the
     backward graph runs no Phase 1 (no prep, groups, pairs or inverse kernel, no sort) and
-    its reverse walk no gathers (``KEPT``); the forward's queue walk stores ``v - r0``
-    (``KEEP``). Correctness of the hand-over is the interpreter's ``queue_walk`` case
-    (the same host code on real tensors) and the CUDA tests."""
+    the reverse queue walk no gathers (``KEPT``); the forward's queue walk stores
+    ``v - r0`` (``KEEP``). W = 17 takes the queue walks, W = 4 the column walks
+    (``launch.column_suits``). Correctness of the hand-over is the interpreter's
+    ``queue_walk`` and ``column_walk`` cases (the same host code on real tensors) and the
+    CUDA tests."""
     pytest.importorskip("triton")
-    ins = make_inputs(P=2, T=37, W=17, R=3, hd=18, slots_per_stream=24, seed=5)
+    ins = make_inputs(P=2, T=37, W=17 if walk == "queue" else 4, R=3, hd=18,
+                      slots_per_stream=24, seed=5)
     if gated_op:
         raw = torch.randn(2, 37), torch.randn(2, 37), torch.randn(2), torch.randn(2)
 
@@ -254,9 +258,12 @@ def test_emitted_backward_takes_the_forwards_plan_and_v_minus_r0(gated_op, monke
     bw = [name for name, _ in launches["bw"]]
     print("forward:", list(fw), "\nbackward:", bw)
     assert PHASE1_KERNELS <= set(fw) and launches["fw sorts"], fw
-    assert fw["_queue_walk_kernel"]["KEEP"] is True
     assert not PHASE1_KERNELS & set(bw) and not launches["bw sorts"], bw
-    assert dict(launches["bw"])["_queue_reverse_kernel"]["KEPT"] is True
+    if walk == "queue":
+        assert fw["_queue_walk_kernel"]["KEEP"] is True
+        assert dict(launches["bw"])["_queue_reverse_kernel"]["KEPT"] is True
+    else:
+        assert "_forward_kernel" in fw and "_reverse_kernel" in bw, (fw, bw)
 
 
 def test_symbolic_int_options_are_specialized():
