@@ -275,6 +275,7 @@ def _handed_over(ins, C: int, walk: str):
     args = tuple(ins)[1:]
     bank = ins.bank.clone()
     y, rows, scales, handed = host.forward_kept(bank, *args, C, "none", True)
+    P = ins.k_idx.shape[0]
     assert len(handed) == Plan.n_backward_tensors() + (walk == "queue"), len(handed)
     got = host.backward(dy, dM, bank, rows, scales, *args, C, "none", False, handed)
     assert ops.last_dispatch().get("phase1_backward") == "handed", ops.last_dispatch()
@@ -288,6 +289,15 @@ def _handed_over(ins, C: int, walk: str):
             assert torch.equal(a, b), n
     # nothing saved for a backward: nothing handed over
     assert host.forward_kept(ins.bank.clone(), *args, C, "none", False)[3] == []
+    # another call's (a longer sequence: more chunks) is refused before any launch
+    short = [x[:, :C] for x in args]
+    try:
+        host.backward(dy[:, :C], dM, bank, rows[:P * C], scales, *short, C, "none", False,
+                      handed)
+    except RuntimeError as e:
+        assert "does not fit this backward" in str(e), e
+    else:
+        raise AssertionError("a hand-over of another call was used")
 
 
 def case_column_walk():

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ...validation import no_work
 from ..phase1 import Plan, entry_groups, plan
-from ..runtime.launch import walk_kind
+from ..runtime.launch import pow2, walk_kind
 from ..runtime.pipeline import ahead, behind, token_windows
 from .phase1_grads import phase1_grads
 from .queue_walk import queue_reverse
@@ -27,9 +27,9 @@ _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
 @dataclasses.dataclass(frozen=True)
 class Kept:
     """What a training forward hands to its backward, which would otherwise recompute it:
-    its Phase 1 (``phase1.plan``) and, from an eager forward's step walk, ``v - r0`` of
-    every chunk (``[NC, P, CP, hd]`` fp32; None: gathered again). About 0.2 GiB at config A,
-    beside the undo log's 1.6 GiB. An eager forward offers it through the autograd context
+    its Phase 1 (``phase1.plan``) and, after a step or queue walk, ``v - r0`` of every chunk
+    (``[NC, P, CP, hd]`` fp32; None: gathered again). About 0.2 GiB at config A, beside the
+    undo log's 1.6 GiB. An eager forward offers it through the autograd context
     (``kept.keep_for_backward``); a traced one hands its tensors through the graph."""
     plan: Plan
     vmr: Tensor | None
@@ -40,9 +40,21 @@ class Kept:
 
     @staticmethod
     def from_tensors(P: int, T: int, C: int, W: int, R: int, tensors) -> "Kept":
+        """The ``Kept`` that ``tensors`` lists, for a call of ``P`` streams of ``T`` tokens
+        (chunks of ``C``, ``W`` / ``R`` slots per token); their sizes are checked, so a
+        list of another call's is refused before a kernel indexes through it."""
         n = Plan.n_backward_tensors()
-        return Kept(Plan.from_tensors(P, T, C, W, R, tensors[:n]),
-                    tensors[n] if len(tensors) > n else None)
+        pl = Plan.from_tensors(P, T, C, W, R, tensors[:n])
+        vmr = tensors[n] if len(tensors) > n else None
+        sizes = [(pl.slot.numel(), pl.B * C * pl.E), (pl.A.numel(), pl.B * C * C),
+                 (pl.first.shape[0], P), (pl.runs.slot.numel(), pl.B * C * W)]
+        if vmr is not None:
+            sizes.append((vmr.numel(), pl.NC * P * pow2(C) * vmr.shape[-1]))
+        for got, want in sizes:
+            torch._check(got == want, lambda: "sdm: what the forward handed over does not fit "
+                         f"this backward ({P} streams of {T} tokens, chunks of {C}, W = {W}, "
+                         f"R = {R})")
+        return Kept(pl, vmr)
 
 
 def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, saved_rows: Tensor,
