@@ -16,8 +16,9 @@ launches; here the same programs run as items of one launch, as the forward's qu
 The chunk-start rows come from their sources (``sources.py``: the final bank or the undo
 log, both unchanged by the walk), so nothing restores the bank. Everything is separable by
 stream and column, so a *group* (stream, column block of ``BD``) depends only on itself.
-Each group counts its finished items per kind, and an item waits for the counts that say
-what it reads is written and what it overwrites is read:
+Each group counts its finished items per kind and chunk (``_count``), and an item waits
+until the counts of the chunks it depends on are complete: what it reads is written and
+what it overwrites is read:
 
 - gather of chunk c: the second products of chunk c + 2 (the last readers of its buffer
   of ``v - r0``: ``v - r0``, ``delta`` and ``d delta`` have one buffer per chunk parity);
@@ -28,12 +29,16 @@ what it reads is written and what it overwrites is read:
 - mix2: the dw items of c, and the dev items of c + 1 (the last readers of ``d r0``);
 - dev and dB: mix2 of c (its ``d r0``; dw of c has read the dB rows before).
 
-Tickets, counts and their memory order are the forward queue walk's: every wait is for
+Tickets and the counts' memory order are the forward queue walk's: every wait is for
 smaller tickets, so the walk cannot deadlock. Nothing of chunk c - 1's gathers and first
 products needs chunk c's dB, so their tickets come before it: per step, dw(c), gather(c - 1),
 mix2(c), mix1(c - 1), dev(c), dB(c), and they run beside chunk c's last items (with the
 gathers after the dB items, each chunk's gathers waited ~60 us at A for the dB tickets
-before them to drain: docs/performance.md). The partial sums hold every chunk (the step
+before them to drain: docs/performance.md). Because items of the next chunk run beside
+this chunk's, a count may not sum items over chunks (as the forward walk's do, whose
+chunks follow one another): a count of all gathers so far could be reached with one of
+chunk c's still running and one of chunk c - 1's done. Hence one count per chunk
+(``tests/kernels/test_queue_schedules.py`` replays the recorded items in random orders). The partial sums hold every chunk (the step
 walk's hold a window of chunks) and are reduced once after the walk, in a fixed order.
 """
 from __future__ import annotations
@@ -126,13 +131,19 @@ def _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe
                          BDG, WP, RP, CP, 0, "", 0, True)
 
 
-@triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
+@triton.jit
+def _count(cnt_ptr, kind, c, g, G, NCL):
+    """The count of finished items of ``kind`` for group ``g`` and chunk ``c``."""
+    return cnt_ptr + ((kind * G + g).to(tl.int64) * NCL + c)
+
+
+@triton.jit(do_not_specialize=["P", "T", "NC", "NCB", "NCL"])
 def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr,
                           coef_ptr, v_ptr, X_ptr, QK_ptr, beta_ptr, dy_ptr, vmr_ptr, d_ptr,
                           dd_ptr, dr_ptr, dv_ptr, pc_ptr, pm_ptr, pqk_ptr, pl_ptr, pb_ptr,
                           pe_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr, g_pos_ptr,
                           g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, sync_ptr, P, T, hd, width,
-                          NC, NCB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+                          NC, NCB, NCL, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                           BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           BDG: tl.constexpr, NG: tl.constexpr,
@@ -149,7 +160,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
     n_tok = G * NTI
     n_gat = 0 if KEPT else n_tok                # gather items: none with the forward's v - r0
     n_mix = G * NMI
-    cnt = sync_ptr + LINE                       # kind k's count of group g: cnt[(k * G + g) * LINE]
+    cnt = sync_ptr + LINE                       # the counts (``_count``)
     # tickets: gather and mix1 of step 0, then per step k (chunk NC - 1 - k) dw(k),
     # gather(k + 1), mix2(k), mix1(k + 1), dev(k), dB(k)
     n_pro = n_gat + n_mix
@@ -187,37 +198,39 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
         p = g // NCB
         cb = g % NCB
         b = p * NC + c
+        c1 = tl.minimum(c + 1, NC - 1)          # the chunks after c (c itself at the end:
+        c2 = tl.minimum(c + 2, NC - 1)          # no wait then, the target is 0)
         if k >= NC:
             pass                                # (no step after the last)
-        elif kind == 0:
-            _await_count(cnt + (3 * G + g) * LINE, tl.maximum(k - 1, 0) * NMI)
+        elif kind == 0:   # the products of c + 2, last readers of this chunk's v - r0 buffer
+            _await_count(_count(cnt, 3, c2, g, G, NCL), tl.where(c + 2 < NC, NMI, 0))
             _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
                          vmr_ptr + sb, p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
         elif kind == 1:
             if KEPT:   # the products of c + 2, last readers of this chunk's delta buffers
-                _await_count(cnt + (3 * G + g) * LINE, tl.maximum(k - 1, 0) * NMI)
+                _await_count(_count(cnt, 3, c2, g, G, NCL), tl.where(c + 2 < NC, NMI, 0))
             else:      # the gathers of c (which waited for those products)
-                _await_count(cnt + g * LINE, (k + 1) * NTI)
+                _await_count(_count(cnt, 0, c, g, G, NCL), NTI)
             _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + vb, dy_ptr, d_ptr + sb, dd_ptr + sb, p,
                        b, cb, j, c, T, hd, C, BD, MB, TB, CP, PREC)
         elif kind == 2:
-            _await_count(cnt + (G + g) * LINE, (k + 1) * NMI)
-            _await_count(cnt + (5 * G + g) * LINE, k * NDI)
+            _await_count(_count(cnt, 1, c, g, G, NCL), NMI)
+            _await_count(_count(cnt, 5, c1, g, G, NCL), tl.where(c + 1 < NC, NDI, 0))
             _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr,
                      d_ptr + sb, dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C,
                      W, R, BD, WP, CP, KT)
         elif kind == 3:
-            _await_count(cnt + (2 * G + g) * LINE, (k + 1) * NTI)
-            _await_count(cnt + (4 * G + g) * LINE, k * NTI)
+            _await_count(_count(cnt, 2, c, g, G, NCL), NTI)
+            _await_count(_count(cnt, 4, c1, g, G, NCL), tl.where(c + 1 < NC, NTI, 0))
             _mix2_item(X_ptr, beta_ptr, vmr_ptr + vb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr,
                        dv_ptr, pqk_ptr, pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB,
                        TB, CP, PREC)
         elif kind == 4:
-            _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
+            _await_count(_count(cnt, 3, c, g, G, NCL), NMI)
             _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p,
                       cb, j, c, T, hd, width, NC, NB, C, W, R, BD, BDG, WP, RP, CP, KT)
         else:
-            _await_count(cnt + (3 * G + g) * LINE, (k + 1) * NMI)
+            _await_count(_count(cnt, 3, c, g, G, NCL), NMI)
             for u in range(KB):
                 if j * KB + u < NGT:
                     _group_program(p * NGT + j * KB + u, cb, dB_ptr, g_slot_ptr, g_len_ptr,
@@ -225,7 +238,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                                    g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC, C, E,
                                    BDG, NG, KW, CP, 0, BD // BDG, "")
         if k < NC:
-            _finish(cnt + (kind * G + g) * LINE)
+            _finish(_count(cnt, kind, c, g, G, NCL))
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
 
 
@@ -261,13 +274,16 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     # every chunk's row of the partial sums (no windows: one launch)
     parts, sums = partial_buffers(P, NC, P * NC, C, W, E, NCB * (BD // BDG), NCB,
                                   NCB * (BD // MB), dB.device)
-    sync = torch.zeros((1 + 6 * P * NCB) * LINE, dtype=torch.int32, device=dB.device)
+    # the ticket counter, then a count per kind, group and chunk: each kind's and group's
+    # row of NC counts padded to whole lines
+    NCL = -(-NC // LINE) * LINE
+    sync = torch.zeros(LINE + 6 * P * NCB * NCL, dtype=torch.int32, device=dB.device)
     launch_capped(_queue_reverse_kernel, (_programs(dB.device, config),), config["WARPS_QUEUE"],
                   register_cap(dB, config["MAXNREG_QUEUE_B"]), dB, final, log, scales, sources,
                   pl.slot, pl.ev, pl.coef, v, pl.X, pl.QK, pl.beta, dy, vmr, delta, ddelta, dr,
                   dv, parts["coef"], parts["m"], parts["qk"], parts["L"], parts["b"],
-                  parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, C=C, W=W, R=R,
-                  BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
+                  parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, NCL, C=C, W=W,
+                  R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
                   KW=config["KW_GROUP"], KT=KT, KB=KB, KEPT=vmr_kept is not None, PREC=prec,
                   LINE=LINE)
     window_sums(parts, sums, 0, NC, NC, C)
