@@ -221,7 +221,7 @@ def _check_orders(items: list, rounds: int, seed: int) -> str | None:
 
 def _job(item) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return dict(argv=[sys.executable, os.path.abspath(__file__)], env=env, timeout=900, cost=40)
+    return dict(argv=[sys.executable, os.path.abspath(__file__)], env=env, timeout=900, cost=80)
 
 
 @pytest.mark.background(job=_job)
