@@ -12,7 +12,9 @@ Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules`
    ``wrap_triton`` kernels and launches them from its own output code (AOTInductor
    packages carry them). A traced call launches one kernel per walk, whose compilation
    serves every ``T``: the queue walks (the step walks' items in one launch), forward
-   and backward; small shapes (and fp8 / int4 undo logs backward) the column walks.
+   and backward; small shapes (and fp8 / int4 undo logs backward) the column walks. A
+   training graph's forward hands its Phase 1 and ``v - r0`` to its backward as graph
+   values (``_Handed``), so the backward recomputes neither.
 3. Otherwise (CPU; CUDA under ``torch.compile`` by default) the op stays one extern call
    of the eager implementation per op call: on CUDA the step walks, launches per chunk
    that a graph of fixed launches cannot hold (docs/design.md, Lowerings), or for small
@@ -88,10 +90,10 @@ def emitted(name: str, device: torch.device):
 
 
 class _Handed:
-    """What an emitted forward hands to its emitted backward (Phase 1's plan, which the
-    backward would otherwise recompute), as values of the graph being traced. The rule of
-    the forward offers it to the op's autograd context (``kept.keep_for_backward``), as an
-    eager forward offers its ``Kept``; the backward's rule passes it to the backward's
+    """What an emitted forward hands to its emitted backward (Phase 1's plan and ``v - r0``,
+    which the backward would otherwise recompute), as values of the graph being traced. The
+    rule of the forward offers it to the op's autograd context (``kept.keep_for_backward``),
+    as an eager forward offers its ``Kept``; the backward's rule passes it to the backward's
     triton_op, so AOTAutograd saves those values for the backward graph like any other
     activation."""
 
