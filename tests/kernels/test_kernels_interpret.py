@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 
 
 # rough seconds of each case on one core (the order of the background queue)
-COST = dict(queue_walk=150, step_walk=130, step_walk_kept=120, column_walk=110,
+COST = dict(queue_walk=150, step_walk=130, step_walk_kept=120, column_walk=80,
             step_walk_windows=90, phase1_scans=55, extreme_gates=34, chunk_start_sources=30,
             snapshots=30, train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
             windows_and_tiles=3, solve_blocks=3, window_sums=2, nothing_to_do=2)
@@ -310,8 +310,6 @@ def case_column_walk():
     _train(ins, 16)
     _handed_over(make_inputs(P=1, T=37, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                              repeats=True, seed=12), 16, "column")
-    _kept_for_backward(plain_only=True)   # an eager column walk's forward keeps its plan
-    host.CONFIG["WALK"] = "column"
     host.CONFIG["TB"] = 16   # C=48: three token tiles per chunk, padded last chunk
     _train(make_inputs(P=1, T=52, W=2, R=2, hd=16, slots_per_stream=40, seed=16), 48)
     # rows of two entry tiles in flight, runs longer than the inline members (the loop),
@@ -459,12 +457,12 @@ def case_step_walk_kept():
     _kept_for_backward()
 
 
-def _kept_for_backward(plain_only: bool = False):
+def _kept_for_backward():
     """Through the ops and autograd (the kernels' host code as the CPU implementation):
-    the training forward hands its Phase 1 (and the step walk its ``v - r0``) to its
-    backward (``KEEP``), which then gives bitwise the gradients of a backward that
-    recomputes them; unless ``plain_only``, the gated op's backward uses them too (its
-    forward's gates came from the prep kernel), and so does a compiled graph's."""
+    the training forward hands its Phase 1 and ``v - r0`` to its backward (``KEEP``),
+    which then gives bitwise the gradients of a backward that recomputes them; the gated
+    op's backward uses them too (its forward's gates came from the prep kernel), and so
+    does a compiled graph's."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -499,9 +497,6 @@ def _kept_for_backward(plain_only: bool = False):
     for n, a, b, r in zip(NAMES, kept, recomputed, g_ref):
         assert torch.equal(a, b), n
         _check("kept grad " + n, a, r, 1e-5)
-    if plain_only:
-        host.CONFIG["KEEP"] = 1
-        return
     (how_k, kept), (_, recomputed) = grads(1, True), grads(0, True)
     assert how_k == "kept", how_k
     for i, (a, b) in enumerate(zip(kept, recomputed)):
