@@ -79,9 +79,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     # and would clone the two separately (the last copy-back wins)
     saved_arg = _dummy(bank) if saved is None else saved
     kind = walk_kind(C, bank, P, W, R)
-    vmr = None
-    if keep and raw_log and kind in ("step", "queue"):
-        vmr = torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32, device=bank.device)
+    vmr = _vmr_buffer(pl, bank) if keep and raw_log and kind in ("step", "queue") else None
     _await_index_check()
     if kind == "column":
         column_walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype))
@@ -89,6 +87,12 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
         walk = step_walk if kind == "step" else queue_walk
         walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype), vmr)
     return out, (Kept(pl, vmr) if keep else None)
+
+
+def _vmr_buffer(pl, bank: Tensor) -> Tensor:
+    """The ``[NC, P, CP, hd]`` fp32 buffer in which a walk keeps ``v - r0`` for the backward."""
+    return torch.empty(pl.NC, pl.P, pow2(pl.C), bank.shape[1], dtype=torch.float32,
+                       device=bank.device)
 
 
 def walk_kind(C: int, bank: Tensor, P: int, W: int, R: int) -> str:
@@ -130,11 +134,11 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
 
 def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
                  snapshot_quant: str, save: bool, gate_params=None, keep: bool = True):
-    """``forward_once`` and, fourth, what a backward of the call would otherwise recompute,
-    as a list of tensors for ``backward(handed=...)`` (``Kept.tensors``: the plan, and
-    ``v - r0`` where the backward's walk reads it) when ``keep`` and the call saves for a
-    backward and made a plan, else empty. A traced forward hands it to the traced backward
-    as values of the graph (``lowerings.write_read``)."""
+    """``forward_once`` and, fourth, what a backward of the call would otherwise recompute
+    (``Kept``: the plan, and ``v - r0`` where the backward's walk reads it) when ``keep``
+    and the call saves for a backward and made a plan, else None. A traced forward hands
+    its tensors (``Kept.tensors``) to the traced backward as values of the graph
+    (``lowerings.write_read``)."""
     k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
     if gate_params is None or is_fake(beta) or is_fake(g):
         # a traced call's raw gates are made contiguous too: the kernel reads them through
@@ -147,20 +151,19 @@ def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
         gate_params = _contig(*gate_params)
     P, T, W = k_idx.shape
     raw, rows, scales = saved_buffers(bank, P, T, W, chunk_size, snapshot_quant, save)
-    handed = []
+    kept_values = None
     if no_work(bank, k_idx):
         out = bank.new_zeros(P, T, bank.shape[1])
     elif not save and T <= DECODE_MAX_T:
         _await_index_check()
         out = decode(bank, k_idx, k_val, v, beta, g, q_idx, q_val, CONFIG, gate_params)
     else:
-        out, keep = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size,
-                                    raw, gate_params, keep and save,
-                                    bwd.raw_log(snapshot_quant))
-        handed = [] if keep is None else keep.tensors()
+        out, kept_values = chunked_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                           chunk_size, raw, gate_params, keep and save,
+                                           bwd.raw_log(snapshot_quant))
     if rows is None:
         rows, scales = pack_log(raw, snapshot_quant, bank.dtype)
-    return out, rows, scales, handed
+    return out, rows, scales, kept_values
 
 
 @direct_launches
@@ -185,11 +188,11 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
         return _step_forward(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant,
                              save, gate_params, wins)
     if windows == 1:
-        readings, rows, scales, handed = forward_kept(
+        readings, rows, scales, keep = forward_kept(
             bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, snapshot_quant, save, gate_params,
             keep=_keeps(bank))
-        if handed:
-            kept.keep_for_backward(readings, Kept.from_tensors(P, T, C, W, R, handed))
+        if keep is not None:
+            kept.keep_for_backward(readings, keep)
         return readings, rows, scales
     readings = bank.new_empty(P, T, bank.shape[1])
     for t0, t1 in wins:
@@ -237,8 +240,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         if save and whole and _keeps(bank):
-            keep = Kept(pl, torch.empty(pl.NC, P, pow2(C), hd, dtype=torch.float32,
-                                        device=bank.device))
+            keep = Kept(pl, _vmr_buffer(pl, bank))
         _await_index_check()
         step_walk(bank, pl, v if whole else v[:, t0:t1].contiguous(), out, saved, save, CONFIG,
                   _prec(bank.dtype), None if keep is None else keep.vmr)

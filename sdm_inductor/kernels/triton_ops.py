@@ -22,8 +22,8 @@ def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, bet
                       snapshot_quant: str = "none", save_for_backward: bool = True
                       ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
     """Functional ``sdm::write_read`` on CUDA: ``(readings, final_bank, saved_rows, saved_scales,
-    handed)``; ``handed``: what the backward would otherwise recompute (Phase 1's plan), for
-    ``triton_write_read_backward``, or empty (nothing saved for a backward).
+    handed)``; ``handed``: what the backward would otherwise recompute (Phase 1's plan and
+    ``v - r0``), for ``triton_write_read_backward``, or empty (nothing saved for a backward).
 
     Contract: inputs in the op's canonical layout (bank [S, hd] fp32/bf16; k_idx/k_val
     [P, T, W]; v [P, T, hd]; beta [P, T]; g [P, T, 1 or W]; q_idx/q_val [P, T, R]);
@@ -36,10 +36,10 @@ def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, bet
     kernel runs instead of the chunked path (a guard on T, not a recompilation per T).
     """
     final = bank.clone()
-    readings, rows, scales, handed = host.forward_kept(
+    readings, rows, scales, keep = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
         q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
-    return readings, final, rows, scales, handed
+    return readings, final, rows, scales, [] if keep is None else keep.tensors()
 
 
 @torch.library.triton_op("sdm::triton_write_read_gated", mutates_args=())
@@ -58,11 +58,11 @@ def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tenso
     ``[P]``. Other inputs and the outputs as ``triton_write_read``.
     """
     final = bank.clone()
-    readings, rows, scales, handed = host.forward_kept(
+    readings, rows, scales, keep = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), host.raw_gate_layout(b_raw),
         host.raw_gate_layout(a_raw), q_idx, q_val.to(bank.dtype), chunk_size, snapshot_quant,
         save_for_backward, gate_params=(A_log, dt_bias))
-    return readings, final, rows, scales, handed
+    return readings, final, rows, scales, [] if keep is None else keep.tensors()
 
 
 @torch.library.triton_op("sdm::triton_write_read_", mutates_args=("bank",))

@@ -291,7 +291,7 @@ def test_queue_walk_matches_the_step_walk_and_repeats(dtype):
         y, rows, scales, kept = direct_launches(host.forward_kept)(
             bank, *tuple(ins)[1:], 64, "none", True)
         grads = host.backward(dy, dM, bank, rows, scales, *tuple(ins)[1:], 64, "none", False,
-                              kept if handed else [])
+                              kept.tensors() if handed else [])
         assert ops.last_dispatch()["phase1_backward"] == ("handed" if handed else "recomputed")
         return (y, bank, *grads)
 

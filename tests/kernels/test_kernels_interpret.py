@@ -274,7 +274,8 @@ def _handed_over(ins, C: int, walk: str):
     dM = torch.randn(ins.bank.shape, generator=gen)
     args = tuple(ins)[1:]
     bank = ins.bank.clone()
-    y, rows, scales, handed = host.forward_kept(bank, *args, C, "none", True)
+    y, rows, scales, kept = host.forward_kept(bank, *args, C, "none", True)
+    handed = kept.tensors()
     P = ins.k_idx.shape[0]
     assert len(handed) == Plan.n_backward_tensors() + (walk == "queue"), len(handed)
     got = host.backward(dy, dM, bank, rows, scales, *args, C, "none", False, handed)
@@ -288,7 +289,7 @@ def _handed_over(ins, C: int, walk: str):
         else:
             assert torch.equal(a, b), n
     # nothing saved for a backward: nothing handed over
-    assert host.forward_kept(ins.bank.clone(), *args, C, "none", False)[3] == []
+    assert host.forward_kept(ins.bank.clone(), *args, C, "none", False)[3] is None
     # another call's (a longer sequence: more chunks) is refused before any launch
     short = [x[:, :C] for x in args]
     try:

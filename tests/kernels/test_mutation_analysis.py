@@ -58,12 +58,12 @@ def _run_case(case: str, args: tuple):
                                  gate_params=(A_log, dt_bias))
     dy, dM = args[8:]
     final = bank.clone()
-    _, rows, scales, handed = host.forward_kept(final, k_idx, k_val, v, beta, g, q_idx, q_val,
-                                                C, "none", True)
+    _, rows, scales, kept = host.forward_kept(final, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                              C, "none", True)
     # the queue walk's backward as a traced graph runs it (what the forward handed over:
     # no gathers, KEPT); the column walk's as a backward called on its own (recomputing)
     return host.backward(dy, dM, final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
-                         C, "none", False, handed if case == "backward_queue" else [])
+                         C, "none", False, kept.tensors() if case == "backward_queue" else [])
 
 
 def _kernel_modules():

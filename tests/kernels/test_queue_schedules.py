@@ -108,7 +108,8 @@ def _record_walks() -> dict:
     dy = torch.randn(ins.v.shape, generator=gen)
     dM = torch.randn(ins.bank.shape, generator=gen)
     bank = ins.bank.clone()
-    _, rows, scales, handed = host.forward_kept(bank, *args, C, "none", True)
+    _, rows, scales, kept = host.forward_kept(bank, *args, C, "none", True)
+    handed = kept.tensors()
     walks["forward"], events[:] = list(events), []
     for name, given in (("reverse", []), ("reverse, handed over", handed)):
         host.backward(dy, dM, bank, rows, scales, *args, C, "none", False, given)

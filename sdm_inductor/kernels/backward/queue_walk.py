@@ -38,8 +38,9 @@ before them to drain: docs/performance.md). Because items of the next chunk run 
 this chunk's, a count may not sum items over chunks (as the forward walk's do, whose
 chunks follow one another): a count of all gathers so far could be reached with one of
 chunk c's still running and one of chunk c - 1's done. Hence one count per chunk
-(``tests/kernels/test_queue_schedules.py`` replays the recorded items in random orders). The partial sums hold every chunk (the step
-walk's hold a window of chunks) and are reduced once after the walk, in a fixed order.
+(``tests/kernels/test_queue_schedules.py`` replays the recorded items in random orders).
+The partial sums hold every chunk (the step walk's hold a window of chunks) and are
+reduced once after the walk, in a fixed order.
 """
 from __future__ import annotations
 
