@@ -38,7 +38,7 @@ import threading
 import torch
 from torch import Tensor
 
-from . import cpu, gates, kept, quant
+from . import cpu, frames, gates, kept, quant
 from . import validation
 from .validation import check_backward, check_call, check_gated, start_index_check
 
@@ -74,15 +74,17 @@ def await_index_check() -> None:
 
 
 @contextlib.contextmanager
-def _index_check_settled():
+def _op_body():
     """The body of an eager op: its index check has been waited for when the body ends
     (an implementation path that never called ``await_index_check`` still raises), and
-    none is left behind for a later call when the body fails."""
-    try:
-        yield
-        await_index_check()
-    finally:
-        _PENDING.check = None
+    none is left behind for a later call when the body fails. Called from a compiled
+    graph, its host code runs under CPython's own frame evaluation (``frames``)."""
+    with frames.plain_frames():
+        try:
+            yield
+            await_index_check()
+        finally:
+            _PENDING.check = None
 
 
 def last_dispatch() -> dict:
@@ -195,7 +197,7 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
                grad_bank_fp32: bool = False, save_for_backward: bool = True
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Functional SDM write/read: (readings [P,T,hd], final bank, saved rows, saved scales)."""
-    with _index_check_settled():
+    with _op_body():
         _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
                  shared_bank, snapshot_quant)
         final = bank.clone()
@@ -307,7 +309,7 @@ def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_ra
     """
     _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
                       chunk_size, slots_per_stream, shared_bank, snapshot_quant)
-    with _index_check_settled():
+    with _op_body():
         _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant, False)
         final = bank.clone()
         impl = _impl(bank)
@@ -391,18 +393,20 @@ def write_read_backward(grad_readings: Tensor, grad_final: Tensor, final_bank: T
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients (bank, k_val, v, beta, g, q_val) of sdm::write_read (``final_bank``: its
     final bank output; ``saved_rows`` / ``saved_scales``: its undo log)."""
-    _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
-                    k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant)
-    dtype = grad_final.dtype
-    # an eager autograd call's (its context), or by the log's identity
-    offer = kept.kept_for_backward()
-    if offer is None:
-        offer = kept.kept_by_log(saved_rows, final_bank, (k_idx, k_val, v, beta, g, q_idx, q_val))
-    with kept.backward_with(offer):
-        return _impl(grad_final).backward(
-            grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
-            k_val.to(dtype), v.to(dtype), beta.float(), g.float(), q_idx, q_val.to(dtype),
-            chunk_size, snapshot_quant, grad_bank_fp32)
+    with frames.plain_frames():
+        _check_backward(grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
+                        k_val, v, beta, g, q_idx, q_val, chunk_size, snapshot_quant)
+        dtype = grad_final.dtype
+        # an eager autograd call's (its context), or by the log's identity
+        offer = kept.kept_for_backward()
+        if offer is None:
+            offer = kept.kept_by_log(saved_rows, final_bank,
+                                     (k_idx, k_val, v, beta, g, q_idx, q_val))
+        with kept.backward_with(offer):
+            return _impl(grad_final).backward(
+                grad_readings, grad_final, final_bank, saved_rows, saved_scales, k_idx,
+                k_val.to(dtype), v.to(dtype), beta.float(), g.float(), q_idx, q_val.to(dtype),
+                chunk_size, snapshot_quant, grad_bank_fp32)
 
 
 @write_read_backward.register_fake
@@ -425,7 +429,7 @@ def write_read_(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Ten
                 q_idx: Tensor, q_val: Tensor, chunk_size: int = 64, slots_per_stream: int = 0,
                 shared_bank: bool = False) -> Tensor:
     """Advance ``bank`` in place through the tokens; return the readings [P, T, hd]."""
-    with _index_check_settled():
+    with _op_body():
         _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
                  shared_bank, "none", in_place=True)
         readings, _, _ = _impl(bank).forward(

@@ -172,11 +172,19 @@ def refuse_forward_ad(named) -> None:
     if forward_ad._current_level < 0 or torch.compiler.is_compiling():
         return
     for name, t in named:
-        if isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+        if isinstance(t, Tensor) and _tangent(t) is not None:
             raise NotImplementedError(
                 f"sdm: argument '{name}' carries a forward-mode tangent: forward-mode AD "
                 "(torch.func.jvp, jacfwd, torch.autograd.forward_ad) is not implemented for "
                 "the sdm ops; use reverse mode (torch.autograd.grad or .backward())")
+
+
+def _tangent(t: Tensor):
+    """``t``'s forward-mode tangent at the current level. Inside an in-place custom op's
+    body torch 2.11 excludes the ADInplaceOrView key, and ``unpack_dual``'s view of the
+    primal then fails an internal assert; the view is made with the key included."""
+    with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.ADInplaceOrView, False):
+        return forward_ad.unpack_dual(t).tangent
 
 
 def no_work(bank: Tensor, k_idx: Tensor) -> bool:
