@@ -52,9 +52,26 @@ def _no_callback() -> bool:
     return get is not None and get() is None
 
 
+@functools.cache
+def _dynamo_function() -> int:
+    """The address of Dynamo's frame-evaluation function: read while a run-only callback
+    has it installed, then the callback put back (called with no callback set: Dynamo's
+    count of active threads goes up and back down, so whatever was installed before is
+    installed again)."""
+    get, _put, _default, interp = _api()
+    set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+    prior = set_eval_frame(False)
+    try:
+        return get(interp())
+    finally:
+        set_eval_frame(prior)
+
+
 @contextlib.contextmanager
 def plain_frames():
-    """Run the body under CPython's default frame evaluation (see the module docstring)."""
+    """Run the body under CPython's default frame evaluation (see the module docstring).
+    Only Dynamo's function, with no callback, is taken out: another tool's (a debugger's
+    PEP 523 hook) stays."""
     api = _api()
     if api is None:
         yield
@@ -62,7 +79,7 @@ def plain_frames():
     get, put, default, interp = api
     state = interp()
     installed = get(state)
-    if installed == default or not _no_callback():
+    if installed == default or not _no_callback() or installed != _dynamo_function():
         yield
         return
     put(state, default)

@@ -9,11 +9,14 @@ from sdm_inductor import frames, ops
 from sdm_inductor.testing import make_inputs
 
 SEEN: list = []
+DYNAMOS: list = []   # whether the probe saw Dynamo's own function installed
 
 
 @torch.library.custom_op("sdm_test::probe", mutates_args=())
 def _probe(x: torch.Tensor) -> torch.Tensor:
     SEEN.append(("probe", frames.installed()))
+    get, _put, _default, interp = frames._api()
+    DYNAMOS.append(get(interp()) == frames._dynamo_function())
     return x.clone()
 
 
@@ -47,10 +50,12 @@ def test_op_body_runs_plain_frames_inside_a_compiled_graph(monkeypatch):
     compiled = torch.compile(step, backend="eager", fullgraph=True)
     compiled(*ins)
     SEEN.clear()
+    DYNAMOS.clear()
     got = compiled(*ins)
     # the probe (a custom op without plain_frames) shows Dynamo's function installed
-    # while the graph runs; the sdm op's body does not
+    # while the graph runs (the one plain_frames recognizes); the sdm op's body does not
     assert SEEN == [("sdm", False), ("probe", True)]
+    assert DYNAMOS == [True]
     assert not frames.installed()
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
