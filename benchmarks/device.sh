@@ -16,7 +16,9 @@
 #
 # Segments run in the order given. The device image has torch 2.11 and no network: the
 # test extras (expecttest, hypothesis, ...) travel as wheels in .whl/ (carry [".whl"]) and
-# are installed into /tmp/site. Its default C++ compiler is a wrapper whose AOTInductor
+# are installed into /tmp/site (make them with `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 -d .whl expecttest hypothesis sortedcontainers attrs`: the image's
+# python3 is 3.12). Its default C++ compiler is a wrapper whose AOTInductor
 # .so files do not link libstdc++ and crash at load, so AOTI builds use /usr/bin/g++.
 set -u
 if ls .whl/*.whl > /dev/null 2>&1; then

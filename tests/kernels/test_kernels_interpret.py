@@ -56,9 +56,13 @@ def _check(name, got, want, tol):
     assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.0e}"
 
 
-def _train(ins, C, mode="none", tol=1e-5, grad_bank_fp32=False):
-    """Forward (saving) + backward of the kernels against the float64 oracle."""
+def _train(ins, C, mode="none", tol=1e-5, grad_bank_fp32=False, kept=False):
+    """Forward (saving) + backward of the kernels against the float64 oracle. ``kept``:
+    the backward takes what the forward kept (Phase 1's plan and ``v - r0``), as an eager
+    autograd call's does, instead of recomputing it (half of the interpreter's Phase 1)."""
     import torch
+    from sdm_inductor import kept as keeping
+    from sdm_inductor import ops
     from sdm_inductor.kernels import host
     from sdm_inductor.testing import reference_outputs
     P, T, _ = ins.k_idx.shape
@@ -70,10 +74,16 @@ def _train(ins, C, mode="none", tol=1e-5, grad_bank_fp32=False):
     dt = bank.dtype
     args = (ins.k_idx, ins.k_val.to(dt), ins.v.to(dt), ins.beta, ins.g, ins.q_idx,
             ins.q_val.to(dt))
+    keeping.drop_offer()
     y, rows, scales = host.forward(bank, *args, C, mode, True)
     _check("readings", y, y_ref, tol)
     _check("final bank", bank, M_ref, tol)
-    grads = host.backward(dy, dM, bank, rows, scales, *args, C, mode, grad_bank_fp32)
+    offer = keeping.take(y) if kept else None
+    assert offer is not None or not kept, "the forward kept nothing"
+    with keeping.backward_with(offer):
+        grads = host.backward(dy, dM, bank, rows, scales, *args, C, mode, grad_bank_fp32)
+    how = ops.last_dispatch().get("phase1_backward")
+    assert how == ("kept" if kept else "recomputed"), how
     for n, g, r in zip(NAMES, grads, g_ref):
         _check("grad " + n, g, r, tol)
     return rows, scales, grads, args, dy, dM
@@ -347,7 +357,8 @@ def case_queue_walk():
     assert ops.last_dispatch().get("reverse_walk") == "queue", ops.last_dispatch()
     _handed_over(make_inputs(P=1, T=37, W=4, R=3, hd=16, slots_per_stream=10,
                              per_write_gate=True, repeats=True, seed=35), 16, "queue")
-    _train(make_inputs(P=1, T=70, W=2, R=3, hd=16, slots_per_stream=200, seed=32), 32)
+    _train(make_inputs(P=1, T=70, W=2, R=3, hd=16, slots_per_stream=200, seed=32), 32,
+           kept=True)   # the reverse queue walk given v - r0: no gather items
     _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                        repeats=True, dtype=torch.bfloat16, seed=33), 16, tol=2e-2)
     # chunks of 6 (gather items of 2 tokens), 4 entries a step over 3 and 5 slots (masked)
@@ -392,7 +403,8 @@ def case_step_walk():
     _train(make_inputs(P=2, T=37, W=4, R=3, hd=18, slots_per_stream=10, per_write_gate=True,
                        repeats=True, seed=22), 16)
     assert ops.last_dispatch().get("walk") == "step", ops.last_dispatch()
-    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128)
+    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=200, seed=23), 128,
+           kept=True)
     # 3 chunks: backward windows of 1 and 2; from here the write and dB programs take two
     # column blocks each (CL_*; at hd = 40 in blocks of 16, the last program's second block
     # is past the bank's columns)
@@ -403,7 +415,8 @@ def case_step_walk():
                        repeats=True, seed=28), 16)
     # sparse slots (640 entries a chunk over 2000): most dB tiles hold single members
     # only and take the launch's one-member path (``_one_tile``), beside tiles of longer groups
-    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=2000, seed=26), 128)
+    _train(make_inputs(P=1, T=150, W=2, R=3, hd=16, slots_per_stream=2000, seed=26), 128,
+           kept=True)
 
 
 def _step_config(two_blocks: bool = False):
@@ -447,7 +460,7 @@ def case_step_walk_windows():
     # MIX_ROWS / MIX_ROWS_B, the defaults, load whole rows first): several blocks per chunk
     host.CONFIG.update(MIX_ROWS=0, MIX_ROWS_B=0, TB_MIX=16, TB_MIX_B=16)
     _train(make_inputs(P=2, T=70, W=4, R=3, hd=16, slots_per_stream=12, per_write_gate=True,
-                       repeats=True, seed=30), 32)
+                       repeats=True, seed=30), 32, kept=True)
 
 
 def case_step_walk_kept():
