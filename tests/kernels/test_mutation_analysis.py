@@ -175,6 +175,10 @@ def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, backgro
     for (kernel, writes), (_, changed) in zip(analysis, truth):
         missed = set(changed) - set(writes)
         assert not missed, f"{kernel}: writes {sorted(missed)} that the analysis misses"
+        if kernel == "_queue_reverse_kernel" and case == "backward_queue":
+            # the forward's v - r0, an input of a traced backward: a write the analysis
+            # listed would make Inductor copy it before the launch
+            assert "vmr_ptr" not in writes, writes
 
 
 TRUTH = "truth: "   # the line of the interpreter half's output that holds its result

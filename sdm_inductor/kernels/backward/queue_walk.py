@@ -204,9 +204,14 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
         if k >= NC:
             pass                                # (no step after the last)
         elif kind == 0:   # the products of c + 2, last readers of this chunk's v - r0 buffer
-            _await_count(_count(cnt, 3, c2, g, G, NCL), tl.where(c + 2 < NC, NMI, 0))
-            _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
-                         vmr_ptr + sb, p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP, CP, KT)
+            # (compiled out with KEPT: no gather items, and the handed-over v - r0, an input
+            # of a traced backward, is then not among the launch's writes, which Inductor
+            # would otherwise copy before the launch)
+            if not KEPT:
+                _await_count(_count(cnt, 3, c2, g, G, NCL), tl.where(c + 2 < NC, NMI, 0))
+                _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr,
+                             vmr_ptr + sb, p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP,
+                             CP, KT)
         elif kind == 1:
             if KEPT:   # the products of c + 2, last readers of this chunk's delta buffers
                 _await_count(_count(cnt, 3, c2, g, G, NCL), tl.where(c + 2 < NC, NMI, 0))
