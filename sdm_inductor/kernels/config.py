@@ -24,9 +24,10 @@ CONFIG = dict(
     # (``runtime/pipeline.py``). Off by default: Phase 1's kernels are latency-bound and each window
     # costs host time, so one window is faster; windows bound the memory of long sequences.
     WINDOW_TOKENS=8192, TRAIN_WINDOW_TOKENS=0,
-    # KEEP: a training forward of the step walks in one window hands its Phase 1 and its
-    # ``v - r0`` to the backward (``Kept``), which then skips its own Phase 1 and gather
-    # launch (0: the backward recomputes them, as it must after token windows).
+    # KEEP: a training forward in one window hands its Phase 1 and (after a step or queue
+    # walk) its ``v - r0`` to the backward (``Kept``; a traced forward through the graph),
+    # which then skips its own Phase 1 and gathers (0: the backward recomputes them, as it
+    # must after token windows).
     KEEP=1,
     # PDL: programmatic dependent launch of the step walks' launches on sm_90+
     # (``runtime.launch.pdl``); 2: the row kernels also issue their early loads (Phase 1's arrays,

@@ -38,7 +38,8 @@ def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, bet
     final = bank.clone()
     readings, rows, scales, keep = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
-        q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
+        q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward,
+        keep=bool(host.CONFIG["KEEP"]))
     return readings, final, rows, scales, [] if keep is None else keep.tensors()
 
 
@@ -61,7 +62,7 @@ def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tenso
     readings, rows, scales, keep = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), host.raw_gate_layout(b_raw),
         host.raw_gate_layout(a_raw), q_idx, q_val.to(bank.dtype), chunk_size, snapshot_quant,
-        save_for_backward, gate_params=(A_log, dt_bias))
+        save_for_backward, gate_params=(A_log, dt_bias), keep=bool(host.CONFIG["KEEP"]))
     return readings, final, rows, scales, [] if keep is None else keep.tensors()
 
 

@@ -300,15 +300,21 @@ def _handed_over(ins, C: int, walk: str):
             assert torch.equal(a, b), n
     # nothing saved for a backward: nothing handed over
     assert host.forward_kept(ins.bank.clone(), *args, C, "none", False)[3] is None
-    # another call's (a longer sequence: more chunks) is refused before any launch
+    # another call's (a longer sequence: more chunks; after a queue walk, also one of
+    # narrower rows) is refused before any launch
     short = [x[:, :C] for x in args]
-    try:
-        host.backward(dy[:, :C], dM, bank, rows[:P * C], scales, *short, C, "none", False,
-                      handed)
-    except RuntimeError as e:
-        assert "does not fit this backward" in str(e), e
-    else:
-        raise AssertionError("a hand-over of another call was used")
+    others = [(dy[:, :C], dM, bank, rows[:P * C], *short)]
+    if walk == "queue":
+        narrow = tuple(x[..., :8] if x is ins.v else x for x in args)
+        others.append((dy[..., :8], dM[:, :8], bank[:, :8].contiguous(), rows[..., :8],
+                       *narrow))
+    for dy_, dM_, bank_, rows_, *args_ in others:
+        try:
+            host.backward(dy_, dM_, bank_, rows_, scales, *args_, C, "none", False, handed)
+        except RuntimeError as e:
+            assert "does not fit this backward" in str(e), e
+        else:
+            raise AssertionError("a hand-over of another call was used")
 
 
 def case_column_walk():

@@ -39,21 +39,24 @@ class Kept:
         return self.plan.backward_tensors() + ([] if self.vmr is None else [self.vmr])
 
     @staticmethod
-    def from_tensors(P: int, T: int, C: int, W: int, R: int, tensors) -> "Kept":
+    def from_tensors(P: int, T: int, C: int, W: int, R: int, hd: int, tensors) -> "Kept":
         """The ``Kept`` that ``tensors`` lists, for a call of ``P`` streams of ``T`` tokens
-        (chunks of ``C``, ``W`` / ``R`` slots per token); their sizes are checked, so a
-        list of another call's is refused before a kernel indexes through it."""
+        (chunks of ``C``, ``W`` / ``R`` slots per token, rows of ``hd``); their sizes (and
+        ``v - r0``'s dtype) are checked, so a list of another call's is refused before a
+        kernel indexes through it. The slots the plan holds are not checked against the
+        bank's rows: a list of a call with other indices gives other gradients."""
         n = Plan.n_backward_tensors()
         pl = Plan.from_tensors(P, T, C, W, R, tensors[:n])
         vmr = tensors[n] if len(tensors) > n else None
         sizes = [(pl.slot.numel(), pl.B * C * pl.E), (pl.A.numel(), pl.B * C * C),
                  (pl.first.shape[0], P), (pl.runs.slot.numel(), pl.B * C * W)]
-        if vmr is not None:
-            sizes.append((vmr.numel(), pl.NC * P * pow2(C) * vmr.shape[-1]))
+        if vmr is not None:   # [NC, P, CP, hd] fp32
+            sizes += [(vmr.dim(), 4), (vmr.dtype, torch.float32),
+                      *zip(vmr.shape, (pl.NC, P, pow2(C), hd))]
         for got, want in sizes:
             torch._check(got == want, lambda: "sdm: what the forward handed over does not fit "
                          f"this backward ({P} streams of {T} tokens, chunks of {C}, W = {W}, "
-                         f"R = {R})")
+                         f"R = {R}, rows of {hd})")
         return Kept(pl, vmr)
 
 
@@ -106,7 +109,7 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
         return pl, entry_groups(pl)
 
     # what a forward hands over covers the whole sequence: token windows recompute
-    kept = (_handed(handed, P, T, C, W, R) if len(handed) and one_window else
+    kept = (_handed(handed, P, T, C, W, R, hd) if len(handed) and one_window else
             _kept(one_window, P, T, C, W, R))
     if one_window:
         pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C) if kept is None else kept.plan
@@ -165,11 +168,11 @@ def _kept(usable: bool, P: int, T: int, C: int, W: int, R: int):
     return kept
 
 
-def _handed(tensors, P: int, T: int, C: int, W: int, R: int) -> Kept:
+def _handed(tensors, P: int, T: int, C: int, W: int, R: int, hd: int) -> Kept:
     """``Kept`` of the tensors a traced forward handed over (``host.forward_kept``)."""
     from ... import ops
     ops.record_dispatch(phase1_backward="handed")
-    return Kept.from_tensors(P, T, C, W, R, tensors)
+    return Kept.from_tensors(P, T, C, W, R, hd, tensors)
 
 
 def _reverse(pl, gr, log, scales, v, dy, dB, work, width: int, qmode: int, prec: str,
