@@ -14,8 +14,8 @@ from a compiled graph, 73 us there under ``plain_frames`` (CPU, Python 3.11, tor
 thousands of such calls, on the critical path of a call followed by a sync.
 
 ``plain_frames()`` puts CPython's default back for the body of an op and Dynamo's
-function after it, only when this thread's callback is None (a compiled graph running:
-the installed function would only call the default). Frames a body starts then run as
+function after it, only when that function is the one installed and this thread's callback
+is None (a compiled graph running: the function would only call the default). Frames a body starts then run as
 they would under Dynamo's function with no callback. Frames another thread starts while
 the body has released the GIL are not intercepted by Dynamo either: a function such a
 thread calls inside a ``torch.compile`` region runs eagerly that once (the same results).
@@ -89,10 +89,16 @@ def plain_frames():
         put(state, installed)
 
 
+def installed_function() -> int | None:
+    """The address of the installed frame-evaluation function (None outside CPython)."""
+    api = _api()
+    if api is None:
+        return None
+    get, _put, _default, interp = api
+    return get(interp())
+
+
 def installed() -> bool:
     """Whether a frame-evaluation function other than CPython's default is installed."""
     api = _api()
-    if api is None:
-        return False
-    get, _put, default, interp = api
-    return get(interp()) != default
+    return api is not None and installed_function() != api[2]

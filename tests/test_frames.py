@@ -15,8 +15,7 @@ DYNAMOS: list = []   # whether the probe saw Dynamo's own function installed
 @torch.library.custom_op("sdm_test::probe", mutates_args=())
 def _probe(x: torch.Tensor) -> torch.Tensor:
     SEEN.append(("probe", frames.installed()))
-    get, _put, _default, interp = frames._api()
-    DYNAMOS.append(get(interp()) == frames._dynamo_function())
+    DYNAMOS.append(frames.installed_function() == frames._dynamo_function())
     return x.clone()
 
 
