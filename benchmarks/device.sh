@@ -1,7 +1,7 @@
 #!/bin/bash
 # GPU verification in a few segments, each under its own time limit; logs under $OUT.
 #
-#   bash benchmarks/device.sh tests          # every CUDA-marked test (three pytest processes)
+#   bash benchmarks/device.sh tests          # every CUDA-marked test (four pytest processes)
 #   bash benchmarks/device.sh bench          # benchmarks/bench_cuda.py (configs A and B)
 #   bash benchmarks/device.sh walks          # the same at C=128, step against queue walks
 #                                            # (the traced path's walks, forward and backward)
@@ -44,7 +44,10 @@ while [ $# -gt 0 ]; do
   seg=$1; shift
   case $seg in
     tests)   # -v so that a cut run still lists what passed
-      run tests_kernels 560 python3 -m pytest -v -p no:cacheprovider -m cuda tests/kernels &
+      # the kernels' tests in two processes, alternate test ids each (one took ~520 s)
+      ids=$(python3 -m pytest --collect-only -q -p no:cacheprovider -m cuda tests/kernels | grep '::')
+      run tests_kernels_1 560 python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 1') &
+      run tests_kernels_2 560 python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 0') &
       run tests_lowerings 560 python3 -m pytest -v -p no:cacheprovider -m cuda tests/lowerings &
       # (tests/test_fuzz.py has no CUDA tests and needs hypothesis, whose wheel is per Python)
       run tests_rest 560 python3 -m pytest -v -p no:cacheprovider -m cuda --durations=10 tests \
