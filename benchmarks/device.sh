@@ -43,14 +43,15 @@ run() {  # run NAME LIMIT command...: the log goes to $OUT/NAME.log, a summary t
 while [ $# -gt 0 ]; do
   seg=$1; shift
   case $seg in
-    tests)   # -v so that a cut run still lists what passed
+    tests)   # -v so that a cut run still lists what passed; TESTS_LIMIT: seconds per process
+      tl=${TESTS_LIMIT:-560}
       # the kernels' tests in two processes, alternate test ids each (one took ~520 s)
       ids=$(python3 -m pytest --collect-only -q -p no:cacheprovider -m cuda tests/kernels | grep '::')
-      run tests_kernels_1 560 python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 1') &
-      run tests_kernels_2 560 python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 0') &
-      run tests_lowerings 560 python3 -m pytest -v -p no:cacheprovider -m cuda tests/lowerings &
+      run tests_kernels_1 $tl python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 1') &
+      run tests_kernels_2 $tl python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 0') &
+      run tests_lowerings $tl python3 -m pytest -v -p no:cacheprovider -m cuda tests/lowerings &
       # (tests/test_fuzz.py has no CUDA tests and needs hypothesis, whose wheel is per Python)
-      run tests_rest 560 python3 -m pytest -v -p no:cacheprovider -m cuda --durations=10 tests \
+      run tests_rest $tl python3 -m pytest -v -p no:cacheprovider -m cuda --durations=10 tests \
         --ignore tests/kernels --ignore tests/lowerings --ignore tests/test_fuzz.py &
       wait ;;
     bench)
