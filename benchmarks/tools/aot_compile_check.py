@@ -207,7 +207,9 @@ def main(dtype="bf16"):
                          KW=CFG["KW_STEP"], SAVE=CC != 64, PREC="tf32",
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
                          KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"],
-                         KEEP=CC != 64),   # a training forward keeps v - r0
+                         KEEP=CC != 64,    # a training forward keeps v - r0
+                         EARLY=bool(CFG["QUEUE_EARLY"]),
+                         ROWS=bool(CFG["MIX_ROWS"]) and CC <= ROWS_MAX_CP),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE"]))
         compile_one(queue_reverse._queue_reverse_kernel,
                     dict(dB_ptr=bank, fin_ptr=bank, log_ptr=bank, scale_ptr=f32, src_ptr=i32,

@@ -51,7 +51,7 @@ CONFIG = dict(
     # give twice the programs of 64 at C = 128), the write launch (BD_STEP_W columns, NG_STEP
     # positions, KW_STEP inline members, WARPS_STEP_W warps, CL_WRITE column blocks per
     # program). MIX_ROWS: the product launch loads each token block's rows of X and QKX
-    # whole before waiting for the gather launch (``_mix_block_rows``), up to C = 128
+    # whole before waiting for the gather launch (``_mix_rows_load``), up to C = 128
     # (above it the rows forms spill); 0 takes the blocks form at every C.
     BD_STEP=128, WARPS_STEP=1, BD_STEP_W=128, NG_STEP=32, KW_STEP=2, WARPS_STEP_W=4,
     CL_WRITE=1, MB_MIX=32, TB_MIX=32, WARPS_MIX=4, MIX_ROWS=1,
@@ -70,7 +70,7 @@ CONFIG = dict(
     # Register caps of the forward and reverse queue walks (each kind of item a non-inlined
     # function, so a cap binds the largest one), 2-byte banks only (``register_cap``): 168
     # and 128 compile without spills and fit 3 and 4 programs per SM; 0: no cap
-    MAXNREG_QUEUE=168, MAXNREG_QUEUE_B=128,
+    QUEUE_EARLY=1, MAXNREG_QUEUE=168, MAXNREG_QUEUE_B=128,
     # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE

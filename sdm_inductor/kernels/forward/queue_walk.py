@@ -42,9 +42,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..common.tiles import _write_head, _write_tile
+from ..common.tiles import ROWS_MAX_CP, _write_head, _write_tile
 from ..runtime.launch import launch_capped, pow2
-from .step_walk import _mix_block, step_buffers
+from .step_walk import _mix_block, _mix_rows_load, _mix_rows_products, step_buffers
 
 # counters sit one 128-byte line apart (``LINE`` int32s): polls of one group's count do
 # not contend with the releases of another's
@@ -92,6 +92,36 @@ def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, E: tl.constex
     return tl.sum(acc, axis=1)
 
 
+@triton.jit
+def _token_index(slot_ptr, ev_ptr, base, r: tl.constexpr, n: tl.constexpr, E: tl.constexpr,
+                 KG: tl.constexpr, ES: tl.constexpr):
+    """Slots and weights of entries ``[r, r + ES)`` of ``KG`` tokens (``_token_sums``'s
+    layout): Phase 1's arrays, which a step can load before its wait."""
+    tk = tl.arange(0, KG)
+    es = tl.arange(0, ES)
+    em = (r + es) < n
+    at = base + tk[:, None] * E + r + es[None, :]
+    return (tl.load(slot_ptr + at, mask=em[None, :], other=-1),
+            tl.load(ev_ptr + at, mask=em[None, :], other=0.0))
+
+
+@triton.jit
+def _token_sums_from(bank_ptr, slot_ptr, ev_ptr, base, sl, wt, n: tl.constexpr,
+                     E: tl.constexpr, KG: tl.constexpr, ES: tl.constexpr, cols, cm, hd):
+    """``_token_sums`` given its first step's slots and weights (``_token_index``, loaded
+    before the wait); each step loads the next step's before its own rows."""
+    acc = tl.zeros([KG, ES, cols.shape[0]], tl.float32)
+    for r in tl.static_range(0, n, ES):
+        if r + ES < n:
+            sl_n, wt_n = _token_index(slot_ptr, ev_ptr, base, r + ES, n, E, KG, ES)
+        rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
+                       mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
+        acc += wt[:, :, None] * rows.to(tl.float32)
+        if r + ES < n:
+            sl, wt = sl_n, wt_n
+    return tl.sum(acc, axis=1)
+
+
 # Each kind of item is its own function (not inlined), so the launch's register cap
 # (MAXNREG_QUEUE) binds the largest item alone: inlined, the persistent loop keeps all three
 # kinds' values live and needs 255 registers; non-inlined and capped at 168, bf16 compiles
@@ -102,7 +132,7 @@ def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, E: tl.constex
 def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, wdone_ptr,
                  c, p, cb, i0, P, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr,
                  R: tl.constexpr, BD: tl.constexpr, CP: tl.constexpr, KG: tl.constexpr,
-                 ES: tl.constexpr, KEEP: tl.constexpr):
+                 ES: tl.constexpr, KEEP: tl.constexpr, EARLY: tl.constexpr):
     """Tokens ``[i0, i0 + KG)`` of the chunk, one per warp: their chunk-start rows, ``u``
     and ``inter``; with ``KEEP`` also ``v - r0`` into the backward's ``[NC, P, CP, hd]``
     buffer (the step walk's ``keep``)."""
@@ -115,9 +145,18 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                  mask=(tg < T)[:, None] & cm[None, :], other=0.0).to(tl.float32)
     bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks)
-    _await_count(wdone_ptr, c * NWB)                              # chunk c - 1 written
-    r0 = _token_sums(bank_ptr, slot_ptr, ev_ptr, base, W, W + R, KG, ES, cols, cm, hd)
-    inter = _token_sums(bank_ptr, slot_ptr, ev_ptr, base + W, R, W + R, KG, ES, cols, cm, hd)
+    if EARLY:
+        slw, wtw = _token_index(slot_ptr, ev_ptr, base, 0, W, W + R, KG, ES)
+        slr, wtr = _token_index(slot_ptr, ev_ptr, base + W, 0, R, W + R, KG, ES)
+        _await_count(wdone_ptr, c * NWB)                          # chunk c - 1 written
+        r0 = _token_sums_from(bank_ptr, slot_ptr, ev_ptr, base, slw, wtw, W, W + R, KG, ES,
+                              cols, cm, hd)
+        inter = _token_sums_from(bank_ptr, slot_ptr, ev_ptr, base + W, slr, wtr, R, W + R, KG,
+                                 ES, cols, cm, hd)
+    else:
+        _await_count(wdone_ptr, c * NWB)                              # chunk c - 1 written
+        r0 = _token_sums(bank_ptr, slot_ptr, ev_ptr, base, W, W + R, KG, ES, cols, cm, hd)
+        inter = _token_sums(bank_ptr, slot_ptr, ev_ptr, base + W, R, W + R, KG, ES, cols, cm, hd)
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     tl.store(u_ptr + buf, bt[:, None] * (vv - r0), mask=cm[None, :])
     tl.store(i_ptr + buf, inter, mask=cm[None, :])
@@ -153,14 +192,22 @@ def _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_t
 
 
 @triton.jit(noinline=True)
-def _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, c0,
-              C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
-              PREC: tl.constexpr):
-    """The products of token block ``t0``, columns ``[c0, c0 + MB)`` (a non-inlined
-    function takes scalars only: the columns are made here)."""
+def _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, gdone_ptr, target, b, p, c, T, hd,
+              t0, c0, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+              PREC: tl.constexpr, ROWS: tl.constexpr):
+    """The products of token block ``t0``, columns ``[c0, c0 + MB)``, once the group's
+    gathers reach ``target`` (a non-inlined function takes scalars only: the columns are
+    made here). ``ROWS``: the block's rows of X and QKX loaded before the wait."""
     cols = c0 + tl.arange(0, MB)
-    _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
-               cols < hd, C, MB, TB, CP, PREC)
+    if ROWS:
+        x, q = _mix_rows_load(X_ptr, QKX_ptr, b, t0, C, TB, CP)
+        _await_count(gdone_ptr, target)
+        _mix_rows_products(x, q, u_ptr, i_ptr, d_ptr, out_ptr, p, c, T, hd, t0, cols,
+                           cols < hd, C, TB, CP, PREC)
+    else:
+        _await_count(gdone_ptr, target)
+        _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
+                   cols < hd, C, MB, TB, CP, PREC)
 
 
 @triton.jit(do_not_specialize=["P", "T", "NC", "NCB"])
@@ -171,7 +218,8 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
                        CP: tl.constexpr, TB: tl.constexpr, MB: tl.constexpr, NG: tl.constexpr,
                        KW: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                        LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr,
-                       ES: tl.constexpr, KEEP: tl.constexpr):
+                       ES: tl.constexpr, KEEP: tl.constexpr, EARLY: tl.constexpr,
+                       ROWS: tl.constexpr):
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # mix items per group and chunk
     NGB: tl.constexpr = C // KG                 # gather items (KG tokens each)
@@ -201,12 +249,12 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
         if kind == 0:
             _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr,
                          wdone + g * LINE, c, p, g % NCB, j * KG, P, T, hd, NC, NWB, C, W, R,
-                         BD, CP, KG, ES, KEEP)
+                         BD, CP, KG, ES, KEEP, EARLY)
             _finish(gdone + g * LINE)
         elif kind == 1:
-            _await_count(gdone + g * LINE, (c + 1) * NGB)         # chunk c's u, inter
-            _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, p * NC + c, p, c, T, hd,
-                      (j // NMS) * TB, (g % NCB) * BD + (j % NMS) * MB, C, MB, TB, CP, PREC)
+            _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, gdone + g * LINE,
+                      (c + 1) * NGB, p * NC + c, p, c, T, hd, (j // NMS) * TB,   # chunk c's u
+                      (g % NCB) * BD + (j % NMS) * MB, C, MB, TB, CP, PREC, EARLY and ROWS)
             _finish(mdone + g * LINE)
         else:
             _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
@@ -257,4 +305,5 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                   delta, saved, u if keep is None else keep, sync, P, pl.T, hd, NC, NCB, C=C,
                   W=W, R=R, BD=BD, CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"], SAVE=save,
                   PREC=prec, LINE=LINE, KG=KG, KT=KT, ES=config["QUEUE_GATHER_ENTRIES"],
-                  KEEP=keep is not None)
+                  KEEP=keep is not None, EARLY=bool(config["QUEUE_EARLY"]),
+                  ROWS=bool(config["MIX_ROWS"]) and CP <= ROWS_MAX_CP)

@@ -80,22 +80,28 @@ def _mix_block(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0,
 
 
 @triton.jit
-def _mix_block_rows(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols, cm,
-                    C: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr,
-                    PDL: tl.constexpr):
-    """``_mix_block`` with the token block's rows of X and QKX loaded whole (columns up to
-    the block's last token: both are lower triangular) before the wait for the gather
-    launch (Phase 1's arrays: early loads), then one product each over all of them: one
-    round trip to L2 after the wait instead of one per block of ``TB`` columns."""
+def _mix_rows_load(X_ptr, QKX_ptr, b, t0, C: tl.constexpr, TB: tl.constexpr,
+                   CP: tl.constexpr):
+    """The rows of X and QKX of tokens ``[t0, t0 + TB)``, whole (columns up to the block's
+    last token: both are lower triangular): Phase 1's arrays, loaded before the wait for
+    the gathers (early loads)."""
+    toks = t0 + tl.arange(0, TB)
+    ks = tl.arange(0, CP)
+    xo = b.to(tl.int64) * C * C + toks[:, None] * C + ks[None, :]
+    xm = (toks < C)[:, None] & ((ks < C) & (ks < t0 + TB))[None, :]
+    return tl.load(X_ptr + xo, mask=xm, other=0.0), tl.load(QKX_ptr + xo, mask=xm, other=0.0)
+
+
+@triton.jit
+def _mix_rows_products(x, q, u_ptr, i_ptr, d_ptr, out_ptr, p, c, T, hd, t0, cols, cm,
+                       C: tl.constexpr, TB: tl.constexpr, CP: tl.constexpr,
+                       PREC: tl.constexpr):
+    """``_mix_block`` from the rows ``_mix_rows_load`` gave, once the gathers are done:
+    one round trip to L2 for ``u`` and ``inter``, one product each over all of them."""
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
     ks = tl.arange(0, CP)
     km = (ks < C) & (ks < t0 + TB)
-    xo = b.to(tl.int64) * C * C + toks[:, None] * C + ks[None, :]
-    xm = tm[:, None] & km[None, :]
-    x = tl.load(X_ptr + xo, mask=xm, other=0.0)
-    q = tl.load(QKX_ptr + xo, mask=xm, other=0.0)
-    _grid_dependency(PDL >= 2)
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     y = tl.load(i_ptr + buf, mask=tm[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
     u = tl.load(u_ptr + (p.to(tl.int64) * CP + ks)[:, None] * hd + cols[None, :],
@@ -115,12 +121,14 @@ def _step_mix_kernel(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, c, T, hd, NC,
     """``_mix_block`` as a launch of its own: one program per (stream, token block,
     column slice), so the chunk's small products run on many SMs at once. ``ROWS``: the
     block's whole rows of the matrices at once, loaded before the wait
-    (``_mix_block_rows``)."""
+    (``_mix_rows_load``)."""
     if ROWS:
         _grid_dependency(PDL == 1)
         p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
-        _mix_block_rows(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, b, p, c, T, hd, t0, cols,
-                        cm, C, TB, CP, PREC, PDL)
+        x, q = _mix_rows_load(X_ptr, QKX_ptr, b, t0, C, TB, CP)
+        _grid_dependency(PDL >= 2)
+        _mix_rows_products(x, q, u_ptr, i_ptr, d_ptr, out_ptr, p, c, T, hd, t0, cols, cm, C,
+                           TB, CP, PREC)
     else:
         _grid_dependency(PDL)
         p, b, t0, cols, cm = _block_program(NC, c, hd, MB, TB, CP)
