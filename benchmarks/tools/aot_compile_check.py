@@ -208,7 +208,6 @@ def main(dtype="bf16"):
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
                          KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"],
                          KEEP=CC != 64,    # a training forward keeps v - r0
-                         EARLY=bool(CFG["QUEUE_EARLY"]),
                          ROWS=bool(CFG["MIX_ROWS"]) and CC <= ROWS_MAX_CP),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE"]))
         compile_one(queue_reverse._queue_reverse_kernel,

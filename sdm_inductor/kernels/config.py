@@ -70,7 +70,7 @@ CONFIG = dict(
     # Register caps of the forward and reverse queue walks (each kind of item a non-inlined
     # function, so a cap binds the largest one), 2-byte banks only (``register_cap``): 168
     # and 128 compile without spills and fit 3 and 4 programs per SM; 0: no cap
-    QUEUE_EARLY=1, MAXNREG_QUEUE=168, MAXNREG_QUEUE_B=128,
+    MAXNREG_QUEUE=168, MAXNREG_QUEUE_B=128,
     # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
     # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
     # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE

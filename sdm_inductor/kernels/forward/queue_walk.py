@@ -70,33 +70,11 @@ def _finish(cnt_ptr):
 
 
 @triton.jit
-def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, n: tl.constexpr, E: tl.constexpr,
-                KG: tl.constexpr, ES: tl.constexpr, cols, cm, hd):
-    """``sum_e wt_e M0[sl_e, cols]`` over ``n`` entries of ``KG`` tokens at once, whose
-    entries start ``E`` apart from ``base``, taking ``ES`` entries of each token per step.
-    The ``[KG, ES, BD]`` tile puts the tokens on the warps, so each warp sums its token's
-    rows in registers as they arrive and nothing meets in shared memory until the last
-    step (a ``[W, BD]`` tile per token spreads its rows over the warps, and each token's
-    loads then drain before the next token's start)."""
-    tk = tl.arange(0, KG)
-    es = tl.arange(0, ES)
-    acc = tl.zeros([KG, ES, cols.shape[0]], tl.float32)
-    for r in tl.static_range(0, n, ES):
-        em = (r + es) < n
-        at = base + tk[:, None] * E + r + es[None, :]
-        sl = tl.load(slot_ptr + at, mask=em[None, :], other=-1)
-        wt = tl.load(ev_ptr + at, mask=em[None, :], other=0.0)
-        rows = tl.load(bank_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
-                       mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0)
-        acc += wt[:, :, None] * rows.to(tl.float32)
-    return tl.sum(acc, axis=1)
-
-
-@triton.jit
 def _token_index(slot_ptr, ev_ptr, base, r: tl.constexpr, n: tl.constexpr, E: tl.constexpr,
                  KG: tl.constexpr, ES: tl.constexpr):
     """Slots and weights of entries ``[r, r + ES)`` of ``KG`` tokens (``_token_sums``'s
-    layout): Phase 1's arrays, which a step can load before its wait."""
+    layout): Phase 1's arrays, which nothing in the walk writes, so an item loads its
+    first step's before its wait."""
     tk = tl.arange(0, KG)
     es = tl.arange(0, ES)
     em = (r + es) < n
@@ -106,10 +84,16 @@ def _token_index(slot_ptr, ev_ptr, base, r: tl.constexpr, n: tl.constexpr, E: tl
 
 
 @triton.jit
-def _token_sums_from(bank_ptr, slot_ptr, ev_ptr, base, sl, wt, n: tl.constexpr,
-                     E: tl.constexpr, KG: tl.constexpr, ES: tl.constexpr, cols, cm, hd):
-    """``_token_sums`` given its first step's slots and weights (``_token_index``, loaded
-    before the wait); each step loads the next step's before its own rows."""
+def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, sl, wt, n: tl.constexpr, E: tl.constexpr,
+                KG: tl.constexpr, ES: tl.constexpr, cols, cm, hd):
+    """``sum_e wt_e M0[sl_e, cols]`` over ``n`` entries of ``KG`` tokens at once, whose
+    entries start ``E`` apart from ``base``, taking ``ES`` entries of each token per step;
+    ``sl``, ``wt``: the first step's slots and weights (``_token_index``, loaded before the
+    wait), and each step loads the next step's before its own rows. The ``[KG, ES, BD]``
+    tile puts the tokens on the warps, so each warp sums its token's rows in registers as
+    they arrive and nothing meets in shared memory until the last step (a ``[W, BD]`` tile
+    per token spreads its rows over the warps, and each token's loads then drain before the
+    next token's start)."""
     acc = tl.zeros([KG, ES, cols.shape[0]], tl.float32)
     for r in tl.static_range(0, n, ES):
         if r + ES < n:
@@ -132,7 +116,7 @@ def _token_sums_from(bank_ptr, slot_ptr, ev_ptr, base, sl, wt, n: tl.constexpr,
 def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, wdone_ptr,
                  c, p, cb, i0, P, T, hd, NC, NWB, C: tl.constexpr, W: tl.constexpr,
                  R: tl.constexpr, BD: tl.constexpr, CP: tl.constexpr, KG: tl.constexpr,
-                 ES: tl.constexpr, KEEP: tl.constexpr, EARLY: tl.constexpr):
+                 ES: tl.constexpr, KEEP: tl.constexpr):
     """Tokens ``[i0, i0 + KG)`` of the chunk, one per warp: their chunk-start rows, ``u``
     and ``inter``; with ``KEEP`` also ``v - r0`` into the backward's ``[NC, P, CP, hd]``
     buffer (the step walk's ``keep``)."""
@@ -145,18 +129,12 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                  mask=(tg < T)[:, None] & cm[None, :], other=0.0).to(tl.float32)
     bt = tl.load(beta_ptr + b.to(tl.int64) * C + toks)
-    if EARLY:
-        slw, wtw = _token_index(slot_ptr, ev_ptr, base, 0, W, W + R, KG, ES)
-        slr, wtr = _token_index(slot_ptr, ev_ptr, base + W, 0, R, W + R, KG, ES)
-        _await_count(wdone_ptr, c * NWB)                          # chunk c - 1 written
-        r0 = _token_sums_from(bank_ptr, slot_ptr, ev_ptr, base, slw, wtw, W, W + R, KG, ES,
-                              cols, cm, hd)
-        inter = _token_sums_from(bank_ptr, slot_ptr, ev_ptr, base + W, slr, wtr, R, W + R, KG,
-                                 ES, cols, cm, hd)
-    else:
-        _await_count(wdone_ptr, c * NWB)                              # chunk c - 1 written
-        r0 = _token_sums(bank_ptr, slot_ptr, ev_ptr, base, W, W + R, KG, ES, cols, cm, hd)
-        inter = _token_sums(bank_ptr, slot_ptr, ev_ptr, base + W, R, W + R, KG, ES, cols, cm, hd)
+    slw, wtw = _token_index(slot_ptr, ev_ptr, base, 0, W, W + R, KG, ES)
+    slr, wtr = _token_index(slot_ptr, ev_ptr, base + W, 0, R, W + R, KG, ES)
+    _await_count(wdone_ptr, c * NWB)                              # chunk c - 1 written
+    r0 = _token_sums(bank_ptr, slot_ptr, ev_ptr, base, slw, wtw, W, W + R, KG, ES, cols, cm, hd)
+    inter = _token_sums(bank_ptr, slot_ptr, ev_ptr, base + W, slr, wtr, R, W + R, KG, ES, cols,
+                        cm, hd)
     buf = (p.to(tl.int64) * CP + toks)[:, None] * hd + cols[None, :]
     tl.store(u_ptr + buf, bt[:, None] * (vv - r0), mask=cm[None, :])
     tl.store(i_ptr + buf, inter, mask=cm[None, :])
@@ -218,8 +196,7 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
                        CP: tl.constexpr, TB: tl.constexpr, MB: tl.constexpr, NG: tl.constexpr,
                        KW: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                        LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr,
-                       ES: tl.constexpr, KEEP: tl.constexpr, EARLY: tl.constexpr,
-                       ROWS: tl.constexpr):
+                       ES: tl.constexpr, KEEP: tl.constexpr, ROWS: tl.constexpr):
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # mix items per group and chunk
     NGB: tl.constexpr = C // KG                 # gather items (KG tokens each)
@@ -249,12 +226,12 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
         if kind == 0:
             _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr,
                          wdone + g * LINE, c, p, g % NCB, j * KG, P, T, hd, NC, NWB, C, W, R,
-                         BD, CP, KG, ES, KEEP, EARLY)
+                         BD, CP, KG, ES, KEEP)
             _finish(gdone + g * LINE)
         elif kind == 1:
             _mix_item(X_ptr, QKX_ptr, u_ptr, i_ptr, d_ptr, out_ptr, gdone + g * LINE,
                       (c + 1) * NGB, p * NC + c, p, c, T, hd, (j // NMS) * TB,   # chunk c's u
-                      (g % NCB) * BD + (j % NMS) * MB, C, MB, TB, CP, PREC, EARLY and ROWS)
+                      (g % NCB) * BD + (j % NMS) * MB, C, MB, TB, CP, PREC, ROWS)
             _finish(mdone + g * LINE)
         else:
             _write_item(bank_ptr, d_ptr, run_slot_ptr, run_len_ptr, run_decay_ptr, run_tok_ptr,
@@ -305,5 +282,4 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                   delta, saved, u if keep is None else keep, sync, P, pl.T, hd, NC, NCB, C=C,
                   W=W, R=R, BD=BD, CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"], SAVE=save,
                   PREC=prec, LINE=LINE, KG=KG, KT=KT, ES=config["QUEUE_GATHER_ENTRIES"],
-                  KEEP=keep is not None, EARLY=bool(config["QUEUE_EARLY"]),
-                  ROWS=bool(config["MIX_ROWS"]) and CP <= ROWS_MAX_CP)
+                  KEEP=keep is not None, ROWS=bool(config["MIX_ROWS"]) and CP <= ROWS_MAX_CP)
