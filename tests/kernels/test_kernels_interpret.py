@@ -368,9 +368,9 @@ def case_queue_walk():
     _train(make_inputs(P=2, T=20, W=4, R=3, hd=16, slots_per_stream=10, per_write_gate=True,
                        repeats=True, dtype=torch.bfloat16, seed=33), 16, tol=2e-2)
     # chunks of 6 (gather items of 2 tokens), 4 entries a step over 3 and 5 slots (masked)
-    host.CONFIG["QUEUE_GATHER_ENTRIES"] = 4
+    entries, host.CONFIG["QUEUE_GATHER_ENTRIES"] = host.CONFIG["QUEUE_GATHER_ENTRIES"], 4
     _train(make_inputs(P=1, T=17, W=3, R=5, hd=16, slots_per_stream=12, seed=34), 6)
-    host.CONFIG["QUEUE_GATHER_ENTRIES"] = 2
+    host.CONFIG["QUEUE_GATHER_ENTRIES"] = entries
     # the step walk's readings and bank; its undo log too, through the gradients of one
     # backward (rows no run starts at are unset in both logs and never read)
     outs = {}
