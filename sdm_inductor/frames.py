@@ -15,8 +15,8 @@ thousands of such calls, on the critical path of a call followed by a sync.
 
 ``plain_frames()`` puts CPython's default back for the body of an op and Dynamo's
 function after it, only when that function is the one installed and this thread's callback
-is None (a compiled graph running: the function would only call the default). Frames a body starts then run as
-they would under Dynamo's function with no callback. Frames another thread starts while
+is None (a compiled graph running: the function would only call the default). Frames a
+body starts then run as they would under Dynamo's function with no callback. Frames another thread starts while
 the body has released the GIL are not intercepted by Dynamo either: a function such a
 thread calls inside a ``torch.compile`` region runs eagerly that once (the same results).
 Outside CPython, or where the private C functions are missing, it does nothing.
@@ -35,7 +35,8 @@ def _api():
     """(get, set, default, interpreter) from CPython's C API, or None."""
     try:
         api = ctypes.pythonapi
-        get, put = api._PyInterpreterState_GetEvalFrameFunc, api._PyInterpreterState_SetEvalFrameFunc
+        get = api._PyInterpreterState_GetEvalFrameFunc
+        put = api._PyInterpreterState_SetEvalFrameFunc
         default = ctypes.cast(api._PyEval_EvalFrameDefault, ctypes.c_void_p).value
         interp = api.PyInterpreterState_Get
     except (AttributeError, ValueError):
