@@ -224,8 +224,7 @@ def main(dtype="bf16"):
                          TB=min(CFG["TB_QUEUE_B"], CC),
                          BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                          KT=CFG["QUEUE_TOKENS_B"], KB=CFG["QUEUE_DB_TILES"],
-                         KEPT=CC != 64, PREC="tf32", LINE=queue_walk.LINE,
-                         EARLY=CFG["QUEUE_EARLY_B"]),
+                         KEPT=CC != 64, PREC="tf32", LINE=queue_walk.LINE),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE_B"]))
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,

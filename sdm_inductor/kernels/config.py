@@ -67,7 +67,6 @@ CONFIG = dict(
     # dB items QUEUE_DB_TILES tiles each (4: 7 % faster than 1 at A and B)
     QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_GATHER_ENTRIES=1,
     QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=4, MB_QUEUE_B=32, TB_QUEUE_B=16, QUEUE_DB_TILES=4,
-    QUEUE_EARLY_B=1,
     # Register caps of the forward and reverse queue walks (each kind of item a non-inlined
     # function, so a cap binds the largest one), 2-byte banks only (``register_cap``): 168
     # and 128 compile without spills and fit 3 and 4 programs per SM; 0: no cap

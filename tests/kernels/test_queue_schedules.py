@@ -64,7 +64,6 @@ def _record_walks() -> dict:
     import torch
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.backward import queue_walk as qb
-    from sdm_inductor.kernels.common import tiles
     from sdm_inductor.kernels.forward import queue_walk as qf
     from sdm_inductor.testing import make_inputs
 
@@ -95,10 +94,8 @@ def _record_walks() -> dict:
             return orig(*args)
         setattr(module, name, item)
 
-    # (the reverse walk's items wait inside the step walk's stages too: tiles._ready)
-    for m in (qf, qb, tiles):
-        m._await_count = lambda ptr, target: events.append(("wait", value(ptr), value(target)))
     for m in (qf, qb):
+        m._await_count = lambda ptr, target: events.append(("wait", value(ptr), value(target)))
         m._finish = lambda ptr: events.append(("finish", value(ptr)))
     for name in ("_gather_item", "_mix_item", "_write_item"):
         wrap(qf, name, name)

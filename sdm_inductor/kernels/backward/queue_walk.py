@@ -91,19 +91,16 @@ def _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, cb
 
 @triton.jit(noinline=True)
 def _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
-             pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, dB_cnt, dB_target, d_cnt, d_target,
-             C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
-             WP: tl.constexpr, CP: tl.constexpr, KT: tl.constexpr):
-    """``Dw`` of tokens ``[j * KT, (j + 1) * KT)``, column block ``cb``: the first token
-    waits for the dB rows (``dB_cnt``) after its slots and chunk-start rows, and for the
-    deltas (``d_cnt``) after its first partial sums."""
+             pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C: tl.constexpr, W: tl.constexpr,
+             R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
+             KT: tl.constexpr):
+    """``Dw`` of tokens ``[j * KT, (j + 1) * KT)``, column block ``cb``."""
     for tt in range(KT):
         _p, i, _b, base, cols, cm = _token_program_at(p * C + j * KT + tt, cb, NC, c, hd, C,
                                                       W + R, BD)
         _dw_token(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
                   pc_ptr, pm_ptr, p, i, base, cols, cm, cb, c, hd, width, NB, NC, C, W, WP, CP,
-                  0, "", 0, True, dB_cnt, tl.where(tt == 0, dB_target, 0), d_cnt,
-                  tl.where(tt == 0, d_target, 0))
+                  0, "", 0, True)
 
 
 @triton.jit(noinline=True)
@@ -122,19 +119,17 @@ def _mix2_item(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
 
 @triton.jit(noinline=True)
 def _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, cb, j, c,
-              T, hd, width, NC, NB, dr_cnt, dr_target, C: tl.constexpr, W: tl.constexpr,
-              R: tl.constexpr, BD: tl.constexpr, BDG: tl.constexpr, WP: tl.constexpr,
-              RP: tl.constexpr, CP: tl.constexpr, KT: tl.constexpr):
+              T, hd, width, NC, NB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
+              BD: tl.constexpr, BDG: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
+              CP: tl.constexpr, KT: tl.constexpr):
     """The ``d ev`` partial sums of tokens ``[j * KT, (j + 1) * KT)``, in the ``BD // BDG``
-    column blocks of ``BDG`` of block ``cb`` (the dB blocks): the first waits for ``d r0``
-    (``dr_cnt``) after its read entries' sums."""
+    column blocks of ``BDG`` of block ``cb`` (the dB blocks)."""
     NEB: tl.constexpr = BD // BDG
     for tt in range(KT):
         for h in tl.static_range(NEB):
             _dev_program(p * C + j * KT + tt, cb * NEB + h, fin_ptr, log_ptr, scale_ptr, src_ptr,
                          slot_ptr, dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NC, C, W, R,
-                         BDG, WP, RP, CP, 0, "", 0, True, dr_cnt,
-                         tl.where(tt + h == 0, dr_target, 0))
+                         BDG, WP, RP, CP, 0, "", 0, True)
 
 
 @triton.jit
@@ -154,8 +149,7 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           BDG: tl.constexpr, NG: tl.constexpr,
                           KW: tl.constexpr, KT: tl.constexpr, KB: tl.constexpr,
-                          KEPT: tl.constexpr, PREC: tl.constexpr, LINE: tl.constexpr,
-                          EARLY: tl.constexpr):
+                          KEPT: tl.constexpr, PREC: tl.constexpr, LINE: tl.constexpr):
     E: tl.constexpr = W + R
     NTI: tl.constexpr = C // KT                 # token items (gather, dw, dev) a group and chunk
     NMS: tl.constexpr = BD // MB
@@ -225,17 +219,11 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                 _await_count(_count(cnt, 0, c, g, G, NCL), NTI)
             _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + vb, dy_ptr, d_ptr + sb, dd_ptr + sb, p,
                        b, cb, j, c, T, hd, C, BD, MB, TB, CP, PREC)
-        elif kind == 2:   # mix1 of c (its deltas), dB of c + 1 (dB at the end of c)
-            t_d = NMI
-            t_dB = tl.where(c + 1 < NC, NDI, 0)
-            if not EARLY:
-                _await_count(_count(cnt, 1, c, g, G, NCL), t_d)
-                _await_count(_count(cnt, 5, c1, g, G, NCL), t_dB)
-                t_d = 0
-                t_dB = 0
+        elif kind == 2:
+            _await_count(_count(cnt, 1, c, g, G, NCL), NMI)
+            _await_count(_count(cnt, 5, c1, g, G, NCL), tl.where(c + 1 < NC, NDI, 0))
             _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr,
-                     d_ptr + sb, dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB,
-                     _count(cnt, 5, c1, g, G, NCL), t_dB, _count(cnt, 1, c, g, G, NCL), t_d, C,
+                     d_ptr + sb, dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C,
                      W, R, BD, WP, CP, KT)
         elif kind == 3:
             _await_count(_count(cnt, 2, c, g, G, NCL), NTI)
@@ -243,23 +231,18 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
             _mix2_item(X_ptr, beta_ptr, vmr_ptr + vb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr,
                        dv_ptr, pqk_ptr, pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB,
                        TB, CP, PREC)
-        else:             # dev and dB: mix2 of c (its d r0)
-            t_dr = NMI
-            if not EARLY:
-                _await_count(_count(cnt, 3, c, g, G, NCL), t_dr)
-                t_dr = 0
-            if kind == 4:
-                _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr,
-                          p, cb, j, c, T, hd, width, NC, NB, _count(cnt, 3, c, g, G, NCL), t_dr,
-                          C, W, R, BD, BDG, WP, RP, CP, KT)
-            else:
-                for u in range(KB):
-                    if j * KB + u < NGT:
-                        _group_program(p * NGT + j * KB + u, cb, dB_ptr, g_slot_ptr, g_len_ptr,
-                                       g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr,
-                                       g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC, C, E,
-                                       BDG, NG, KW, CP, 0, BD // BDG, "",
-                                       _count(cnt, 3, c, g, G, NCL), tl.where(u == 0, t_dr, 0))
+        elif kind == 4:
+            _await_count(_count(cnt, 3, c, g, G, NCL), NMI)
+            _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p,
+                      cb, j, c, T, hd, width, NC, NB, C, W, R, BD, BDG, WP, RP, CP, KT)
+        else:
+            _await_count(_count(cnt, 3, c, g, G, NCL), NMI)
+            for u in range(KB):
+                if j * KB + u < NGT:
+                    _group_program(p * NGT + j * KB + u, cb, dB_ptr, g_slot_ptr, g_len_ptr,
+                                   g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr,
+                                   g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC, C, E,
+                                   BDG, NG, KW, CP, 0, BD // BDG, "")
         if k < NC:
             _finish(_count(cnt, kind, c, g, G, NCL))
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
@@ -308,6 +291,6 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                   parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, NCL, C=C, W=W,
                   R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
                   KW=config["KW_GROUP"], KT=KT, KB=KB, KEPT=vmr_kept is not None, PREC=prec,
-                  LINE=LINE, EARLY=config["QUEUE_EARLY_B"])
+                  LINE=LINE)
     window_sums(parts, sums, 0, NC, NC, C)
     return {k: x.view(B, C, -1) for k, x in sums.items()}

@@ -36,7 +36,7 @@ import triton.language as tl
 from ..common.tiles import (ROWS_MAX_CP, _block_program, _column_block, _gather_index,
                             _gather_rows, _grid_dependency, _group_cols, _group_headers,
                             _group_members, _launch_dependents, _load_log, _qkt_dy,
-                            _ready, _token_program, _token_program_at, _wait)
+                            _token_program, _token_program_at, _wait)
 from ..runtime import graphs
 from ..runtime.launch import Relaunch, launch, pdl, pow2
 
@@ -320,31 +320,26 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
 def _dw_token(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
               pc_ptr, pm_ptr, p, i, base, cols, cm, cb, c, hd, width, NB, NCW, C: tl.constexpr,
               W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-              CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr, dB_cnt=None,
-              dB_target=0, d_cnt=None, d_target=0):
-    """``Dw`` of token ``i`` of stream ``p`` in column block ``cb`` (a dw program; a queue
-    item hands the counts its dB rows and its deltas wait for, ``_ready``)."""
+              CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr):
+    """``Dw`` of token ``i`` of stream ``p`` in column block ``cb`` (a dw program)."""
     w = tl.arange(0, WP)
     wm = w < W
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
     cf = tl.load(coef_ptr + base + w, mask=wm, other=0.0)
-    if SRC:   # the chunk-start rows from the log and the final bank, which nothing writes
-        M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
-                         W, WP, QMODE, SRC, CG)
-    _ready(PDL == 2, dB_cnt, dB_target)
+    _grid_dependency(PDL == 2)
     # PDL == 3: the dB rows (the dB launch two back, or three with a restore launch) and
-    # chunk-start rows (the restore launch two back) load before the wait too, through L2
-    # (CG = ".cg": never a line an SM's L1 kept from before they were written); only delta
-    # needs the launch before
+    # chunk-start rows (the restore launch two back; with SRC nothing the walk writes)
+    # load before the wait too, through L2 (CG = ".cg": never a line an
+    # SM's L1 kept from before they were written); only delta needs the launch before
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     m2 = (sl >= 0)[:, None] & cm[None, :]
     Dw = tl.load(dB_ptr + ro, mask=m2, other=0.0, cache_modifier=CG).to(tl.float32)
-    if not SRC:
-        M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width,
-                         W, WP, QMODE, SRC, CG)
+    # (SRC: the log and the final bank, which no launch of the walk writes)
+    M0 = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base, sl, cols, cm, hd, width, W,
+                     WP, QMODE, SRC, CG)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
-    _ready(PDL == 3, d_cnt, d_target)
+    _grid_dependency(PDL == 3)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
@@ -382,11 +377,8 @@ def _dev_half(rows, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr):
 def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr,
                  c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                  BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                 PDL: tl.constexpr, CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr,
-                 dr_cnt=None, dr_target=0):
-    """The ``d ev`` partial sums of token program ``pid`` (p * C + i), column block ``cb``
-    (a queue item hands the count its ``d r0`` waits for, ``_ready``: with ``SRC`` all the
-    rest needs nothing the walk writes)."""
+                 PDL: tl.constexpr, CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr):
+    """The ``d ev`` partial sums of token program ``pid`` (p * C + i), column block ``cb``."""
     _grid_dependency(PDL == 1)
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program_at(pid, cb, NC, c, hd, C, E, BD)
@@ -407,7 +399,7 @@ def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_pt
     rr = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base + W, slr, cols, cm, hd, width,
                      R, RP, QMODE, SRC, CG)
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
-    _ready(PDL == 3, dr_cnt, dr_target)
+    _grid_dependency(PDL == 3)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
     _dev_half(rw, pe_ptr, po, dr0, W, WP)
 
@@ -415,12 +407,11 @@ def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_pt
 @triton.jit
 def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec, p, pb,
                      c, T, hd, sc, C: tl.constexpr, BD: tl.constexpr, KW: tl.constexpr,
-                     CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr, PDL: tl.constexpr,
-                     dr_cnt=None, dr_target=0):
+                     CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr, PDL: tl.constexpr):
     """A dB tile's first ``KW`` members (Phase 1's: early loads), then ``_group_cols`` in
     this program's ``CL`` column blocks, one after the other (nothing for an empty tile)."""
     tf, wt, mk, isw = _group_members(g_tok_ptr, g_ev_ptr, gb, pos, sl, ln, nw, KW)
-    _ready(PDL == 2, dr_cnt, dr_target)
+    _grid_dependency(PDL == 2)
     if tl.max(sl, axis=0) >= 0:
         for j in tl.static_range(CL):
             cols, cm, scr_dr = _column_block(dr_ptr, p, pb, j, sc, hd, BD, CP, CL)
@@ -456,7 +447,7 @@ def _one_store(dB_ptr, ro, wm, old, vec, dec, wt):
 @triton.jit
 def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, C: tl.constexpr,
               BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr,
-              PDL: tl.constexpr, dr_cnt=None, dr_target=0):
+              PDL: tl.constexpr):
     """A tile of groups of one member (``CL`` <= 3), whose token ``tf`` and
     weight ``wt`` came with the headers (``Groups.tok0`` / ``ev0``: no dependent round trip
     through ``pos``): every column block's loads first, then the stores. ``_group_cols``
@@ -465,7 +456,7 @@ def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, 
     trips to memory; here it makes one."""
     tl.static_assert(CL <= 3)
     isw = nw > 0
-    _ready(PDL == 2, dr_cnt, dr_target)
+    _grid_dependency(PDL == 2)
     if tl.max(sl, axis=0) >= 0:
         cb = pb * CL
         ro0, wm0, old0, v0 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd, cb, sc,
@@ -488,7 +479,7 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
                    g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC,
                    C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                    KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr, CL: tl.constexpr,
-                   CG: tl.constexpr, dr_cnt=None, dr_target=0):
+                   CG: tl.constexpr):
     """dB of the tile of ``NG`` groups (``phase1.Groups``) of program ``pid`` (p * NGT +
     tile), in ``CL`` column blocks of ``BD`` from ``pb * CL``: the tile's headers load once
     for all of them (the work is bound by instruction issue, and the headers' loads, masks
@@ -497,8 +488,7 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
     the blocks, and a tile whose groups all have one member (most of them) takes the
     members that came with the headers, never a second member's loads or the loop over
     longer groups, and loads all its column blocks before storing any (``_one_tile``).
-    With ``PDL == 2`` it waits after its headers and members (a queue item: for the count
-    it hands, ``_ready``)."""
+    With ``PDL == 2`` it waits after its headers and members."""
     _grid_dependency(PDL == 1)
     NGT: tl.constexpr = (C * E + NG - 1) // NG
     p = pid // NGT
@@ -514,15 +504,13 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
     if tl.max(ln, axis=0) <= 1:
         if CL <= 3:
             _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf0, wt0, p, pb, c, T, hd, sc, C,
-                      BD, CP, CL, CG, PDL, dr_cnt, dr_target)
+                      BD, CP, CL, CG, PDL)
         else:
             _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln,
-                             nw, dec, p, pb, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL, dr_cnt,
-                             dr_target)
+                             nw, dec, p, pb, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
     else:
         _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
-                         dec, p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL, dr_cnt,
-                         dr_target)
+                         dec, p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
 
 
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])

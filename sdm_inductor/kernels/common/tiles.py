@@ -47,30 +47,6 @@ def _grid_dependency(PDL: tl.constexpr):
 
 
 @triton.jit
-def _await_count(cnt_ptr, target):
-    """Wait until the count at ``cnt_ptr`` reaches ``target``; then what the items behind
-    the count wrote is visible (an acquiring read of the count, which their release wrote).
-    Triton has no acquiring load: an acquiring add of 0 whose result is used compiles to
-    ``ld.acquire.gpu``; one whose result is unused is dropped by the compiler, and the walk
-    then read rows and deltas before their writers' stores were visible."""
-    while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < target:
-        pass
-
-
-@triton.jit
-def _ready(flag: tl.constexpr, cnt_ptr, target):
-    """One of a step-walk stage's dependency points, where its early loads end: in a step
-    walk's launch (``cnt_ptr`` None) ``_grid_dependency(flag)``; in a queue walk's item,
-    which hands the count it depends on at this point (``cnt_ptr``), the wait for that
-    count, skipped where ``target`` is 0 (nothing to wait for: past the last chunk, or a
-    later token of an item whose first token waited)."""
-    if cnt_ptr is None:
-        _grid_dependency(flag)
-    elif target > 0:
-        _await_count(cnt_ptr, target)
-
-
-@triton.jit
 def _wait(ON: tl.constexpr):
     """``griddepcontrol.wait`` alone (``PDL == 3``: where a kernel let the next one launch
     before its own wait, ``_launch_dependents``; also half of ``_grid_dependency``)."""
