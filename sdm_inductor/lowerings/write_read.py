@@ -48,9 +48,10 @@ TRITON_DEVICES = ("cuda",)
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
 # calls the eager implementation, whose step walks are faster than the walks a graph can
-# hold: the queue walk forward takes 1.10-1.13x the step walk's no-grad time at configs A
-# and B, forward + backward with the reverse queue walk 1.22-1.25x (docs/performance.md). "always":
-# torch.compile's output code launches them too. SDM_INDUCTOR_EMIT_KERNELS sets it.
+# hold: on an H200 the queue walk forward takes 1.10-1.13x the step walk's no-grad time at
+# configs A and B, forward + backward with the reverse queue walk 1.21-1.24x
+# (docs/performance.md). "always": torch.compile's output code launches them too.
+# SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 
 # Before AOTInductor writes its C++ wrapper it runs every kernel of the graph once
