@@ -43,10 +43,14 @@ def _case_inputs(case: str) -> tuple:
     return base
 
 
-def _run_case(case: str, args: tuple):
-    """The case's host-code call (``host.forward_kept`` / ``host.backward``)."""
+def _run_case(case: str, args: tuple, on_inputs=lambda tensors: None):
+    """The case's host-code call (``host.forward_kept`` / ``host.backward``), just before
+    which ``on_inputs`` gets the tensors that a traced graph of the call takes as inputs
+    and does not write (a backward's: also what its forward made and handed over)."""
     from sdm_inductor.kernels import host
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = args[:8]
+    if not case.startswith("backward"):
+        on_inputs(args[1:])   # (not the bank, which a forward writes in place)
     if case in ("forward", "forward_queue"):   # a training forward, as traced (KEEP)
         return host.forward_kept(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "none", True)
     if case == "forward_fp8":
@@ -60,6 +64,8 @@ def _run_case(case: str, args: tuple):
     final = bank.clone()
     _, rows, scales, kept = host.forward_kept(final, k_idx, k_val, v, beta, g, q_idx, q_val,
                                               C, "none", True)
+    on_inputs(list(args[1:]) + [final, rows, scales]
+              + (kept.tensors() if case == "backward_queue" else []))
     # the queue walk's backward as a traced graph runs it (what the forward handed over:
     # no gathers, KEPT); the column walk's as a backward called on its own (recomputing)
     return host.backward(dy, dM, final, rows, scales, k_idx, k_val, v, beta, g, q_idx, q_val,
@@ -119,34 +125,43 @@ def _truth(case: str) -> list:
 
 
 def _analysis(case: str) -> list:
-    """Traced with fake tensors: (kernel, tensors the mutation analysis says it writes)."""
+    """Traced with fake tensors: (kernel, tensors the mutation analysis says it writes,
+    the launch's parameters that hold an input of the traced graph, ``_run_case``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from torch._higher_order_ops import triton_kernel_wrap as tkw
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     class _Sm90:   # the analysis asks the active driver for its target; no GPU here
         def get_current_target(self):
             return GPUTarget("cuda", 90, 32)
 
-    launches = []
+    launches, held = [], {}
+
+    def on_inputs(tensors):   # the launches from here on are the traced graph's
+        held.update({StorageWeakRef(x.untyped_storage()): len(launches) for x in tensors})
+
     _record_launches(lambda kernel, grid, *args, **meta: launches.append((kernel, args, meta)))
     args = _case_inputs(case)
     with FakeTensorMode() as mode:
-        _run_case(case, tuple(mode.from_tensor(a) for a in args))
+        _run_case(case, tuple(mode.from_tensor(a) for a in args), on_inputs)
     old = triton.runtime.driver._active
     triton.runtime.driver.set_active(_Sm90())
     try:
         out = []
-        for kernel, args, meta in launches:
+        for i, (kernel, args, meta) in enumerate(launches):
+            bound = _bound(kernel, args, meta)
+            given = sorted(k for k, v in bound.items() if isinstance(v, torch.Tensor)
+                           and held.get(StorageWeakRef(v.untyped_storage()), i + 1) <= i)
             kw = {k: torch.empty(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
-                  for k, v in _bound(kernel, args, meta).items()}
+                  for k, v in bound.items()}
             if hasattr(tkw, "identify_mutated_tensors"):          # torch 2.11
                 writes = tkw.identify_mutated_tensors(kernel, kw, {})
             else:                                                  # torch 2.13
                 writes = [d.name for d in
                           tkw.identify_accessed_tensors(kernel, kw, {}).read_writes.writes]
-            out.append((kernel.fn.__name__, sorted(writes)))
+            out.append((kernel.fn.__name__, sorted(writes), given))
         return out
     finally:
         triton.runtime.driver._active = old
@@ -170,15 +185,17 @@ def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, backgro
         if hasattr(m, "launch"):
             monkeypatch.setattr(m, "launch", m.launch)
     analysis = _analysis(case)
-    assert [k for k, _ in analysis] == [k for k, _ in truth], (analysis, truth)
+    assert [k for k, *_ in analysis] == [k for k, _ in truth], (analysis, truth)
     assert any(changed for _, changed in truth), "no launch changed anything: nothing checked"
-    for (kernel, writes), (_, changed) in zip(analysis, truth):
+    assert any(given for *_, given in analysis), "no launch takes an input: nothing checked"
+    for (kernel, writes, given), (_, changed) in zip(analysis, truth):
         missed = set(changed) - set(writes)
         assert not missed, f"{kernel}: writes {sorted(missed)} that the analysis misses"
-        if kernel == "_queue_reverse_kernel" and case == "backward_queue":
-            # the forward's v - r0, an input of a traced backward: a write the analysis
-            # listed would make Inductor copy it before the launch
-            assert "vmr_ptr" not in writes, writes
+        # an input of the traced graph that the analysis lists as written but the launch
+        # only reads: Inductor would copy it before every launch (the handed-over plan, the
+        # forward's v - r0, the readings' gradient)
+        extra = (set(writes) - set(changed)) & set(given)
+        assert not extra, f"{kernel}: the analysis lists inputs {sorted(extra)} as written"
 
 
 TRUTH = "truth: "   # the line of the interpreter half's output that holds its result

@@ -47,17 +47,26 @@ def _restore(work_ptr, log_ptr, scale_ptr, run_slot_ptr, rb, lb, hd, width, cols
 
 
 @triton.jit
-def _load_rows(work_ptr, slot_ptr, seg, toks, tm, e0, e_hi, hd, cols, cm, E: tl.constexpr,
-               EW: tl.constexpr):
-    """Chunk-start rows [TB, EW, BD] (fp32) of entries [e0, e0+EW) below ``e_hi``, gathered
-    from the working bank (which holds the chunk-start state); also the entries, their
-    mask and their slots (-1: none)."""
+def _entry_tile(tm, e0, e_hi, EW: tl.constexpr):
+    """Entries [e0, e0+EW) below ``e_hi`` of a tile's tokens, and their mask. Made apart from
+    ``_load_rows``: the mutation analysis of a traced launch follows the partial sums'
+    store offsets (which hold the entries) back through the calls that made them, and
+    counts every pointer those calls were handed as written (``slot_ptr``, which Inductor
+    would then copy before the launch where it is an input)."""
     ents = e0 + tl.arange(0, EW)
     em = tm[:, None] & (ents < e_hi)[None, :]
+    return ents, em
+
+
+@triton.jit
+def _load_rows(work_ptr, slot_ptr, seg, toks, ents, em, hd, cols, cm, E: tl.constexpr):
+    """Chunk-start rows [TB, EW, BD] (fp32) of the tile's entries ``ents`` (``_entry_tile``),
+    gathered from the working bank (which holds the chunk-start state); also their slots
+    (-1: none)."""
     sl = tl.load(slot_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=-1)
     x = tl.load(work_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                 mask=(sl >= 0)[:, :, None] & cm[None, None, :], other=0.0).to(tl.float32)
-    return x, ents, em, sl
+    return x, sl
 
 
 @triton.jit
@@ -144,12 +153,13 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             tm = toks < C
             r0 = tl.zeros([TB, BD], tl.float32)
             # the next tile's chunk-start rows in flight while this tile is reduced
-            rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                           cols, cm, E, EW)
+            ents, em = _entry_tile(tm, 0, W, EW)
+            rows, _ = _load_rows(work_ptr, slot_ptr, seg, toks, ents, em, hd, cols, cm, E)
             wt = tl.load(ev_ptr + seg + toks[:, None] * E + ents[None, :], mask=em, other=0.0)
             for e0 in range(0, W, EW):
-                rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                     e0 + EW, W, hd, cols, cm, E, EW)
+                ents_n, em_n = _entry_tile(tm, e0 + EW, W, EW)
+                rows_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, ents_n, em_n, hd,
+                                       cols, cm, E)
                 wt_n = tl.load(ev_ptr + seg + toks[:, None] * E + ents_n[None, :], mask=em_n,
                                other=0.0)
                 r0 += tl.sum(wt[:, :, None] * rows, axis=1)
@@ -186,16 +196,17 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             dl = tl.load(scr_d + toks[:, None] * BD + sc[None, :], mask=tm[:, None], other=0.0)
             dd = tl.zeros([TB, BD], tl.float32)
             # the next tile's slots and chunk-start rows load during this tile's gather
-            rows, ents, em, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, W, hd,
-                                            cols, cm, E, EW)
+            ents, em = _entry_tile(tm, 0, W, EW)
+            rows, sl = _load_rows(work_ptr, slot_ptr, seg, toks, ents, em, hd, cols, cm, E)
             for e0 in range(0, W, EW):
                 Dw = tl.load(dB_ptr + sl.to(tl.int64)[:, :, None] * hd + cols[None, None, :],
                              mask=(sl >= 0)[:, :, None] & cm[None, None, :],
                              other=0.0).to(tl.float32)
                 cf = tl.load(coef_ptr + seg + toks[:, None] * E + ents[None, :], mask=em,
                              other=0.0)
-                rows_n, ents_n, em_n, sl = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                      e0 + EW, W, hd, cols, cm, E, EW)
+                ents_n, em_n = _entry_tile(tm, e0 + EW, W, EW)
+                rows_n, sl = _load_rows(work_ptr, slot_ptr, seg, toks, ents_n, em_n, hd,
+                                        cols, cm, E)
                 po = (part + bw) * C * W + toks[:, None] * W + ents[None, :]
                 dd += _dw_tile(pc_ptr, pm_ptr, po, Dw, rows, dl, cf, em)
                 rows = rows_n
@@ -247,11 +258,12 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
             tl.store(scr_dr + toks[:, None] * BD + sc[None, :], dr0, mask=tm[:, None])
             dyt = tl.load(dy_ptr + (p.to(tl.int64) * T + tg)[:, None] * hd + cols[None, :],
                           mask=tv[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            rows, ents, em, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm, 0, E, hd,
-                                           cols, cm, E, EW)
+            ents, em = _entry_tile(tm, 0, E, EW)
+            rows, _ = _load_rows(work_ptr, slot_ptr, seg, toks, ents, em, hd, cols, cm, E)
             for e0 in range(0, E, EW):
-                rows_n, ents_n, em_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, tm,
-                                                     e0 + EW, E, hd, cols, cm, E, EW)
+                ents_n, em_n = _entry_tile(tm, e0 + EW, E, EW)
+                rows_n, _ = _load_rows(work_ptr, slot_ptr, seg, toks, ents_n, em_n, hd,
+                                       cols, cm, E)
                 _dev_tile(pe_ptr, (part + bw) * C * E + toks[:, None] * E + ents[None, :], rows,
                           ents, em, dr0, dyt, W)
                 rows = rows_n

@@ -420,21 +420,31 @@ def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, l
 
 
 @triton.jit
-def _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd, cb, sc, C: tl.constexpr,
-              BD: tl.constexpr, CP: tl.constexpr, CG: tl.constexpr):
-    """A one-member tile's old dB rows and member vectors (``d r0`` of a write member, ``dy``
-    of a read member) in column block ``cb``, as ``_group_cols`` loads them."""
+def _one_offsets(sl, cb, sc, hd, BD: tl.constexpr):
+    """The offsets and mask of a one-member tile's dB rows in column block ``cb``, and its
+    columns. Made apart from the rows' loads: the mutation analysis of a traced launch
+    follows a store's offsets back through the calls that made them and counts every
+    pointer those calls were handed as written (``_one_rows``'s ``dy``, an input that
+    Inductor would then copy before the launch)."""
     cols = cb * BD + sc
     cm = cols < hd
     ro = sl.to(tl.int64)[:, None] * hd + cols[None, :]
     wm = (sl >= 0)[:, None] & cm[None, :]
+    return ro, wm, cols
+
+
+@triton.jit
+def _one_rows(dB_ptr, dr_ptr, dy_ptr, ro, wm, cols, tf, isw, p, c, T, hd, C: tl.constexpr,
+              CP: tl.constexpr, CG: tl.constexpr):
+    """A one-member tile's old dB rows and member vectors (``d r0`` of a write member, ``dy``
+    of a read member) at ``_one_offsets``, as ``_group_cols`` loads them."""
     old = tl.load(dB_ptr + ro, mask=wm, other=0.0, cache_modifier=CG)
     dr = tl.load(dr_ptr + p.to(tl.int64) * CP * hd + tf[:, None] * hd + cols[None, :],
                  mask=wm & isw[:, None], other=0.0, cache_modifier=CG)
     fg = c * C + tf
     dyf = tl.load(dy_ptr + (p.to(tl.int64) * T + fg)[:, None] * hd + cols[None, :],
                   mask=wm & ((~isw) & (fg < T))[:, None], other=0.0).to(tl.float32)
-    return ro, wm, old, dr + dyf
+    return old, dr + dyf
 
 
 @triton.jit
@@ -459,14 +469,17 @@ def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, 
     _grid_dependency(PDL == 2)
     if tl.max(sl, axis=0) >= 0:
         cb = pb * CL
-        ro0, wm0, old0, v0 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd, cb, sc,
-                                       C, BD, CP, CG)
+        ro0, wm0, cols0 = _one_offsets(sl, cb, sc, hd, BD)
+        old0, v0 = _one_rows(dB_ptr, dr_ptr, dy_ptr, ro0, wm0, cols0, tf, isw, p, c, T, hd, C,
+                             CP, CG)
         if CL > 1:
-            ro1, wm1, old1, v1 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd,
-                                           cb + 1, sc, C, BD, CP, CG)
+            ro1, wm1, cols1 = _one_offsets(sl, cb + 1, sc, hd, BD)
+            old1, v1 = _one_rows(dB_ptr, dr_ptr, dy_ptr, ro1, wm1, cols1, tf, isw, p, c, T, hd,
+                                 C, CP, CG)
         if CL > 2:
-            ro2, wm2, old2, v2 = _one_rows(dB_ptr, dr_ptr, dy_ptr, sl, tf, isw, p, c, T, hd,
-                                           cb + 2, sc, C, BD, CP, CG)
+            ro2, wm2, cols2 = _one_offsets(sl, cb + 2, sc, hd, BD)
+            old2, v2 = _one_rows(dB_ptr, dr_ptr, dy_ptr, ro2, wm2, cols2, tf, isw, p, c, T, hd,
+                                 C, CP, CG)
         _one_store(dB_ptr, ro0, wm0, old0, v0, dec, wt)
         if CL > 1:
             _one_store(dB_ptr, ro1, wm1, old1, v1, dec, wt)

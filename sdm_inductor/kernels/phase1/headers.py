@@ -30,20 +30,20 @@ def _store_headers(o_slot_ptr, o_len_ptr, o_nw_ptr, o_decay_ptr, o_pos_ptr, o_to
 
 
 @triton.jit
-def _block_starts(perm_ptr, gs_ptr, na_ptr, CE, NB, BLOCK: tl.constexpr):
-    """This program's segment ``b`` and block ``k`` of ``BLOCK`` positions ``pos`` (of
-    ``NB`` per segment, ``m``: inside it), the entries there, where a group starts, its
-    members, and which starts go to the front of the row (groups of several members)."""
+def _block(CE, NB, BLOCK: tl.constexpr):
+    """This program's segment ``b`` and block ``k`` of ``BLOCK`` positions ``pos`` (of ``NB``
+    per segment, ``m``: inside it).
+
+    Both kernels then load the entries there, where a group starts, its members, and
+    which starts go to the front of the row (groups of several members) themselves: the
+    mutation analysis of a traced launch follows a store's offsets back through the calls
+    that made them and counts every pointer those calls were handed as written (``perm``,
+    ``gs``, ``na``: inputs of a traced backward that Inductor would then copy)."""
     b = tl.program_id(0) // NB
     k = tl.program_id(0) % NB
     base = b.to(tl.int64) * CE
     pos = k * BLOCK + tl.arange(0, BLOCK)
-    m = pos < CE
-    e = tl.load(perm_ptr + base + pos, mask=m, other=0)   # the entry at this position
-    st = m & (tl.load(gs_ptr + base + e, mask=m, other=-1) == pos)
-    na = tl.load(na_ptr + base + e, mask=st, other=0)
-    front = st & (na > 1)
-    return b, k, base, pos, m, e, st, na, front
+    return b, k, base, pos, pos < CE
 
 
 @triton.jit
@@ -51,8 +51,11 @@ def _group_counts_kernel(perm_ptr, gs_ptr, na_ptr, cnt_ptr, CE, NB, BLOCK: tl.co
     """Per block of a segment's positions: its front groups and its other groups (the
     first pass of ``entry_groups``: the second places each block's headers after the
     counts of the blocks before it)."""
-    b, k, base, pos, m, e, st, na, front = _block_starts(perm_ptr, gs_ptr, na_ptr, CE, NB,
-                                                         BLOCK)
+    b, k, base, pos, m = _block(CE, NB, BLOCK)
+    e = tl.load(perm_ptr + base + pos, mask=m, other=0)   # the entry at this position
+    st = m & (tl.load(gs_ptr + base + e, mask=m, other=-1) == pos)
+    na = tl.load(na_ptr + base + e, mask=st, other=0)
+    front = st & (na > 1)
     back = st & ~front
     out = cnt_ptr + (b * NB + k).to(tl.int64) * 2
     tl.store(out, tl.sum(front.to(tl.int32), axis=0))
@@ -69,8 +72,11 @@ def _entry_groups_kernel(perm_ptr, gs_ptr, slot_ptr, na_ptr, nw_ptr, decay_ptr, 
     counts, ``_group_counts_kernel``, and the block's prefix sum), groups of one from the
     row's end likewise; then the header columns of the block that lie between the two get
     the empty header."""
-    b, k, base, pos, m, e, st, na, front = _block_starts(perm_ptr, gs_ptr, na_ptr, CE, NB,
-                                                         BLOCK)
+    b, k, base, pos, m = _block(CE, NB, BLOCK)
+    e = tl.load(perm_ptr + base + pos, mask=m, other=0)
+    st = m & (tl.load(gs_ptr + base + e, mask=m, other=-1) == pos)
+    na = tl.load(na_ptr + base + e, mask=st, other=0)
+    front = st & (na > 1)
     tok = e // E
     ev = tl.load(ev_ptr + base + e, mask=m, other=0.0)
     tl.store(o_tok_ptr + base + pos, tok, mask=m)
