@@ -1,0 +1,106 @@
+"""Where a lone call's time goes: ``sdm_inductor.write_read`` (no grad) called once and then
+synchronized, eager against ``torch.compile(fullgraph=True)``, as ``bench_compile.py
+--cases op`` times it. Prints the medians of both (interleaved rounds), then profiles one
+call of each and prints its summary: wall time, when the host issued its last launch,
+when the GPU started and ended, and how long the GPU was busy in between. The whole
+timeline of each profiled call (host ops with their nesting depth, launches, GPU kernels;
+microseconds from the call's start) goes to ``OUT/call_timeline_<config>.txt``.
+
+    python benchmarks/tools/call_timeline.py [--configs A,B] [--out DIR]
+    python benchmarks/tools/call_timeline.py --device cpu --configs small   # a smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench_compile
+import bench_compile as bc  # noqa: E402
+
+
+def _events_of(events, mark):
+    """The events that start inside the host range ``mark`` (and up to 100 us after it:
+    the GPU's last kernels), as (offset us, duration us, device, host depth, name)."""
+    t0, t1 = mark.time_range.start, mark.time_range.end
+    rows = []
+    for e in events:
+        start = e.time_range.start
+        if e is mark or not t0 <= start <= t1 + 100:
+            continue
+        depth, parent = 0, e.cpu_parent
+        while parent is not None and parent is not mark:
+            depth, parent = depth + 1, parent.cpu_parent
+        on_gpu = e.device_type.name != "CPU"
+        rows.append((start - t0, e.time_range.end - start, "GPU" if on_gpu else "CPU",
+                     -1 if on_gpu else depth, e.name))
+    return sorted(rows), t1 - t0
+
+
+def _summary(rows, wall):
+    """Wall time, the host's last launch, the GPU's first start / last end and busy time."""
+    launches = [off for off, _, dev, _, name in rows
+                if dev == "CPU" and ("LaunchKernel" in name or "GraphLaunch" in name)]
+    gpu = sorted((off, off + dur) for off, dur, dev, _, _ in rows if dev == "GPU")
+    busy, end = 0.0, float("-inf")
+    for s, e in gpu:   # the union of the kernels' intervals
+        busy += max(0.0, e - max(s, end))
+        end = max(end, e)
+    return (f"wall {wall:8.1f} us, last launch issued at {max(launches, default=0):8.1f}, "
+            f"GPU {gpu[0][0] if gpu else 0:8.1f} .. {end if gpu else 0:8.1f}, busy {busy:8.1f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="A,B")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    for name in args.configs.split(","):
+        cfg = bc.CONFIGS[name]
+        kw = bc.prepared(bc.op_inputs(**cfg, device=device))
+        opts = dict(C=cfg["C"], sph=cfg["sph"])
+        compiled = torch.compile(lambda **k: bc.explicit_op(**k, **opts), fullgraph=True)
+        calls = {"eager": lambda: bc.explicit_op(**kw, **opts), "compiled": lambda: compiled(**kw)}
+        with torch.no_grad():
+            times = {mode: [] for mode in calls}
+            for _ in range(args.rounds):
+                for mode, fn in calls.items():
+                    times[mode].append(bc.timed(fn, device, 10) * 1e3)
+            med = {mode: statistics.median(ts) for mode, ts in times.items()}
+            print(f"config {name}: eager {med['eager']:.3f} ms, compiled {med['compiled']:.3f} "
+                  f"ms (compiled / eager {med['compiled'] / med['eager']:.3f}; medians of "
+                  f"{args.rounds} rounds of 10 lone calls)", flush=True)
+            with profile(activities=activities) as prof:
+                for i in range(2):   # the second call of each is the one laid out
+                    for mode, fn in calls.items():
+                        sync()
+                        with record_function(f"call {mode} {i}"):
+                            fn()
+                            sync()
+        events = prof.events()
+        path = os.path.join(args.out, f"call_timeline_{name}.txt")
+        with open(path, "w") as fh:
+            for mode in calls:
+                mark = next(e for e in events if e.name == f"call {mode} 1")
+                rows, wall = _events_of(events, mark)
+                line = _summary(rows, wall)
+                print(f"  {mode:<8} {line}", flush=True)
+                fh.write(f"=== {mode}: {line}\n  offset us   dur us dev depth name\n")
+                for off, dur, dev, depth, ev in rows:
+                    fh.write(f"{off:11.1f} {dur:8.1f} {dev} {depth:5d} {ev[:100]}\n")
+        print(f"  timelines: {path}", flush=True)
+        torch._dynamo.reset()
+
+
+if __name__ == "__main__":
+    main()
