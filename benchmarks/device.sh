@@ -8,6 +8,8 @@
 #   bash benchmarks/device.sh floor          # benchmarks/floor_cuda.py (B and A at C=128, B at 256)
 #   bash benchmarks/device.sh user           # benchmarks/bench_user.py (what users call, A and B at C=128)
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
+#   bash benchmarks/device.sh timeline       # benchmarks/tools/call_timeline.py (a lone call's
+#                                            # timeline, eager and compiled; files under $OUT)
 #   bash benchmarks/device.sh aoti [N [J]]   # N fresh-process AOTInductor builds + loads, J at a time
 #                                            # (default 3 and 1; ~2 min each), each with its own
 #                                            # Inductor cache (a cold build) and seed (weights,
@@ -66,6 +68,8 @@ while [ $# -gt 0 ]; do
       run bench_user 560 python3 benchmarks/bench_user.py --chunks 128 --json "$OUT/bench_user.json" ;;
     compile)
       run bench_compile 560 python3 benchmarks/bench_compile.py --json "$OUT/bench_compile.json" ;;
+    timeline)
+      run call_timeline 400 python3 benchmarks/tools/call_timeline.py --out "$OUT" ;;
     aoti)   # the intermittent CUDA package mismatch: count it over fresh builds
       n=3; j=1
       case ${1:-} in ''|*[!0-9]*) ;; *) n=$1; shift ;; esac
