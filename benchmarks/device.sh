@@ -47,7 +47,8 @@ while [ $# -gt 0 ]; do
   case $seg in
     tests)   # -v so that a cut run still lists what passed; TESTS_LIMIT: seconds per process
       tl=${TESTS_LIMIT:-560}
-      # the kernels' tests in two processes, alternate test ids each (one took ~520 s)
+      # the kernels' tests in two processes, alternate test ids each (in one process they
+      # take ~520 s of the 560 s default)
       ids=$(python3 -m pytest --collect-only -q -p no:cacheprovider -m cuda tests/kernels | grep '::')
       run tests_kernels_1 $tl python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 1') &
       run tests_kernels_2 $tl python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 0') &

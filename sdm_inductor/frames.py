@@ -13,11 +13,11 @@ from a compiled graph, 73 us there under ``plain_frames`` (CPU, Python 3.11, tor
 (validation, Phase 1's launches through Triton's launchers, the walks' bookkeeping) is
 thousands of such calls, on the critical path of a call followed by a sync.
 
-``plain_frames()`` puts CPython's default back for the body of an op and Dynamo's
-function after it, only when that function is the one installed and this thread's callback
-is None (a compiled graph running: the function would only call the default). Frames a
-body starts then run as they would under Dynamo's function with no callback. Frames another thread starts while
-the body has released the GIL are not intercepted by Dynamo either: a function such a
+``plain_frames()`` puts CPython's default back for the body of an op and Dynamo's function
+after it, only when that function is the one installed and this thread's callback is None (a
+compiled graph running: the function would only call the default). Frames a body starts then
+run as they would under Dynamo's function with no callback. Frames another thread starts
+while the body has released the GIL are not intercepted by Dynamo either: a function such a
 thread calls inside a ``torch.compile`` region runs eagerly that once (the same results).
 Outside CPython, or where the private C functions are missing, it does nothing.
 """

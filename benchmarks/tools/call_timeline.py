@@ -62,7 +62,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     device = torch.device(args.device)
-    sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
     for name in args.configs.split(","):
@@ -83,10 +82,10 @@ def main():
             with profile(activities=activities) as prof:
                 for i in range(2):   # the second call of each is the one laid out
                     for mode, fn in calls.items():
-                        sync()
+                        bc.sync(device)
                         with record_function(f"call {mode} {i}"):
                             fn()
-                            sync()
+                            bc.sync(device)
         events = prof.events()
         path = os.path.join(args.out, f"call_timeline_{name}.txt")
         with open(path, "w") as fh:
