@@ -162,8 +162,10 @@ def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_qua
     kept.drop_offer()   # an untaken offer of an earlier call is never held past this one
     recording = capturing(bank)
     if CHECK_INDICES.get(bank.device.type, True) and not recording:
-        check = start_index_check(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx)
-        if getattr(_impl(bank), "AWAITS_INDEX_CHECK", False):
+        impl = _impl(bank)
+        check = start_index_check(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx,
+                                  getattr(impl, "range_flags", None))
+        if getattr(impl, "AWAITS_INDEX_CHECK", False):
             _PENDING.check = check
         else:
             check.wait()

@@ -303,43 +303,54 @@ def _out_of_range(idx: Tensor, P: int, S: int, slots_per_stream: int, own: bool)
 
 
 def start_index_check(S: int, P: int, slots_per_stream: int, k_idx: Tensor,
-                      q_idx: Tensor) -> "IndexCheck":
+                      q_idx: Tensor, range_flags=None) -> "IndexCheck":
     """Index ranges (reads data: real tensors only): own ranges per stream, or disjoint
     written slots across the streams of a shared bank. Returns the check in flight: its
-    verdict is one device flag, read by ``IndexCheck.wait``.
+    verdict is a device tensor of flags, read by ``IndexCheck.wait``.
 
-    Each stream's smallest and largest index decide (``aminmax``: no temporaries). On
-    CUDA the flag is copied to pinned host memory behind an event, so the host can queue
-    work that writes nothing (Phase 1) and wait only before the first write: a host sync
-    here would stop the host from queueing ahead and expose the launch latency of every
-    kernel behind it. Only a failing call searches for the first bad index, to name it."""
+    Each stream's smallest and largest index decide (``aminmax``: no temporaries), or the
+    device implementation's one-launch check (``range_flags(k_idx, q_idx, rows,
+    rows_per_stream, own)``, ``kernels.index_ranges``) where it has one. On CUDA the flags
+    are copied to pinned host memory behind an event, so the host can queue work that
+    writes nothing (Phase 1) and wait only before the first write: a host sync here would
+    stop the host from queueing ahead and expose the launch latency of every kernel behind
+    it. Only a failing call searches for the first bad index, to name it."""
     own = slots_per_stream not in (0, S)
-    named = [idx for idx in (k_idx, q_idx) if idx.numel()]
-    if not named:
+    if not (k_idx.numel() or q_idx.numel()):
         return IndexCheck(None, ())
+    disjoint = not own and P > 1 and k_idx.numel() > 0
+    if range_flags is not None and k_idx.numel() and q_idx.numel():
+        found = range_flags(k_idx, q_idx, S, slots_per_stream, own)
+    else:
+        found = _range_flag(S, P, slots_per_stream, k_idx, q_idx, own)
+    if disjoint:
+        found = found.any() | _shared_conflicts(S, P, k_idx, q_idx)
+    return IndexCheck(found, (S, P, slots_per_stream, k_idx, q_idx, own, disjoint))
+
+
+def _range_flag(S, P, slots_per_stream, k_idx, q_idx, own) -> Tensor:
+    """A device flag: an index of ``k_idx`` / ``q_idx`` leaves its range."""
     if own:
         lo = torch.arange(P, device=k_idx.device) * slots_per_stream
         hi = lo + slots_per_stream
     else:
         lo, hi = 0, S
-    found = None
-    for idx in named:
-        mn, mx = torch.aminmax(idx.reshape(P, -1), dim=1)
-        bad = ((mn < lo) | (mx >= hi)).any()
-        found = bad if found is None else found | bad
-    disjoint = not own and P > 1 and k_idx.numel() > 0
-    if disjoint:
-        found = found | _shared_conflicts(S, P, k_idx, q_idx)
-    return IndexCheck(found, (S, P, slots_per_stream, k_idx, q_idx, own, disjoint))
+    found = torch.zeros((), dtype=torch.bool, device=k_idx.device)
+    for idx in (k_idx, q_idx):
+        if idx.numel():
+            mn, mx = torch.aminmax(idx.reshape(P, -1), dim=1)
+            found = found | ((mn < lo) | (mx >= hi)).any()
+    return found
 
 
 class IndexCheck:
     """A started index check (``start_index_check``); ``wait`` raises if it failed."""
 
     def __init__(self, flag: Tensor | None, args: tuple):
+        """``flag``: nonzero anywhere if the check failed (a device tensor), or None."""
         self._flag, self._args, self._event = flag, args, None
         if flag is not None and flag.is_cuda:
-            self._flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self._flag = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
             self._flag.copy_(flag, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
@@ -352,7 +363,7 @@ class IndexCheck:
             return
         if self._event is not None:
             self._event.synchronize()
-        if bool(flag):
+        if bool(flag.any()):
             _name_bad_index(*self._args)
 
 

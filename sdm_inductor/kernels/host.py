@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import is_fake
 from .. import kept, quant
 from ..validation import no_work
 from . import backward as bwd
+from . import index_ranges
 from .backward import Kept
 from .config import CONFIG
 from .forward.column_walk import column_walk
@@ -31,7 +32,7 @@ from .runtime.launch import direct_launches, pow2
 from .runtime.pipeline import ahead, token_windows
 
 __all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_kept",
-           "forward_once", "raw_gate_layout", "saved_buffers", "walk_kind"]
+           "forward_once", "range_flags", "raw_gate_layout", "saved_buffers", "walk_kind"]
 
 
 def _dummy(like: torch.Tensor) -> torch.Tensor:
@@ -40,6 +41,8 @@ def _dummy(like: torch.Tensor) -> torch.Tensor:
 
 
 NAME = "cuda-triton-chunked"
+# the index check's range part in one launch (``validation.start_index_check``)
+range_flags = index_ranges.range_flags
 # the ops hand over the index check in flight; every path below waits for it
 # (``_await_index_check``) after Phase 1 is queued and before the first write to the bank
 AWAITS_INDEX_CHECK = True

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 COST = dict(queue_walk=150, step_walk=130, step_walk_kept=120, column_walk=80,
             step_walk_windows=90, phase1_scans=55, extreme_gates=34, chunk_start_sources=30,
             snapshots=30, train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
-            windows_and_tiles=3, solve_blocks=3, window_sums=2, nothing_to_do=2)
+            windows_and_tiles=3, index_ranges=15, solve_blocks=3, window_sums=2, nothing_to_do=2)
 
 
 def _job(item) -> dict:
@@ -231,6 +231,57 @@ def case_decode_and_masking():
         y_ref, M_ref, _ = reference_outputs(ref_in)
         _check(f"T={T} masked readings", y, y_ref, 1e-5)
         _check(f"T={T} masked bank", bank, M_ref[:S], 1e-5)
+
+
+def case_index_ranges():
+    """``index_ranges.range_flags`` (the CUDA index check's one launch) against the range
+    rule, per stream and whole-bank, int32 and int64, one bad entry at a time in either
+    tensor (block edges and the last entry included); then through the op with the
+    kernels' host code: refused by name, the bank untouched."""
+    import pytest
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.index_ranges import BLOCK, range_flags
+    from sdm_inductor.testing import make_inputs
+    from sdm_inductor.validation import SDMArgumentError
+    gen = torch.Generator().manual_seed(3)
+    P, T, W, R, sph = 3, 600, 8, 5, 40   # W * T = 4800: two blocks of a stream's k_idx
+    for dtype in (torch.int32, torch.int64):
+        for own in (True, False):
+            S = P * sph
+            base = (torch.arange(P) * sph).view(P, 1, 1) if own else 0
+            span = sph if own else S
+            k = (torch.randint(0, span, (P, T, W), generator=gen) + base).to(dtype)
+            q = (torch.randint(0, span, (P, T, R), generator=gen) + base).to(dtype)
+            assert not range_flags(k, q, S, sph, own).any()
+            spots = [(0, 0), (1, BLOCK - 1), (1, BLOCK), (2, T * W - 1)]
+            for which, (p, e) in [("k", s) for s in spots] + [("q", (2, T * R - 1)),
+                                                             ("q", (0, 7))]:
+                lo = p * sph if own else 0
+                for value in (lo - 1, lo + span, -(2 ** 40) if dtype == torch.int64 else -1):
+                    kk, qq = k.clone(), q.clone()
+                    t = kk if which == "k" else qq
+                    t.view(P, -1)[p, e] = value
+                    got = bool(range_flags(kk, qq, S, sph, own).any())
+                    assert got, (dtype, own, which, p, e, value)
+            # a stream's neighbour's rows are out of its range only when ranges are own
+            kk = k.clone()
+            kk[1, 3, 2] = 0
+            assert bool(range_flags(kk, q, S, sph, own).any()) == own
+    print("range_flags: every placed bad entry flagged, no clean call flagged")
+
+    ops.IMPLS["cpu"] = host
+    ins = make_inputs(P=2, T=40, W=4, R=3, hd=16, slots_per_stream=12, seed=8)
+    for name in ("k_idx", "q_idx"):
+        bank = ins.bank.clone()
+        args = dict(k_idx=ins.k_idx.clone(), q_idx=ins.q_idx.clone())
+        args[name][1, 33, 1] = 5   # stream 0's row in stream 1
+        with pytest.raises(SDMArgumentError, match=f"'{name}'.*5 at \\[1, 33, 1\\]"):
+            torch.ops.sdm.write_read_(bank, args["k_idx"], ins.k_val, ins.v, ins.beta, ins.g,
+                                      args["q_idx"], ins.q_val, 16, 12)
+        assert torch.equal(bank, ins.bank), name
+    print("op: refused by name, bank untouched")
 
 
 def case_nothing_to_do():
