@@ -3,7 +3,6 @@ what was expected and what came, and happens before any work (spec section 4).""
 from __future__ import annotations
 
 import operator
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -351,8 +350,9 @@ class IndexCheck:
         """``flag``: nonzero anywhere if the check failed (a device tensor), or None."""
         self._flag, self._args, self._event = flag, args, None
         if flag is not None and flag.is_cuda:
-            self._flag, self._event = _verdict_buffer(flag)
-            self._flag.copy_(flag.view(-1), non_blocking=True)
+            self._flag = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+            self._flag.copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
             self._event.record()
 
     def wait(self) -> None:
@@ -365,29 +365,6 @@ class IndexCheck:
             self._event.synchronize()
         if bool(flag.any()):
             _name_bad_index(*self._args)
-
-
-_VERDICTS = threading.local()
-
-
-def _verdict_buffer(flag: Tensor) -> tuple[Tensor, "torch.cuda.Event"]:
-    """This thread's pinned host buffer for ``flag``'s bytes (grown as needed) and the event
-    behind its copy, made once per device instead of per call (a pinned allocation and an
-    event cost more host time than the check's kernel). Before the buffer takes a new copy,
-    the previous one has landed: a call that failed before its wait may have left its
-    copy in flight, perhaps on another stream."""
-    cache = getattr(_VERDICTS, "by_device", None)
-    if cache is None:
-        cache = _VERDICTS.by_device = {}
-    buf, event = cache.get(flag.device, (None, None))
-    if event is not None and not event.query():
-        event.synchronize()
-    if buf is None or buf.numel() < flag.numel() or buf.dtype != flag.dtype:
-        buf = torch.empty(max(flag.numel(), 256), dtype=flag.dtype, pin_memory=True)
-    if event is None:
-        event = torch.cuda.Event()
-    cache[flag.device] = (buf, event)
-    return buf[:flag.numel()], event
 
 
 def _name_bad_index(S, P, slots_per_stream, k_idx, q_idx, own, disjoint):
