@@ -2,9 +2,11 @@
 synchronized, eager against ``torch.compile(fullgraph=True)``, as ``bench_compile.py
 --cases op`` times it. Prints the medians of both (interleaved rounds), then profiles one
 call of each and prints its summary: wall time, when the host issued its last launch,
-when the GPU started and ended, and how long the GPU was busy in between. The whole
-timeline of each profiled call (host ops with their nesting depth, launches, GPU kernels;
-microseconds from the call's start) goes to ``OUT/call_timeline_<config>.txt``.
+when the GPU started and ended, how long the GPU was busy in between and its longest idle
+stretches. The whole timeline of each profiled call (host ops with their nesting depth,
+launches, GPU kernels; microseconds from the call's start) goes to
+``OUT/call_timeline_<config>.txt``. The profiler roughly doubles the host's time; the
+medians are taken without it.
 
     python benchmarks/tools/call_timeline.py [--configs A,B] [--out DIR]
     python benchmarks/tools/call_timeline.py --device cpu --configs small   # a smoke run
@@ -30,8 +32,8 @@ def _events_of(events, mark):
     rows = []
     for e in events:
         start = e.time_range.start
-        if e is mark or not t0 <= start <= t1 + 100:
-            continue
+        if e.name == mark.name or not t0 <= start <= t1 + 100:
+            continue   # the mark itself and its copy on the GPU's timeline (an annotation)
         depth, parent = 0, e.cpu_parent
         while parent is not None and parent is not mark:
             depth, parent = depth + 1, parent.cpu_parent
@@ -52,6 +54,20 @@ def _summary(rows, wall):
         end = max(end, e)
     return (f"wall {wall:8.1f} us, last launch issued at {max(launches, default=0):8.1f}, "
             f"GPU {gpu[0][0] if gpu else 0:8.1f} .. {end if gpu else 0:8.1f}, busy {busy:8.1f}")
+
+
+def _idle_gaps(rows, n: int = 5) -> str:
+    """The ``n`` longest stretches in which the GPU ran nothing, with the kernel each ended at
+    (in a lone call: where the GPU waited for the host)."""
+    gaps, end = [], None
+    for off, dur, dev, _, name in rows:
+        if dev != "GPU":
+            continue
+        if end is not None and off > end:
+            gaps.append((off - end, end, name))
+        end = off + dur if end is None else max(end, off + dur)
+    gaps.sort(reverse=True)
+    return "; ".join(f"{g:.0f} us at {at:.0f} before {name[:40]}" for g, at, name in gaps[:n])
 
 
 def main():
@@ -93,8 +109,10 @@ def main():
                 mark = next(e for e in events if e.name == f"call {mode} 1")
                 rows, wall = _events_of(events, mark)
                 line = _summary(rows, wall)
-                print(f"  {mode:<8} {line}", flush=True)
-                fh.write(f"=== {mode}: {line}\n  offset us   dur us dev depth name\n")
+                gaps = _idle_gaps(rows)
+                print(f"  {mode:<8} {line}\n           GPU idle: {gaps}", flush=True)
+                fh.write(f"=== {mode}: {line}\n  GPU idle: {gaps}\n"
+                         "  offset us   dur us dev depth name\n")
                 for off, dur, dev, depth, ev in rows:
                     fh.write(f"{off:11.1f} {dur:8.1f} {dev} {depth:5d} {ev[:100]}\n")
         print(f"  timelines: {path}", flush=True)

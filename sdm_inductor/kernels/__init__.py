@@ -11,6 +11,7 @@ Layout, in the order a call runs:
 
 - ``host``: dispatch (path, walk, token windows, buffers; the IMPLS interface);
   ``config``: ``CONFIG``, launch parameters and the few switches;
+- ``index_ranges``: the eager call's index range check in one launch;
 - ``phase1/``: what needs no bank (``plan``): ``entries`` (dense and sort keys),
   ``groups`` (groups and write runs), ``pairs`` (decays, Gram matrices), ``solve`` (the
   chunks' triangular inverses), ``headers`` (the backward's dB groups), ``layout``;
