@@ -574,37 +574,6 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_no_grad_walk_replays_in_pieces_bitwise(dtype):
-    """A no-grad step walk replays from one graph per piece (``graphs.run_pieces``: 2 chunks,
-    the next 6, the rest) and gives bitwise the readings and bank of making every launch."""
-    from sdm_inductor.kernels import host
-    from sdm_inductor.kernels.runtime import graphs
-    ins = _inputs(dtype, P=2, T=700, W=16, R=8, hd=96, slots_per_stream=256,
-                  per_write_gate=True, repeats=True, seed=7)
-
-    def call():
-        bank = ins.bank.clone()
-        y = torch.ops.sdm.write_read_(bank, ins.k_idx, *ins[2:6], ins.q_idx, ins.q_val, 64, 256)
-        return y, bank
-
-    host.CONFIG["WALK_GRAPHS"] = 0
-    want = call()
-    host.CONFIG["WALK_GRAPHS"] = 1
-    graphs.clear()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    replayed = lambda: graphs.stats["replayed", "forward"] - graphs.stats["captured", "forward"]
-    before = replayed()
-    for _ in range(12):   # 11 chunks of 64: three pieces a call
-        got = call()
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        if replayed() - before >= 6:
-            break
-    assert replayed() - before >= 6
-    assert {k[1] for k in graphs._cache.graphs if k[0] == "forward"} == {(0, 2), (2, 8), (8, 11)}
-
-
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
                     reason="programmatic dependent launch needs sm_90")
 @pytest.mark.parametrize("keep", [1, 0])

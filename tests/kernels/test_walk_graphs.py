@@ -41,28 +41,6 @@ def test_cpu_walks_launch_directly():
     assert sum(graphs.stats.values()) == before and not graphs.usable(torch.device("cpu"), True)
 
 
-def test_walk_pieces_cover_every_step_in_order():
-    """``run_pieces`` makes every step once, in order, under one key per piece (2 steps, the
-    next 6, the rest), each key naming its step range after the walk's name."""
-    assert graphs.pieces(1) == [(0, 1)] and graphs.pieces(8) == [(0, 2), (2, 8)]
-    assert graphs.pieces(64) == [(0, 2), (2, 8), (8, 64)]
-    for n in (1, 2, 3, 8, 9, 64):
-        spans = graphs.pieces(n)
-        assert spans[0][0] == 0 and spans[-1][1] == n
-        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(spans, spans[1:] + [(n, n + 1)]))
-    done, keys = [], []
-    run = graphs.run
-    try:
-        graphs.run = lambda key, body, device, enabled: (keys.append(key), body())
-        graphs.run_pieces(("forward", 64, "launches"), done.append, 64, torch.device("cpu"),
-                          True)
-    finally:
-        graphs.run = run
-    assert done == list(range(64))
-    assert keys == [("forward", (0, 2), 64, "launches"), ("forward", (2, 8), 64, "launches"),
-                    ("forward", (8, 64), 64, "launches")]
-
-
 def _calls(cache, keys, capacity):
     """The cache's action for each key in turn, recording a stand-in graph when asked."""
     out = []

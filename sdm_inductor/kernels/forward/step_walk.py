@@ -222,21 +222,13 @@ def step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: boo
                      CL=CLW,
                      num_warps=config["WARPS_STEP_W"],
                      num_stages=1, **pd)
-    def chunk(c):   # kernel boundaries order the chunks
-        gather(c)
-        mix(c)
-        write(c)
+    def body():
+        for c in range(NC):   # kernel boundaries order the chunks
+            gather(c)
+            mix(c)
+            write(c)
 
-    # the same launches as an earlier call: replayed from CUDA graphs (graphs.py). A
-    # no-grad walk's graph in pieces, so that a lone call's GPU starts sooner; a training
-    # forward's host is rarely behind its GPU, and one graph keeps the cache's room for the
-    # backward's walks
-    key = ("forward", NC, gather.key, mix.key, write.key)
-    if save:
-        def body():
-            for c in range(NC):
-                chunk(c)
-        graphs.run(key, body, bank.device, config["WALK_GRAPHS"])
-    else:
-        graphs.run_pieces(key, chunk, NC, bank.device, config["WALK_GRAPHS"])
+    # the same launches as an earlier call: replayed from its CUDA graph (graphs.py)
+    graphs.run(("forward", NC, gather.key, mix.key, write.key), body,
+               bank.device, config["WALK_GRAPHS"])
 

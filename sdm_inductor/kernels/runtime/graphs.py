@@ -156,37 +156,6 @@ def run(key: Hashable, body: Callable[[], None], device: torch.device, enabled: 
     graph.replay()
 
 
-# the first two pieces of a walk replayed in pieces (``run_pieces``), in steps
-FIRST_PIECES = (2, 6)
-
-
-def pieces(n: int) -> list[tuple[int, int]]:
-    """Steps ``[0, n)`` as the pieces ``run_pieces`` replays: 2 steps, the next 6, the rest
-    (fewer where ``n`` is small)."""
-    out, lo = [], 0
-    for size in FIRST_PIECES:
-        if n - lo <= size:
-            break
-        out.append((lo, lo + size))
-        lo += size
-    return out + [(lo, n)]
-
-
-def run_pieces(key: tuple, step: Callable[[int], None], n: int, device: torch.device,
-               enabled: bool) -> None:
-    """``step(0) .. step(n - 1)`` in order, as ``run`` makes them, one graph per piece
-    (``pieces``; each piece's key is ``key`` with its step range after the walk's name).
-    A graph's launch takes the host ~1 us per kernel before its first kernel starts (~200 us
-    for a no-grad walk of 64 chunks, exposed in full when the GPU has nothing else to run:
-    a call followed by a sync); in pieces the GPU starts after a launch of a few kernels,
-    and each later piece is launched while the earlier ones run."""
-    for lo, hi in pieces(n):
-        def body(lo=lo, hi=hi):
-            for i in range(lo, hi):
-                step(i)
-        run(key[:1] + ((lo, hi),) + key[1:], body, device, enabled)
-
-
 def clear() -> None:
     """Forget every graph and seen key."""
     _cache.clear()
