@@ -25,8 +25,9 @@ __all__ = ["LOG_DECAY_FLOOR", "to_streams", "from_streams", "torch_gates", "gate
 # cumulative sums of the gates; -inf there gives inf - inf = NaN, and a gate like -1e4
 # leaves the small gates after it in the same sum with an error of ulp(1e4) ~ 1e-3. Every
 # implementation raises the gates it reads to this floor (CPU: ``cpu.py``; CUDA: Phase 1's
-# prep kernel, also for the gates it computes), so each full forget of a slot costs its
-# later decays in that chunk an absolute error of about ulp(104) ~ 8e-6 at most.
+# prep kernel, also for the gates it computes). A slot's cumulative sum then grows by 104 per
+# full forget in its chunk, and the rounding of its later decays there with it: about 1e-5
+# relative per forget (docs/spec.md, input ranges).
 LOG_DECAY_FLOOR = -104.0
 
 

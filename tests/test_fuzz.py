@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import sdm_inductor
+from sdm_inductor.gates import LOG_DECAY_FLOOR
 from sdm_inductor.testing import FLOAT_INPUTS, make_inputs, reference_outputs, rel_err, with_gates
 
 
@@ -34,6 +35,17 @@ EMPTY = dict(P=2, T=0, W=3, R=2, hd=3, slots_per_stream=5, per_write_gate=False,
              extreme=None, every=1, seed=0)
 
 
+def _most_forgets_in_a_chunk(g, C: int) -> int:
+    """The most tokens of one chunk of one stream whose gate is a full forget."""
+    P, T = g.shape[:2]
+    if not P * T:
+        return 0
+    floored = (g <= LOG_DECAY_FLOOR).any(-1).float()
+    pad = -T % C
+    per_chunk = torch.nn.functional.pad(floored, (0, pad)).view(P, -1, C).sum(-1)
+    return int(per_chunk.max())
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 @example(EMPTY)
@@ -57,9 +69,17 @@ def test_fuzz_against_oracle(cfg):
         slots_per_stream=0 if shared else cfg["slots_per_stream"])
     assert y.shape == (P, T, hd) and M.shape == ins.bank.shape
     # floored gates (gates.LOG_DECAY_FLOOR): each full forget of a slot earlier in its
-    # chunk adds ~1e-5 relative to the decays between that slot's later writes
-    fwd_tol, grad_tol = (5e-5, 2e-4) if extreme is not None else (1e-5, 1e-4)
-    assert rel_err(y, y0) <= fwd_tol and rel_err(M, M0) <= fwd_tol
+    # chunk adds about 1e-5 relative error (docs/spec.md, input ranges; at most 1.1e-5
+    # forward and 1.2e-5 in the gradients over 1,500 such examples): the tolerances grow
+    # with the most forgets in a chunk
+    forgets = _most_forgets_in_a_chunk(ins.g, C)
+    fwd_tol, grad_tol = (max(5e-5, 2e-5 * forgets), max(2e-4, 4e-5 * forgets)) \
+        if extreme is not None else (1e-5, 1e-4)
+    # readings whose terms cancel (read weights of both signs) are known to fp32 only as
+    # well as the token loop itself knows them in fp32: the op within 4x of that
+    y32, M32, _ = reference_outputs(ins, compute_dtype=torch.float32)
+    assert rel_err(y, y0) <= max(fwd_tol, 4 * rel_err(y32, y0))
+    assert rel_err(M, M0) <= max(fwd_tol, 4 * rel_err(M32, M0))
     ((y * dy).sum() + (M * dM).sum()).backward()
     for i, ref in zip(FLOAT_INPUTS, g0):
         # a gradient whose terms cancel (dg of one token, O(1) terms summing to ~1e-5) is
