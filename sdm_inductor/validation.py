@@ -319,7 +319,7 @@ def start_index_check(S: int, P: int, slots_per_stream: int, k_idx: Tensor,
     if not (k_idx.numel() or q_idx.numel()):
         return IndexCheck(None, ())
     disjoint = not own and P > 1 and k_idx.numel() > 0
-    if range_flags is not None and k_idx.numel() and q_idx.numel():
+    if range_flags is not None:
         found = range_flags(k_idx, q_idx, S, slots_per_stream, own)
     else:
         found = _range_flag(S, P, slots_per_stream, k_idx, q_idx, own)
@@ -329,17 +329,18 @@ def start_index_check(S: int, P: int, slots_per_stream: int, k_idx: Tensor,
 
 
 def _range_flag(S, P, slots_per_stream, k_idx, q_idx, own) -> Tensor:
-    """A device flag: an index of ``k_idx`` / ``q_idx`` leaves its range."""
+    """A device flag: an index of ``k_idx`` / ``q_idx`` (not both empty) leaves its range."""
     if own:
         lo = torch.arange(P, device=k_idx.device) * slots_per_stream
         hi = lo + slots_per_stream
     else:
         lo, hi = 0, S
-    found = torch.zeros((), dtype=torch.bool, device=k_idx.device)
+    found = None
     for idx in (k_idx, q_idx):
         if idx.numel():
             mn, mx = torch.aminmax(idx.reshape(P, -1), dim=1)
-            found = found | ((mn < lo) | (mx >= hi)).any()
+            bad = ((mn < lo) | (mx >= hi)).any()
+            found = bad if found is None else found | bad
     return found
 
 

@@ -43,31 +43,34 @@ def _events_of(events, mark):
     return sorted(rows), t1 - t0
 
 
-def _summary(rows, wall):
-    """Wall time, the host's last launch, the GPU's first start / last end and busy time."""
-    launches = [off for off, _, dev, _, name in rows
-                if dev == "CPU" and ("LaunchKernel" in name or "GraphLaunch" in name)]
-    gpu = sorted((off, off + dur) for off, dur, dev, _, _ in rows if dev == "GPU")
-    busy, end = 0.0, float("-inf")
-    for s, e in gpu:   # the union of the kernels' intervals
-        busy += max(0.0, e - max(s, end))
-        end = max(end, e)
-    return (f"wall {wall:8.1f} us, last launch issued at {max(launches, default=0):8.1f}, "
-            f"GPU {gpu[0][0] if gpu else 0:8.1f} .. {end if gpu else 0:8.1f}, busy {busy:8.1f}")
-
-
-def _idle_gaps(rows, n: int = 5) -> str:
-    """The ``n`` longest stretches in which the GPU ran nothing, with the kernel each ended at
-    (in a lone call: where the GPU waited for the host)."""
-    gaps, end = [], None
-    for off, dur, dev, _, name in rows:
+def _gpu_span(rows):
+    """The GPU's first start, last end and the stretches between in which it ran nothing,
+    as (length, start, name of the kernel that ended it)."""
+    gaps, first, end = [], None, None
+    for off, dur, dev, _, name in rows:   # rows are in start order
         if dev != "GPU":
             continue
-        if end is not None and off > end:
+        if end is None:
+            first = off
+        elif off > end:
             gaps.append((off - end, end, name))
         end = off + dur if end is None else max(end, off + dur)
-    gaps.sort(reverse=True)
-    return "; ".join(f"{g:.0f} us at {at:.0f} before {name[:40]}" for g, at, name in gaps[:n])
+    return first, end, gaps
+
+
+def _summary(rows, wall):
+    """Wall time, the host's last launch, the GPU's first start / last end, its busy time
+    and its five longest idle stretches (in a lone call: where the GPU waited for the
+    host)."""
+    launches = [off for off, _, dev, _, name in rows
+                if dev == "CPU" and ("LaunchKernel" in name or "GraphLaunch" in name)]
+    first, end, gaps = _gpu_span(rows)
+    first, end = first or 0.0, end or 0.0
+    busy = end - first - sum(g for g, _, _ in gaps)
+    idle = "; ".join(f"{g:.0f} us at {at:.0f} before {name[:40]}"
+                     for g, at, name in sorted(gaps, reverse=True)[:5])
+    return (f"wall {wall:8.1f} us, last launch issued at {max(launches, default=0):8.1f}, "
+            f"GPU {first:8.1f} .. {end:8.1f}, busy {busy:8.1f}", idle)
 
 
 def main():
@@ -108,8 +111,7 @@ def main():
             for mode in calls:
                 mark = next(e for e in events if e.name == f"call {mode} 1")
                 rows, wall = _events_of(events, mark)
-                line = _summary(rows, wall)
-                gaps = _idle_gaps(rows)
+                line, gaps = _summary(rows, wall)
                 print(f"  {mode:<8} {line}\n           GPU idle: {gaps}", flush=True)
                 fh.write(f"=== {mode}: {line}\n  GPU idle: {gaps}\n"
                          "  offset us   dur us dev depth name\n")

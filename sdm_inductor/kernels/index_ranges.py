@@ -1,11 +1,12 @@
 """The index range check of an eager CUDA call in one launch (``range_flags``).
 
 The check's verdict gates the first write to the bank (``validation.start_index_check``),
-and the host queues each of its kernels before it queues Phase 1: as a dozen torch ops
-(per-stream min / max, compares, ``any``) it kept the host busy for longer than the GPU
-needed for them, the launch latency of every one of them in front of the call's work. One
-program here checks ``BLOCK`` entries of one stream, of ``k_idx`` and ``q_idx`` together,
-and writes its own verdict (no zeroed flag, no atomics); the host reads the few bytes."""
+and the host queues the check before it queues Phase 1. As a dozen torch ops (per-stream
+min / max, compares, ``any``) it would keep the host busy longer than the GPU needs for
+them, with the launch latency of each in front of the call's work. One program here checks
+``BLOCK`` entries of one stream, of ``k_idx`` and ``q_idx`` together, and writes its own
+verdict (no zeroed flag, no atomics); the host reads the few bytes. A stream's ``k_idx`` or
+``q_idx`` may be empty (its loads are all masked)."""
 from __future__ import annotations
 
 import torch
@@ -39,7 +40,7 @@ def _range_flags_kernel(k_ptr, q_ptr, flag_ptr, n_k, n_q, blocks, rows_per_strea
 def range_flags(k_idx: torch.Tensor, q_idx: torch.Tensor, rows: int, rows_per_stream: int,
                 own: bool) -> torch.Tensor:
     """One int8 per program, nonzero where an entry of ``k_idx`` / ``q_idx`` (``[P, T, W]``
-    / ``[P, T, R]``, real tensors, neither empty) leaves its stream's rows (``own``:
+    / ``[P, T, R]``, real tensors, not both empty) leaves its stream's rows (``own``:
     ``[p * rows_per_stream, (p + 1) * rows_per_stream)``) or the bank's ``rows``."""
     k_idx, q_idx = k_idx.contiguous(), q_idx.contiguous()
     P = k_idx.shape[0]
