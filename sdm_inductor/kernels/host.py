@@ -27,8 +27,9 @@ from .forward.queue_walk import queue_walk
 from .forward.quantize import pack_log
 from .forward.step_walk import step_walk
 from .phase1 import plan
+from .runtime import graphs
 from .runtime import launch as runtime_launch
-from .runtime.launch import direct_launches, pow2
+from .runtime.launch import arg_key, direct_launches, pow2
 from .runtime.pipeline import ahead, token_windows
 
 __all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_kept",
@@ -76,7 +77,8 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     S, hd = bank.shape
-    pl = plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params)
+    pl = _plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params,
+               replay=saved is None and not keep)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
@@ -90,6 +92,20 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
         walk = step_walk if kind == "step" else queue_walk
         walk(bank, pl, v, out, saved_arg, saved is not None, CONFIG, _prec(bank.dtype), vmr)
     return out, (Kept(pl, vmr) if keep else None)
+
+
+def _plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params, replay: bool):
+    """Phase 1 (``phase1.plan``). With ``replay`` (a call that keeps nothing of its plan past
+    itself: no-grad), from a CUDA graph once the same inputs come again
+    (``graphs.made``: ``CONFIG["PLAN_GRAPHS"]`` graphs at most)."""
+    make = lambda: plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params)
+    inputs = (k_idx, k_val, beta, g, q_idx, q_val, *(gate_params or ()))
+    if (not replay or any(is_fake(t) for t in inputs)
+            or not graphs.usable(k_idx.device, CONFIG["PLAN_GRAPHS"] > 0)):
+        return make()
+    key = ("plan", S, C, gate_params is not None,
+           tuple((arg_key(t), tuple(t.shape), t.stride()) for t in inputs))
+    return graphs.made(key, make, k_idx.device, CONFIG["PLAN_GRAPHS"])
 
 
 def _vmr_buffer(pl, bank: Tensor) -> Tensor:
@@ -230,14 +246,16 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
     readings = bank.new_empty(P, T, hd)
     dummy = _dummy(bank)
 
+    whole = len(wins) == 1
+
     def make(win):
         sl = slice(*win)
         # raw gate inputs ([Bg, T, GH], any strides) are read through their strides
         b, a = (beta[:, sl], g[:, sl]) if gate_params else _contig(beta[:, sl], g[:, sl])
-        return plan(S, *_contig(k_idx[:, sl], k_val[:, sl]), b, a,
-                    *_contig(q_idx[:, sl], q_val[:, sl]), C, gate_params)
+        return _plan(S, *_contig(k_idx[:, sl], k_val[:, sl]), b, a,
+                     *_contig(q_idx[:, sl], q_val[:, sl]), C, gate_params,
+                     replay=whole and not save)
 
-    whole = len(wins) == 1
     keep = None
     for (t0, t1), pl in ahead(wins, make, bank.device):
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)

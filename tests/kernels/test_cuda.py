@@ -574,6 +574,56 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("walk", ["step", "column"])
+def test_plan_graph_replays_are_bitwise_the_launches(walk):
+    """A no-grad call's Phase 1 replayed from a CUDA graph (``graphs.made``, from the
+    second call with the same inputs) gives bitwise the readings and bank of making its
+    launches; a replay reads what its inputs hold now (indices and gates changed in place),
+    and with room for one graph two inputs taking turns each get their own results."""
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.runtime import graphs
+    host.CONFIG["WALK"] = walk
+    one = _inputs(torch.bfloat16, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256,
+                  per_write_gate=True, repeats=True)
+    two = _inputs(torch.bfloat16, P=2, T=300, W=16, R=8, hd=96, slots_per_stream=256, seed=7)
+
+    def call(ins):   # a fresh bank each call; the plan reads none of it
+        y, M, _, _ = _op(ins, 64, save=False)
+        return y, M
+
+    def expected(ins):
+        kept = host.CONFIG["PLAN_GRAPHS"]
+        host.CONFIG["PLAN_GRAPHS"] = 0
+        try:
+            return call(ins)
+        finally:
+            host.CONFIG["PLAN_GRAPHS"] = kept
+
+    def same(got, want):
+        for name, a, b in zip(("readings", "final bank"), got, want):
+            assert torch.equal(a, b), name
+
+    host.CONFIG["PLAN_GRAPHS"] = 1
+    graphs.clear()
+    before = graphs.stats["replayed", "plan"]
+    want = expected(one)
+    for _ in range(4):
+        same(call(one), want)
+    assert graphs.stats["replayed", "plan"] - before >= 3   # recorded on the 2nd, then replayed
+    with torch.no_grad():   # new data behind the same pointers
+        one.k_idx.copy_(one.k_idx.flip(1))   # each stream's rows, in reverse token order
+        one.g.mul_(0.5)
+        one.beta.copy_(one.beta.flip(1))
+    replayed = graphs.stats["replayed", "plan"]
+    same(call(one), expected(one))
+    assert graphs.stats["replayed", "plan"] == replayed + 1
+    graphs.clear()   # room for one graph: the two inputs take turns
+    want_one, want_two = expected(one), expected(two)
+    for _ in range(3):
+        same(call(one), want_one)
+        same(call(two), want_two)
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
                     reason="programmatic dependent launch needs sm_90")
 @pytest.mark.parametrize("keep", [1, 0])

@@ -150,7 +150,7 @@ class Relaunch:
         self.var = list(kernel.arg_names).index(var)
         self.compiled = None
         # everything the launches depend on but ``var`` (``graphs.run``'s keys)
-        self.key = (id(kernel), self.grid, self.var, tuple(_arg_key(a) for a in args),
+        self.key = (id(kernel), self.grid, self.var, tuple(arg_key(a) for a in args),
                     tuple(sorted(meta.items())))
 
     def __call__(self, value):
@@ -199,7 +199,7 @@ class Relaunch:
         self.compiled = ck
 
 
-def _arg_key(a):
+def arg_key(a):
     """A launch argument as a kernel sees it: a tensor is its device pointer (and dtype,
     which the compiled kernel's signature holds)."""
     if isinstance(a, torch.Tensor):
