@@ -22,7 +22,8 @@ Layout, in the order a call runs:
   ``reverse_walk`` (small shapes, fp8 / int4 undo logs),
   ``sources`` (chunk-start rows from the final bank and the log), ``phase1_grads``;
 - ``runtime/``: ``launch`` (traceable launches, ``Relaunch``, the walk rule), ``graphs``
-  (CUDA-graph replay of repeated eager walks), ``pipeline`` (side-stream Phase 1);
+  (CUDA-graph replay of repeated eager walks and no-grad Phase 1s), ``pipeline``
+  (side-stream Phase 1);
 - ``common/tiles``: the Triton helpers several stages inline;
 - ``triton_ops``: the ``triton_op`` definitions.
 """

@@ -579,7 +579,8 @@ def test_plan_graph_replays_are_bitwise_the_launches(walk):
     """A no-grad call's Phase 1 replayed from a CUDA graph (``graphs.made``, from the
     second call with the same inputs) gives bitwise the readings and bank of making its
     launches; a replay reads what its inputs hold now (indices and gates changed in place),
-    and with room for one graph two inputs taking turns each get their own results."""
+    with room for one graph two inputs taking turns each get their own results, and none
+    kept once the room is 0."""
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.runtime import graphs
     host.CONFIG["WALK"] = walk
@@ -622,6 +623,10 @@ def test_plan_graph_replays_are_bitwise_the_launches(walk):
     for _ in range(3):
         same(call(one), want_one)
         same(call(two), want_two)
+    assert graphs._made.graphs
+    host.CONFIG["PLAN_GRAPHS"] = 0   # none: the kept graph goes, with its memory
+    same(call(one), want_one)
+    assert not graphs._made.graphs
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),

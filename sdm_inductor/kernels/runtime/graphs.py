@@ -172,8 +172,12 @@ def made(key: Hashable, make: Callable[[], T], device: torch.device, capacity: i
     ``key`` (a tuple naming everything ``make`` reads, its first item what it makes), which
     rewrites what that call's recording made and returns it. What ``make`` returns must not
     be used past the next call with the same key: only a call that hands none of it past
-    itself may come here. ``capacity``: the graphs kept at most (0: none)."""
-    if capacity <= 0 or not usable(device, True):
+    itself may come here. ``capacity``: the graphs kept at most (0: none, and those kept
+    are dropped, with the memory they hold)."""
+    if capacity <= 0:
+        _made.clear()
+        return make()
+    if not usable(device, True):
         return make()
     key = (key[0], torch.cuda.current_stream(device).cuda_stream, *key[1:])
     action, entry = _made.action(key, capacity, _MAX_SEEN)
