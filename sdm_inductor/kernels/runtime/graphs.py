@@ -48,7 +48,7 @@ _MAX_SEEN = 256
 T = TypeVar("T")
 _streams: dict = {}
 # counters for tests and benchmarks: "eager", "captured", "replayed" by the key's first
-# item (the walk: "forward", "reverse"), e.g. stats["replayed", "forward"]
+# item (the walk: "forward", "reverse"; Phase 1: "plan"), e.g. stats["replayed", "forward"]
 stats = collections.Counter()
 # the last two keys of each walk and loop (the key's first three items; tests: what changed
 # between two calls that did not replay)
