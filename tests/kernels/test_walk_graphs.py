@@ -41,6 +41,17 @@ def test_cpu_walks_launch_directly():
     assert sum(graphs.stats.values()) == before and not graphs.usable(torch.device("cpu"), True)
 
 
+def test_cpu_phase1_is_made_directly_and_no_room_drops_kept_graphs():
+    made = []
+    make = lambda: made.append(1) or len(made)
+    before = sum(graphs.stats.values())
+    assert [graphs.made(("plan", 1), make, torch.device("cpu"), 1) for _ in range(3)] == [1, 2, 3]
+    assert sum(graphs.stats.values()) == before
+    graphs._made.add(("plan", 0), (None, None))   # a kept graph: room 0 drops it
+    assert graphs.made(("plan", 1), make, torch.device("cpu"), 0) == 4
+    assert not graphs._made.graphs
+
+
 def _calls(cache, keys, capacity):
     """The cache's action for each key in turn, recording a stand-in graph when asked."""
     out = []
