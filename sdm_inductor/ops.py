@@ -32,6 +32,7 @@ Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 
@@ -40,7 +41,8 @@ from torch import Tensor
 
 from . import cpu, frames, gates, kept, quant
 from . import validation
-from .validation import check_backward, check_call, check_gated, start_index_check
+from .validation import (DeferredIndexCheck, check_backward, check_call, check_gated,
+                         start_index_check)
 
 __all__ = ["IMPLS", "last_dispatch", "repeated_write_slots", "count_repeated_write_slots"]
 
@@ -63,10 +65,21 @@ CHECK_INDICES: dict[str, bool] = {"cpu": True, "cuda": True}
 _PENDING = threading.local()
 
 
+def begin_index_check() -> None:
+    """Implementations call this once the work that writes nothing is queued (Phase 1): the
+    index check of the current call starts now, beside that work
+    (``validation.DeferredIndexCheck``), so Phase 1 does not wait for the check's host time
+    and the verdict does not wait for Phase 1."""
+    check = getattr(_PENDING, "check", None)
+    if check is not None:
+        check.start()
+
+
 def await_index_check() -> None:
     """Implementations call this before their first write to the bank: it waits for the
-    index check of the current call (if one is in flight) and raises if it failed.
-    Work queued before it must not write the bank (Phase 1, the functional form's copy)."""
+    index check of the current call (starting it if ``begin_index_check`` did not) and
+    raises if it failed. Work queued before it must not write the bank (Phase 1, the
+    functional form's copy)."""
     check = getattr(_PENDING, "check", None)
     _PENDING.check = None
     if check is not None:
@@ -163,12 +176,13 @@ def _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_qua
     recording = capturing(bank)
     if CHECK_INDICES.get(bank.device.type, True) and not recording:
         impl = _impl(bank)
-        check = start_index_check(bank.shape[0], k_idx.shape[0], slots_per_stream, k_idx, q_idx,
+        start = functools.partial(start_index_check, bank.shape[0], k_idx.shape[0],
+                                  slots_per_stream, k_idx, q_idx,
                                   getattr(impl, "range_flags", None))
         if getattr(impl, "AWAITS_INDEX_CHECK", False):
-            _PENDING.check = check
+            _PENDING.check = DeferredIndexCheck(start, bank.device)
         else:
-            check.wait()
+            start().wait()
     # a recorded call's k_idx lives in the graph's memory pool: never held past the call
     _STATE.repeats_of = None if recording else (k_idx, kept.version(k_idx))
     P, T, W = k_idx.shape

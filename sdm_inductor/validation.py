@@ -368,6 +368,48 @@ class IndexCheck:
             _name_bad_index(*self._args)
 
 
+class DeferredIndexCheck:
+    """An index check (``start``: a ``start_index_check`` call) that an implementation
+    starts once it has queued work that writes nothing (Phase 1), so that work need not
+    wait for the check's host time. Started so (``beside``) on CUDA, it runs on a stream of
+    its own that waits only for what was queued before this was made (the inputs), so its
+    verdict does not wait for that work either; its tensors are in use there only until
+    ``wait`` returns, which every call does before it returns. Not started before ``wait``
+    (a path with no such work), it runs there, on the current stream."""
+
+    def __init__(self, start, device: torch.device):
+        self._start, self._check, self._ready = start, None, None
+        if device.type == "cuda":
+            self._ready = torch.cuda.Event()
+            self._ready.record(torch.cuda.current_stream(device))
+            self._device = device
+
+    def start(self, beside: bool = True) -> IndexCheck:
+        if self._check is None:
+            if self._ready is None or not beside:
+                self._check = self._start()
+            else:
+                side = _check_stream(self._device)
+                side.wait_event(self._ready)
+                with torch.cuda.stream(side):   # the verdict's copy and event on it too
+                    self._check = self._start()
+        return self._check
+
+    def wait(self) -> None:
+        self.start(beside=False).wait()
+
+
+_CHECK_STREAMS: dict = {}
+
+
+def _check_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The index checks' stream on ``device``."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _CHECK_STREAMS:
+        _CHECK_STREAMS[idx] = torch.cuda.Stream(idx)
+    return _CHECK_STREAMS[idx]
+
+
 def _name_bad_index(S, P, slots_per_stream, k_idx, q_idx, own, disjoint):
     for name, idx in (("k_idx", k_idx), ("q_idx", q_idx)):
         for t0, win in token_windows(idx):

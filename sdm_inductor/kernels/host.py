@@ -44,9 +44,15 @@ def _dummy(like: torch.Tensor) -> torch.Tensor:
 NAME = "cuda-triton-chunked"
 # the index check's range part in one launch (``validation.start_index_check``)
 range_flags = index_ranges.range_flags
-# the ops hand over the index check in flight; every path below waits for it
-# (``_await_index_check``) after Phase 1 is queued and before the first write to the bank
+# the ops hand over the index check; every path below starts it once Phase 1 is queued
+# (``_begin_index_check``) and waits for it before the first write to the bank
+# (``_await_index_check``)
 AWAITS_INDEX_CHECK = True
+
+
+def _begin_index_check():
+    from .. import ops
+    ops.begin_index_check()
 
 
 def _await_index_check():
@@ -79,6 +85,7 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     S, hd = bank.shape
     pl = _plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params,
                replay=saved is None and not keep)
+    _begin_index_check()   # beside Phase 1
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
@@ -257,6 +264,7 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
 
     keep = None
     for (t0, t1), pl in ahead(wins, make, bank.device):
+        _begin_index_check()   # beside the first window's Phase 1
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         if save and whole and _keeps(bank):
