@@ -66,10 +66,10 @@ _PENDING = threading.local()
 
 
 def begin_index_check() -> None:
-    """Implementations call this once the work that writes nothing is queued (Phase 1): the
-    index check of the current call starts now, beside that work
-    (``validation.DeferredIndexCheck``), so Phase 1 does not wait for the check's host time
-    and the verdict does not wait for Phase 1."""
+    """Implementations call this beside work that writes nothing (Phase 1): the index check
+    of the current call starts now, on a stream of its own
+    (``validation.DeferredIndexCheck``), so the verdict does not wait for that work on the
+    GPU, and the implementation chooses where the check's host time goes."""
     check = getattr(_PENDING, "check", None)
     if check is not None:
         check.start()

@@ -44,8 +44,8 @@ def _dummy(like: torch.Tensor) -> torch.Tensor:
 NAME = "cuda-triton-chunked"
 # the index check's range part in one launch (``validation.start_index_check``)
 range_flags = index_ranges.range_flags
-# the ops hand over the index check; every path below starts it once Phase 1 is queued
-# (``_begin_index_check``) and waits for it before the first write to the bank
+# the ops hand over the index check; every path below starts it beside Phase 1 (``_plan``:
+# on a stream of its own) and waits for it before the first write to the bank
 # (``_await_index_check``)
 AWAITS_INDEX_CHECK = True
 
@@ -85,7 +85,6 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
     S, hd = bank.shape
     pl = _plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params,
                replay=saved is None and not keep)
-    _begin_index_check()   # beside Phase 1
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     # never alias the bank: Inductor treats every pointer argument as possibly written
     # and would clone the two separately (the last copy-back wins)
@@ -104,14 +103,21 @@ def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int
 def _plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params, replay: bool):
     """Phase 1 (``phase1.plan``). With ``replay`` (a call that keeps nothing of its plan past
     itself: no-grad), from a CUDA graph once the same inputs come again
-    (``graphs.made``: ``CONFIG["PLAN_GRAPHS"]`` graphs at most)."""
+    (``graphs.made``: ``CONFIG["PLAN_GRAPHS"]`` graphs at most).
+
+    The call's index check starts beside it: before Phase 1's ~20 launches, whose host time
+    outlasts the check's, and after a replay's one launch, which then need not wait for the
+    check's host time."""
     make = lambda: plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params)
     inputs = (k_idx, k_val, beta, g, q_idx, q_val, *(gate_params or ()))
     if not replay or any(is_fake(t) for t in inputs):   # traced: no pointers to key on
+        _begin_index_check()
         return make()
     key = ("plan", S, C, gate_params is not None,
            tuple((arg_key(t), tuple(t.shape), t.stride()) for t in inputs))
-    return graphs.made(key, make, k_idx.device, CONFIG["PLAN_GRAPHS"])
+    pl = graphs.made(key, make, k_idx.device, CONFIG["PLAN_GRAPHS"])
+    _begin_index_check()
+    return pl
 
 
 def _vmr_buffer(pl, bank: Tensor) -> Tensor:
@@ -264,7 +270,6 @@ def _step_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
 
     keep = None
     for (t0, t1), pl in ahead(wins, make, bank.device):
-        _begin_index_check()   # beside the first window's Phase 1
         out = readings if whole else bank.new_empty(P, t1 - t0, hd)
         saved = raw[t0 // C * P * C:-(-t1 // C) * P * C] if save else dummy
         if save and whole and _keeps(bank):
