@@ -11,18 +11,30 @@ import pytest
 import torch
 
 import sdm_inductor
+from sdm_inductor.lowerings import write_read as lowering
 from sdm_inductor.testing import make_inputs
 
 N, HD = 32, 8
-# (on CUDA under torch.compile the op is an extern call too, where the fix acts)
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# On CUDA under torch.compile the op is an extern call of the eager op by default
+# ("aot"), where the fix acts too; with EMIT_KERNELS="always" (what AOTInductor packages
+# do) the output code launches the kernels itself, on the bank it is given.
+needs_cuda = pytest.mark.skipif(
+    lowering.triton_op("write_read", torch.device("cuda")) is None
+    or not torch.cuda.is_available(), reason="needs a CUDA GPU and the sdm Triton kernels")
+SETTINGS = [
+    pytest.param(("cpu", "aot"), id="cpu"),
+    pytest.param(("cuda", "aot"), id="cuda-extern", marks=[pytest.mark.cuda, needs_cuda]),
+    pytest.param(("cuda", "always"), id="cuda-emitted", marks=[pytest.mark.cuda, needs_cuda]),
+]
 
 
-@pytest.fixture(scope="module", params=DEVICES)
-def streams(request):
+@pytest.fixture(params=SETTINGS)
+def streams(request, monkeypatch):
+    device, emit = request.param
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
     torch.manual_seed(0)
     _, *rest = make_inputs(P=1, T=6, hd=HD, slots_per_stream=N)
-    return tuple(x.to(request.param) for x in rest)
+    return tuple(x.to(device) for x in rest)
 
 
 def _randn(streams, *shape):
