@@ -1,7 +1,7 @@
 #!/bin/bash
 # GPU verification in a few segments, each under its own time limit; logs under $OUT.
 #
-#   bash benchmarks/device.sh tests          # every CUDA-marked test (four pytest processes)
+#   bash benchmarks/device.sh tests          # every CUDA-marked test (five pytest processes)
 #   bash benchmarks/device.sh bench          # benchmarks/bench_cuda.py (configs A and B)
 #   bash benchmarks/device.sh walks          # the same at C=128, step against queue walks
 #                                            # (the traced path's walks, forward and backward)
@@ -52,7 +52,10 @@ while [ $# -gt 0 ]; do
       ids=$(python3 -m pytest --collect-only -q -p no:cacheprovider -m cuda tests/kernels | grep '::')
       run tests_kernels_1 $tl python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 1') &
       run tests_kernels_2 $tl python3 -m pytest -v -p no:cacheprovider $(echo "$ids" | awk 'NR % 2 == 0') &
-      run tests_lowerings $tl python3 -m pytest -v -p no:cacheprovider -m cuda tests/lowerings &
+      run tests_lowerings $tl python3 -m pytest -v -p no:cacheprovider -m cuda tests/lowerings \
+        --ignore tests/lowerings/test_view_banks.py &
+      run tests_views $tl python3 -m pytest -v -p no:cacheprovider -m cuda \
+        tests/lowerings/test_view_banks.py &
       # (tests/test_fuzz.py has no CUDA tests and needs hypothesis, whose wheel is per Python)
       run tests_rest $tl python3 -m pytest -v -p no:cacheprovider -m cuda --durations=10 tests \
         --ignore tests/kernels --ignore tests/lowerings --ignore tests/test_fuzz.py &

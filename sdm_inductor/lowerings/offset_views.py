@@ -13,10 +13,16 @@ it from the recorded layout, an ``as_strided`` from offset 0 of the view's stora
 rows of another bank, or memory past a realized view's end. The op then computes on
 them, without an error.
 
-This pass runs after ``remove_noop_ops`` and before that copy is planned: where a base of
-an sdm op's node has the recorded size and strides but another storage offset, it puts
-the dropped clone back. The base is then a fresh buffer that Inductor writes in place,
-and the clone itself is an ordinary copy kernel that reads the view as it is.
+Where the kernels are emitted (``EMIT_KERNELS``, AOTInductor), the triton_ops' bodies
+clone the bank (``final = bank.clone()``) and hand the clone to their kernels as
+``triton_kernel_wrapper_functional`` nodes, which record their inputs the same way: the
+same drop makes the kernels start from other rows.
+
+This pass runs after ``remove_noop_ops`` and before that copy is planned: where an input
+of an sdm op's node, or of an sdm kernel's, has the recorded size and strides but another
+storage offset, it puts the dropped clone back. The input is then a fresh buffer that
+Inductor writes in place, and the clone itself is an ordinary copy kernel that reads the
+view as it is.
 """
 from __future__ import annotations
 
@@ -71,6 +77,29 @@ def restore_view_clones(graph: fx.Graph) -> None:
                 new = _restored(graph, node, arg, rec)
                 if new is not arg:
                     node.update_kwarg(name, new)
+    for node in graph.find_nodes(op="call_function", target=_KERNEL_HOP):
+        recorded = node.meta.get("eager_input_vals")
+        if recorded is None or not _sdm_kernel(node.kwargs["kernel_idx"]):
+            continue
+        tensors = dict(node.kwargs["kwargs"])
+        for name, rec in recorded[1].get("kwargs", {}).items():
+            if name in tensors:
+                tensors[name] = _restored(graph, node, tensors[name], rec)
+        if any(tensors[k] is not v for k, v in node.kwargs["kwargs"].items()):
+            node.update_kwarg("kwargs", tensors)
+
+
+_KERNEL_HOP = torch.ops.higher_order.triton_kernel_wrapper_functional
+
+
+def _sdm_kernel(kernel_idx: int) -> bool:
+    """Whether the kernel of a ``triton_kernel_wrapper_functional`` is one of this
+    package's (other kernels' graphs are left as the user's program made them)."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    fn = kernel_side_table.get_kernel(kernel_idx)
+    while hasattr(fn, "fn"):   # autotuner -> JITFunction -> the Python function
+        fn = fn.fn
+    return getattr(fn, "__module__", "").startswith(__package__.split(".")[0] + ".")
 
 
 class RestoreViewClones(CustomGraphPass):
