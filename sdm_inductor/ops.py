@@ -216,7 +216,7 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     with _op_body():
         _prepare(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, slots_per_stream,
                  shared_bank, snapshot_quant)
-        final = bank.clone()
+        final = bank.clone(memory_format=torch.contiguous_format)
         readings, rows, scales = _impl(bank).forward(
             final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(),
             q_idx, q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward)
@@ -231,7 +231,8 @@ def _fake_outputs(bank, k_idx, chunk_size, snapshot_quant, save_for_backward):
     readings = bank.new_empty(P, T, bank.shape[1])
     rows, dtype, scales = _saved_shapes(bank, k_idx, chunk_size, snapshot_quant,
                                         save_for_backward)
-    return (readings, torch.empty_like(bank), bank.new_empty(rows, dtype=dtype),
+    return (readings, torch.empty_like(bank, memory_format=torch.contiguous_format),
+            bank.new_empty(rows, dtype=dtype),
             bank.new_empty(scales, dtype=torch.float32))
 
 
@@ -327,7 +328,7 @@ def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_ra
                       chunk_size, slots_per_stream, shared_bank, snapshot_quant)
     with _op_body():
         _prepare_data(bank, k_idx, q_idx, chunk_size, slots_per_stream, snapshot_quant, False)
-        final = bank.clone()
+        final = bank.clone(memory_format=torch.contiguous_format)
         impl = _impl(bank)
         dt = bank.dtype
         fused = getattr(impl, "forward_gated", None)

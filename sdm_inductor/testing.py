@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["SDMInputs", "make_inputs", "rel_err", "reference_outputs", "FLOAT_INPUTS",
-           "undo_log_rows_used", "with_gates", "gated_reference"]
+           "undo_log_rows_used", "with_gates", "gated_reference", "check_strided_banks"]
 
 # positions of the differentiable inputs in SDMInputs
 FLOAT_INPUTS = (0, 2, 3, 4, 5, 7)
@@ -172,3 +172,44 @@ def undo_log_rows_used(k_idx: Tensor, C: int) -> Tensor:
             slots, counts = ents.sort().values.unique_consecutive(return_counts=True)
             used[c * P + p, (torch.cumsum(counts, 0) - counts)] = True
     return used.view(NC * P * C, W).to(k_idx.device)
+
+
+def check_strided_banks(ins: SDMInputs, C: int, tol: float) -> None:
+    """Banks whose rows are not contiguous, a column slice of a wider tensor and a
+    transposed tensor, through ``sdm::write_read_`` (readings and bank; the columns beside
+    the slice untouched) and ``sdm::write_read`` with autograd (readings, final bank and
+    the bank's gradient, which reaches only the slice's columns) against the oracle."""
+    P = ins.k_idx.shape[0]
+    S, hd = ins.bank.shape
+    gen = torch.Generator().manual_seed(3)
+    dy = torch.randn(ins.v.shape, generator=gen).to(ins.v)
+    dM = torch.randn(ins.bank.shape, generator=gen).to(ins.bank)
+    y_ref, M_ref, g_ref = reference_outputs(ins, (dy, dM))
+    rest = tuple(ins)[1:]
+
+    def layouts():
+        wide = torch.cat([ins.bank, torch.randn(S, 3, generator=gen).to(ins.bank)], 1)
+        yield "column slice", wide, lambda t: t[:, :hd]
+        yield "transposed", ins.bank.t().contiguous(), lambda t: t.t()
+
+    def close(what, got, want):
+        err = rel_err(got, want)
+        assert err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
+
+    for name, whole, view in layouts():
+        base = whole.clone()
+        bank = view(base)
+        y = torch.ops.sdm.write_read_(bank, *rest, C, S // P)
+        close(f"{name}, in place: readings", y, y_ref)
+        close(f"{name}, in place: bank", bank, M_ref)
+        if name == "column slice":
+            assert torch.equal(base[:, hd:], whole[:, hd:]), f"{name}: columns beside it written"
+        leaf = whole.clone().requires_grad_(True)
+        y, M, _, _ = torch.ops.sdm.write_read(view(leaf), *rest, C, S // P)
+        close(f"{name}, functional: readings", y, y_ref)
+        close(f"{name}, functional: final bank", M, M_ref)
+        loss = (y.float() * dy.float()).sum() + (M.float() * dM.float()).sum()
+        (grad,) = torch.autograd.grad(loss, leaf)
+        close(f"{name}: bank gradient", view(grad), g_ref[0])
+        if name == "column slice":
+            assert not grad[:, hd:].any(), f"{name}: gradient beside the slice"

@@ -628,3 +628,12 @@ def test_heads_and_expand():
     assert torch.allclose(bank.grad, w.view(3, 7, 4).sum(0))
     with pytest.raises(ValueError, match="'num_heads'"):
         torch.ops.sdm.split_heads(x, 5)
+
+
+def test_banks_whose_rows_are_not_contiguous():
+    """A column slice of a wider bank and a transposed bank on CPU, in place and functional
+    with gradients, against the oracle (the CUDA implementation: the interpreter's
+    ``strided_banks`` case and ``test_cuda.py``)."""
+    from sdm_inductor.testing import check_strided_banks
+    check_strided_banks(make_inputs(P=2, T=20, W=3, R=2, hd=16, slots_per_stream=24, seed=15),
+                        16, 1e-5)

@@ -11,6 +11,8 @@ walks).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
@@ -67,6 +69,22 @@ def _prec(dtype: torch.dtype) -> str:
 
 def _contig(*xs):
     return tuple(x.contiguous() for x in xs)
+
+
+def rows_in_place(fn):
+    """``fn(bank, ...)``, which advances ``bank`` in place, for any bank layout: the kernels
+    address row ``r`` at ``r * hd``, so a bank laid out otherwise (a column slice of a wider
+    tensor, a transposed one) runs on a contiguous copy that is copied back; without that
+    they would compute on the wrong elements and write past the view's columns."""
+    @functools.wraps(fn)
+    def run(bank: Tensor, *args, **kwargs):
+        if bank.is_contiguous():
+            return fn(bank, *args, **kwargs)
+        work = bank.contiguous()
+        out = fn(work, *args, **kwargs)
+        bank.copy_(work)
+        return out
+    return run
 
 
 def chunked_forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, C: int,
@@ -163,6 +181,7 @@ def forward_once(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
                         snapshot_quant, save, gate_params, keep=False)[:3]
 
 
+@rows_in_place
 def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
                  snapshot_quant: str, save: bool, gate_params=None, keep: bool = True):
     """``forward_once`` and, fourth, what a backward of the call would otherwise recompute
@@ -198,6 +217,7 @@ def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
 
 
 @direct_launches
+@rows_in_place
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
             snapshot_quant: str, save: bool, gate_params=None):
     """``IMPLS`` interface: advance ``bank`` in place; (readings, saved rows, saved scales).

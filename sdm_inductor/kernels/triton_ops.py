@@ -35,7 +35,7 @@ def triton_write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, bet
     ``sdm::triton_write_read_backward``. Without a backward and with T <= 16 the decode
     kernel runs instead of the chunked path (a guard on T, not a recompilation per T).
     """
-    final = bank.clone()
+    final = bank.clone(memory_format=torch.contiguous_format)
     readings, rows, scales, keep = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), beta.float(), g.float(), q_idx,
         q_val.to(bank.dtype), chunk_size, snapshot_quant, save_for_backward,
@@ -58,7 +58,7 @@ def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tenso
     them to contiguous, ``host.forward_once``); ``A_log`` / ``dt_bias``
     ``[P]``. Other inputs and the outputs as ``triton_write_read``.
     """
-    final = bank.clone()
+    final = bank.clone(memory_format=torch.contiguous_format)
     readings, rows, scales, keep = host.forward_kept(
         final, k_idx, k_val.to(bank.dtype), v.to(bank.dtype), host.raw_gate_layout(b_raw),
         host.raw_gate_layout(a_raw), q_idx, q_val.to(bank.dtype), chunk_size, snapshot_quant,

@@ -14,7 +14,7 @@ rows of another bank, or memory past a realized view's end. The op then computes
 them, without an error.
 
 Where the kernels are emitted (``EMIT_KERNELS``, AOTInductor), the triton_ops' bodies
-clone the bank (``final = bank.clone()``) and hand the clone to their kernels as
+clone the bank (``final``) and hand the clone to their kernels as
 ``triton_kernel_wrapper_functional`` nodes, which record their inputs the same way: the
 same drop makes the kernels start from other rows.
 

@@ -126,7 +126,7 @@ def _write_read_rule(mode, op, types, args, kwargs):
             return _emit_forward(kernel, (bank, k_idx, k_val, v, beta, g, q_idx, q_val,
                                           chunk_size, snapshot_quant, save), save)
         if not save:
-            final = bank.clone()
+            final = bank.clone(memory_format=torch.contiguous_format)   # as eager
             readings = torch.ops.sdm.write_read_(final, k_idx, k_val, v, beta, g, q_idx, q_val,
                                                  chunk_size, slots_per_stream, shared_bank)
             rows, dtype, scales = ops._saved_shapes(bank, k_idx, chunk_size, snapshot_quant,

@@ -250,6 +250,16 @@ def test_bad_indices_refused_before_the_bank_changes(path, bad):
     assert torch.isfinite(y).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_banks_whose_rows_are_not_contiguous(dtype):
+    """A column slice of a wider bank and a transposed bank, in place and functional with
+    gradients, against the oracle (the kernels address row ``r`` at ``r * hd``: such
+    banks run on a contiguous copy)."""
+    from sdm_inductor.testing import check_strided_banks
+    check_strided_banks(_inputs(dtype, P=2, T=100, W=8, R=4, hd=64, slots_per_stream=128),
+                        32, TOL[dtype])
+
+
 @pytest.mark.parametrize("shape", [dict(P=2, T=200, W=16, R=16, hd=128),
                                    dict(P=2, T=200, W=32, R=8, hd=64)])
 def test_auto_walk_follows_the_shape_rule(shape):

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 COST = dict(queue_walk=150, step_walk=130, step_walk_kept=120, column_walk=80,
             step_walk_windows=90, phase1_scans=55, extreme_gates=34, chunk_start_sources=30,
             snapshots=30, train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
-            windows_and_tiles=3, index_ranges=15, solve_blocks=3, window_sums=2, nothing_to_do=2)
+            windows_and_tiles=3, index_ranges=15, strided_banks=12, solve_blocks=3, window_sums=2, nothing_to_do=2)
 
 
 def _job(item) -> dict:
@@ -303,6 +303,19 @@ def case_nothing_to_do():
         assert torch.equal(grads[0], dM)
         assert all(g.shape == a.shape and not g.any()
                    for g, a in zip(grads[1:], (args[1], args[2], args[3], args[4], args[6])))
+
+
+def case_strided_banks():
+    """Banks whose rows are not contiguous through the public ops with the CUDA
+    implementation (``host``, put in CPU's place): the kernels address row ``r`` at
+    ``r * hd``, so such a bank must run on a contiguous copy (``host.rows_in_place``)."""
+    from sdm_inductor import ops
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import check_strided_banks, make_inputs
+    ops.IMPLS["cpu"] = host
+    check_strided_banks(make_inputs(P=2, T=20, W=3, R=2, hd=16, slots_per_stream=24, seed=15),
+                        16, 1e-5)
+    assert ops.last_dispatch()["impl"] == host.NAME, ops.last_dispatch()
 
 
 def case_windows_and_tiles():

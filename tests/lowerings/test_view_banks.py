@@ -89,6 +89,19 @@ def test_in_place_api_on_a_view_at_a_symbolic_offset(streams):
 
 
 @pytest.mark.compile
+def test_in_place_api_on_column_slices_and_a_transposed_bank(streams):
+    """Banks whose rows are not contiguous (the kernels address row ``r`` at ``r * hd``):
+    in place on a column slice of an input, functional on a transposed one."""
+    flat = [x.flatten(0, 1) for x in streams]
+
+    def fn(wide, tall):
+        readings = sdm_inductor.sdm_write_read(wide[:, :HD], *flat)
+        return readings, wide, *sdm_inductor.write_read(tall.t(), *streams)
+
+    _compare(fn, _randn(streams, N, HD + 3), _randn(streams, HD, N))
+
+
+@pytest.mark.compile
 def test_gradients_through_a_row_slice(streams):
     def fn(flat_bank):
         return sdm_inductor.write_read(flat_bank[N:2 * N], *streams)

@@ -95,7 +95,8 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     # dequantization in the one-warp gather launch would spill on sm_90) the walk rebuilds
     # the bank state chunk by chunk in reverse from the final bank and the log
     by_source = walk != "column" and one_window and qmode == 0
-    work = final_bank.contiguous() if by_source else final_bank.clone()
+    work = (final_bank.contiguous() if by_source
+            else final_bank.clone(memory_format=torch.contiguous_format))
     # a separate placeholder, never dB itself: Inductor treats both pointers as written
     # and clones aliased arguments separately (the untouched copy would win)
     scales = saved_scales if saved_scales.numel() else torch.empty(1, dtype=torch.float32,
