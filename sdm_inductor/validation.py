@@ -131,7 +131,20 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     check_layout(S, P, slots_per_stream, shared_bank, names)
     refuse_forward_ad(((bank_name, bank), *floats))
     if in_place:
+        check_distinct_elements(bank, bank_name)
         check_apart(bank, named, bank_name)
+
+
+def check_distinct_elements(bank: Tensor, bank_name: str = "bank") -> None:
+    """A bank written in place needs each element at a memory location of its own: refuse
+    one whose elements share memory (``expand``, a zero stride), as torch's in-place ops
+    do. Real tensors only (a traced call's op checks its real tensors when run)."""
+    if torch.compiler.is_compiling() or bank.device.type == "meta" or is_fake(bank):
+        return
+    if torch._debug_has_internal_overlap(bank) == 1:   # MemOverlap::Yes
+        _fail(bank_name, "a tensor whose elements each have memory of their own (it is "
+              "written in place; pass a clone)",
+              f"elements sharing memory (strides {list(bank.stride())})")
 
 
 def _byte_span(t: Tensor) -> tuple[int, int]:

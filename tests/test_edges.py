@@ -340,6 +340,21 @@ def test_inputs_sharing_the_banks_memory_refused_by_the_in_place_calls():
     assert torch.equal(y, y0) and torch.equal(bank, M0)
 
 
+def test_banks_whose_elements_share_memory_refused_by_the_in_place_calls():
+    """An expanded bank (a zero stride) cannot be written in place: refused, naming it as
+    the caller spells it, before any work; the functional form takes it."""
+    ins = make_inputs(P=2, T=6, W=2, R=2, hd=4, slots_per_stream=16, seed=12)
+    bank = ins.bank[:1].expand_as(ins.bank)
+    with pytest.raises(sdm_inductor.SDMArgumentError,
+                       match=r"'bank'.*memory of their own.*strides \[0, 1\]"):
+        torch.ops.sdm.write_read_(bank, *ins[1:], 64, 16)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'memory'.*memory of their own"):
+        sdm_inductor.sdm_write_read(bank, *ins[1:], num_memory_slots=16, num_parallel=2)
+    y, M = sdm_inductor.write_read(bank, *ins[1:], slots_per_stream=16)
+    y0, M0 = sdm_inductor.write_read(bank.clone(), *ins[1:], slots_per_stream=16)
+    assert torch.equal(y, y0) and torch.equal(M, M0)
+
+
 def test_integer_options_take_what_the_ops_take():
     """numpy and 0-d tensor integers work in the Python interface as in the ops; a bool
     is not a stream count."""
