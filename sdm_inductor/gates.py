@@ -73,9 +73,11 @@ def gate_grads(d_beta: Tensor, d_g: Tensor, beta: Tensor, g: Tensor, b_raw: Tens
     x = to_streams(a_raw).float() + dt_bias.float()[:, None]
     # softplus' = sigmoid (above the threshold torch passes the gradient through: 1,
     # which is what sigmoid rounds to in fp32 there)
-    d_a = d_g * -torch.exp(A_log.float())[:, None] * torch.sigmoid(x)
-    # g, not the floor, is d g / d A_log: 0 where the floor cut d_g (never 0 * inf)
-    d_A_log = torch.where(g < LOG_DECAY_FLOOR, 0.0, d_g * g).sum(1)
+    # 0 where the floor cut d_g: there exp(A_log) may be inf (A_log = inf), never 0 * inf
+    cut = g < LOG_DECAY_FLOOR
+    d_a = torch.where(cut, 0.0, d_g * -torch.exp(A_log.float())[:, None] * torch.sigmoid(x))
+    # g, not the floor, is d g / d A_log
+    d_A_log = torch.where(cut, 0.0, d_g * g).sum(1)
     d_dt_bias = d_a.sum(1)
     return (from_streams(d_b, b_raw), from_streams(d_a, a_raw), d_A_log.to(A_log.dtype),
             d_dt_bias.to(dt_bias.dtype))

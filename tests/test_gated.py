@@ -21,7 +21,7 @@ from torch.library import opcheck
 import sdm_inductor  # noqa: F401  (registers the ops)
 from sdm_inductor import SDMArgumentError, gates
 from sdm_inductor.reference import sdm_write_read_reference
-from sdm_inductor.testing import make_inputs, rel_err, undo_log_rows_used
+from sdm_inductor.testing import gated_reference, make_inputs, rel_err, undo_log_rows_used
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GRAD_NAMES = ("bank", "k_val", "v", "b_raw", "a_raw", "A_log", "dt_bias", "q_val")
@@ -140,6 +140,31 @@ def test_gradients_match_oracle_tiny():
     assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
     for name, a, b in zip(GRAD_NAMES, got[2], want[2]):
         assert rel_err(a, b) <= 1e-4, (name, rel_err(a, b))
+
+
+def test_full_forget_from_an_infinite_A_log_has_finite_gradients():
+    """``A_log = inf`` makes ``g = -inf`` for its stream: a full forget, whose gradients are
+    finite (spec section 4) and none flows to that stream's gate inputs; the other
+    streams match the oracle (whose ``0 * inf`` gives NaN there)."""
+    ins = make_inputs(P=4, T=9, W=3, R=2, hd=8, slots_per_stream=16, seed=31)
+    b, a, A_log, dt_bias = raw_gates(4, 9, seed=31)
+    A_log[1] = float("inf")
+    leaves = [t.clone().requires_grad_(True) for t in (ins.bank, ins.k_val, ins.v, b, a, A_log,
+                                                        dt_bias, ins.q_val)]
+    y, M = sdm_inductor.api.write_read_gated(leaves[0], ins.k_idx, *leaves[1:7], ins.q_idx,
+                                             leaves[7], slots_per_stream=16)
+    gen = torch.Generator().manual_seed(2)
+    dy, dM = torch.randn(y.shape, generator=gen), torch.randn(M.shape, generator=gen)
+    grads = torch.autograd.grad((y * dy).sum() + (M * dM).sum(), leaves)
+    for name, grad in zip(GRAD_NAMES, grads):
+        assert torch.isfinite(grad).all(), name
+    d_a, d_A_log, d_dt = grads[4], grads[5], grads[6]
+    assert not d_a[1].any() and d_A_log[1] == 0 and d_dt[1] == 0
+    y_ref, M_ref, g_ref = gated_reference(ins, (b, a, A_log, dt_bias), (dy, dM))
+    assert rel_err(y, y_ref) <= 1e-5 and rel_err(M, M_ref) <= 1e-5
+    keep = torch.tensor([0, 2, 3])   # the oracle's a_raw / dt_bias gradients: NaN at stream 1
+    assert rel_err(d_a[keep], g_ref[5][keep]) <= 1e-5
+    assert rel_err(d_dt[keep], g_ref[7][keep]) <= 1e-5
 
 
 def test_api_saves_only_when_a_gradient_is_needed():
