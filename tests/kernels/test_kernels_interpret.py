@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 COST = dict(queue_walk=150, step_walk=130, step_walk_kept=120, column_walk=80,
             step_walk_windows=90, phase1_scans=55, extreme_gates=34, chunk_start_sources=30,
             snapshots=30, train_bf16_shared=15, entry_groups=10, train_fp32=10, decode_and_masking=8,
-            windows_and_tiles=3, index_ranges=15, strided_banks=12, solve_blocks=3, window_sums=2, nothing_to_do=2)
+            windows_and_tiles=3, index_ranges=15, strided_banks=12, random_calls=40, solve_blocks=3, window_sums=2, nothing_to_do=2)
 
 
 def _job(item) -> dict:
@@ -890,6 +890,98 @@ def case_extreme_gates():
                                                  ins.q_idx, ins.q_val, 16, 8)
     _check("gated -inf readings", y, y_ref, 1e-5)
     _check("gated -inf bank", M, M_ref, 1e-5)
+
+
+def _random_call(seed: int):
+    """A random call of the public ops (plain or gated; in place, functional or training)
+    with random sizes, options and layouts: (description, inputs, a function that runs the
+    call with the implementation in CPU's place and returns what it computed)."""
+    import random
+
+    import torch
+    from sdm_inductor import ops
+    from sdm_inductor.testing import make_inputs
+    r = random.Random(seed)
+    B, H = r.choice([1, 2]), r.choice([1, 2])
+    P, T, W, R = B * H, r.choice([1, 5, 17, 40]), r.choice([1, 3]), r.choice([1, 2])
+    hd, sph, C = r.choice([8, 20]), r.choice([8, 24]), r.choice([16, 32])
+    dtype = r.choice([torch.float32, torch.bfloat16])
+    shared, gated = r.random() < 0.25, r.random() < 0.5
+    # (the gated op has no in-place form)
+    how = r.choice(["functional"] * gated + ["in place"] * (not gated) + ["training"] * 2)
+    mode = r.choice(["none", "none", "fp8", "int4"]) if how == "training" else "none"
+    fp32 = how == "training" and dtype == torch.bfloat16 and r.random() < 0.5
+    bank_layout, layout = r.choice(["rows", "rows", "transposed", "slice"]), r.choice(
+        ["rows", "transposed", "slice"])
+    ins = make_inputs(P=P, T=T, W=W, R=R, hd=hd, slots_per_stream=sph, shared_bank=shared,
+                      repeats=r.random() < 0.3, per_write_gate=not gated and r.random() < 0.4,
+                      dtype=dtype, index_dtype=r.choice([torch.int32, torch.int64]), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    if gated:   # a projection's [B, T, 2H + 1] output, sliced: strided raw gates
+        proj = torch.randn(B, T, 2 * H + 1, generator=gen)
+        gate_args = [proj[..., :H], proj[..., H:2 * H], torch.randn(P, generator=gen),
+                     torch.randn(P, generator=gen)]
+        if r.random() < 0.3:
+            gate_args[2][0] = float("inf")   # g = -inf for stream 0
+    else:
+        g = ins.g.clone()
+        if r.random() < 0.3:
+            g[:, ::4] = float("-inf")
+        gate_args = [ins.beta, g]
+
+    def laid_out(t, how):
+        if how == "rows" or t.dim() < 2 or t.numel() == 0:
+            return t
+        if how == "transposed":
+            return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return torch.cat([t, torch.zeros(*t.shape[:-1], 3, dtype=t.dtype)], -1)[..., :t.shape[-1]]
+
+    floats = [laid_out(ins.bank, bank_layout), *(laid_out(t, layout) for t in
+                                                  (ins.k_val, ins.v, *gate_args, ins.q_val))]
+    k_idx, q_idx = laid_out(ins.k_idx, layout), laid_out(ins.q_idx, layout)
+    desc = dict(seed=seed, P=P, T=T, W=W, R=R, hd=hd, C=C, dtype=dtype, shared=shared,
+                gated=gated, how=how, mode=mode, fp32=fp32, bank=bank_layout, layout=layout)
+    slots = 0 if shared else sph
+
+    def run(impl):
+        ops.IMPLS["cpu"] = impl
+        x = [t.detach().clone().requires_grad_(how == "training") for t in floats]
+        bank, k_val, v, *gate_x, q_val = x
+        if how == "in place":
+            y = torch.ops.sdm.write_read_(bank, k_idx, k_val, v, *gate_x, q_idx, q_val, C,
+                                          slots, shared)
+            return [y, bank]
+        op = torch.ops.sdm.write_read_gated if gated else torch.ops.sdm.write_read
+        y, M, _, _ = op(bank, k_idx, k_val, v, *gate_x, q_idx, q_val, C, slots, shared, mode,
+                        fp32, how == "training")
+        if how != "training":
+            return [y, M]
+        dgen = torch.Generator().manual_seed(seed + 1)
+        dy = torch.randn(y.shape, generator=dgen).to(y.dtype)
+        dM = torch.randn(M.shape, generator=dgen).to(M.dtype)
+        loss = (y.float() * dy.float()).sum() + (M.float() * dM.float()).sum()
+        return [y, M, *torch.autograd.grad(loss, x)]
+
+    return desc, run
+
+
+def case_random_calls():
+    """Random calls (``_random_call``: sizes, options, dtypes, full forgets, and layouts of
+    the bank and of every input) through the public ops: the CUDA implementation against
+    the CPU one (itself checked against the oracle by the rest of the suite)."""
+    import torch
+    from sdm_inductor import cpu
+    from sdm_inductor.kernels import host
+    from sdm_inductor.testing import rel_err
+    for seed in range(10):
+        desc, run = _random_call(seed)
+        want, got = run(cpu), run(host)
+        tol = {"fp8": 0.3, "int4": 0.3}.get(desc["mode"],
+                                             1e-4 if desc["dtype"] == torch.float32 else 3e-2)
+        errs = [rel_err(a, b) for a, b in zip(got, want)]
+        print(desc, " ".join(f"{e:.1e}" for e in errs))
+        assert all(torch.isfinite(t).all() for t in got[2:]), ("non-finite gradient", desc)
+        assert all(e <= tol for e in errs), (desc, errs)
 
 
 if __name__ == "__main__":
