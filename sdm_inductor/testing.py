@@ -7,7 +7,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["SDMInputs", "make_inputs", "rel_err", "reference_outputs", "FLOAT_INPUTS",
-           "undo_log_rows_used", "with_gates", "gated_reference", "check_strided_banks"]
+           "undo_log_rows_used", "with_gates", "gated_reference", "check_strided_banks",
+           "Sm90Target"]
 
 # positions of the differentiable inputs in SDMInputs
 FLOAT_INPUTS = (0, 2, 3, 4, 5, 7)
@@ -213,3 +214,14 @@ def check_strided_banks(ins: SDMInputs, C: int, tol: float) -> None:
         close(f"{name}: bank gradient", view(grad), g_ref[0])
         if name == "column slice":
             assert not grad[:, hd:].any(), f"{name}: gradient beside the slice"
+
+
+class Sm90Target:
+    """A Triton driver stand-in that reports an sm_90 GPU (an H100 / H200): torch's mutation
+    analysis of user kernels asks the active driver for its target, so traces that record
+    the CUDA kernels can run without a GPU (set it as ``triton.runtime.driver``'s active
+    driver for the trace)."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)

@@ -138,13 +138,17 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
 def check_distinct_elements(bank: Tensor, bank_name: str = "bank") -> None:
     """A bank written in place needs each element at a memory location of its own: refuse
     one whose elements share memory (``expand``, a zero stride), as torch's in-place ops
-    do. Real tensors only (a traced call's op checks its real tensors when run)."""
-    if torch.compiler.is_compiling() or bank.device.type == "meta" or is_fake(bank):
-        return
-    if torch._debug_has_internal_overlap(bank) == 1:   # MemOverlap::Yes
+    do."""
+    if _has_memory(bank) and torch._debug_has_internal_overlap(bank) == 1:   # MemOverlap::Yes
         _fail(bank_name, "a tensor whose elements each have memory of their own (it is "
               "written in place; pass a clone)",
               f"elements sharing memory (strides {list(bank.stride())})")
+
+
+def _has_memory(t: Tensor) -> bool:
+    """Whether ``t`` has memory to check: not while tracing (fake and meta tensors; a traced
+    call's op checks its real tensors when run)."""
+    return not (torch.compiler.is_compiling() or t.device.type == "meta" or is_fake(t))
 
 
 def _byte_span(t: Tensor) -> tuple[int, int]:
@@ -161,8 +165,8 @@ def check_apart(bank: Tensor, named, bank_name: str = "bank") -> None:
     tokens come, not as it was at the call: refuse one whose memory the bank's bytes
     overlap (real tensors only). Views of one buffer that only interleave are refused
     too, like an overlap (their byte spans cross); a clone of either is always accepted."""
-    if torch.compiler.is_compiling() or bank.device.type == "meta" or is_fake(bank):
-        return   # no memory to compare; a traced call's op checks its real tensors when run
+    if not _has_memory(bank):
+        return
     st = bank.untyped_storage()
     s0, s1 = st.data_ptr(), st.data_ptr() + st.nbytes()
     lo, hi = None, None
@@ -383,10 +387,10 @@ class IndexCheck:
 
 class DeferredIndexCheck:
     """An index check (``start``: a ``start_index_check`` call) that an implementation
-    starts once it has queued work that writes nothing (Phase 1), so that work need not
-    wait for the check's host time. Started so (``beside``) on CUDA, it runs on a stream of
-    its own that waits only for what was queued before this was made (the inputs), so its
-    verdict does not wait for that work either; its tensors are in use there only until
+    starts beside work that writes nothing (Phase 1), before or after queuing that work as
+    its host time suits. Started so (``beside``) on CUDA, it runs on a stream of its own
+    that waits only for what was queued before this was made (the inputs), so its verdict
+    does not wait for that work on the GPU; its tensors are in use there only until
     ``wait`` returns, which every call does before it returns. Not started before ``wait``
     (a path with no such work), it runs there, on the current stream."""
 

@@ -38,6 +38,7 @@ from .. import inductor_slots
 __all__ = ["RestoreViewClones", "restore_view_clones"]
 
 _HOPS = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+_KERNEL_HOP = torch.ops.higher_order.triton_kernel_wrapper_functional
 
 
 def _same(a, b) -> bool:
@@ -87,9 +88,6 @@ def restore_view_clones(graph: fx.Graph) -> None:
                 tensors[name] = _restored(graph, node, tensors[name], rec)
         if any(tensors[k] is not v for k, v in node.kwargs["kwargs"].items()):
             node.update_kwarg("kwargs", tensors)
-
-
-_KERNEL_HOP = torch.ops.higher_order.triton_kernel_wrapper_functional
 
 
 def _sdm_kernel(kernel_idx: int) -> bool:

@@ -128,14 +128,11 @@ def _analysis(case: str) -> list:
     """Traced with fake tensors: (kernel, tensors the mutation analysis says it writes,
     the launch's parameters that hold an input of the traced graph, ``_run_case``)."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from torch._higher_order_ops import triton_kernel_wrap as tkw
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    class _Sm90:   # the analysis asks the active driver for its target; no GPU here
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
+    from sdm_inductor.testing import Sm90Target
 
     launches, held = [], {}
 
@@ -147,7 +144,7 @@ def _analysis(case: str) -> list:
     with FakeTensorMode() as mode:
         _run_case(case, tuple(mode.from_tensor(a) for a in args), on_inputs)
     old = triton.runtime.driver._active
-    triton.runtime.driver.set_active(_Sm90())
+    triton.runtime.driver.set_active(Sm90Target())
     try:
         out = []
         for i, (kernel, args, meta) in enumerate(launches):

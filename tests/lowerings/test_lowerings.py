@@ -20,7 +20,7 @@ import sdm_inductor
 from sdm_inductor.lowerings import write_read as lowering
 from sdm_inductor.nn import SparseDeltaMemory
 from sdm_inductor.reference import sdm_write_read_reference
-from sdm_inductor.testing import make_inputs, rel_err
+from sdm_inductor.testing import Sm90Target, make_inputs, rel_err
 
 SPH, HD, C = 32, 8, 16
 CUDA = torch.cuda.is_available() and lowering.triton_op("write_read", torch.device("cuda"))
@@ -172,15 +172,6 @@ def test_emit_kernels_policy(monkeypatch):
         lowering.emitted("write_read", cuda)
 
 
-class _Sm90:
-    """The active Triton driver's target for the mutation analysis of the kernels that a
-    trace records (no GPU here): what it would find on an H200."""
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-        return GPUTarget("cuda", 90, 32)
-
-
 def _traced_training_graphs(fn, args, monkeypatch) -> dict:
     """AOTAutograd's forward and backward graphs of a training step through ``fn`` with
     the CUDA kernels emitted, traced on CPU tensors (the kernels are recorded, never run:
@@ -193,7 +184,7 @@ def _traced_training_graphs(fn, args, monkeypatch) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     monkeypatch.setattr(lowering, "TRITON_DEVICES", ("cpu", "cuda"))
     monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
-    monkeypatch.setattr(triton.runtime.driver, "_active", _Sm90())
+    monkeypatch.setattr(triton.runtime.driver, "_active", Sm90Target())
     graphs = {}
 
     def capture(kind):

@@ -12,7 +12,7 @@ import torch
 
 import sdm_inductor
 from sdm_inductor.lowerings import write_read as lowering
-from sdm_inductor.testing import make_inputs
+from sdm_inductor.testing import Sm90Target, make_inputs
 
 N, HD = 32, 8
 # On CUDA under torch.compile the op is an extern call of the eager op by default
@@ -152,14 +152,6 @@ def test_the_pass_stays_when_rewrites_are_off():
         assert inductor_slots.has("post_grad_custom_post_pass", RestoreViewClones())
 
 
-class _Sm90:
-    """The Triton driver's target for the mutation analysis of traced kernels (no GPU)."""
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-        return GPUTarget("cuda", 90, 32)
-
-
 def test_emitted_kernels_get_the_dropped_clone_back(monkeypatch):
     """With the kernels emitted, the triton_op's ``bank.clone()`` reaches its walk kernel as
     a ``triton_kernel_wrapper_functional`` input; ``remove_noop_ops`` drops that clone of
@@ -175,7 +167,7 @@ def test_emitted_kernels_get_the_dropped_clone_back(monkeypatch):
     from sdm_inductor.lowerings.offset_views import _sdm_kernel, restore_view_clones
     monkeypatch.setattr(lowering, "TRITON_DEVICES", ("cpu", "cuda"))
     monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
-    monkeypatch.setattr(triton.runtime.driver, "_active", _Sm90())
+    monkeypatch.setattr(triton.runtime.driver, "_active", Sm90Target())
     graphs = []
 
     def compiler(gm, example_inputs):
