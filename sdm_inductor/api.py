@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .validation import (API_NAMES, _fail, as_int, check_call, check_tensors,
+from .validation import (API_NAMES, _fail, as_int, check_call, check_options, check_tensors,
                          refuse_forward_ad)
 
 __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
@@ -18,6 +18,8 @@ def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta:
         _fail("num_parallel", "an int >= 1", repr(num_parallel))
     check_tensors([("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
                    ("q_idx", q_idx), ("q_val", q_val)])
+    if key_weighted_decay is not None and not isinstance(key_weighted_decay, bool):
+        _fail("key_weighted_decay", "None, True or False", repr(key_weighted_decay))
     P = num_parallel
     if k_idx.dim() not in (2, 3):
         _fail("k_idx", "[P*T, W] or [P, T, W]", list(k_idx.shape))
@@ -68,6 +70,11 @@ def write_read(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
     The bank is not modified. Differentiable in bank, k_val, v, beta, g and q_val. The
     backward's undo log is only kept when a gradient is needed.
     """
+    check_tensors((("bank", bank), ("k_idx", k_idx), ("k_val", k_val), ("v", v),
+                   ("beta", beta), ("g", g), ("q_idx", q_idx), ("q_val", q_val)))
+    chunk_size, slots_per_stream = check_options(
+        chunk_size, (("slots_per_stream", slots_per_stream),),
+        (("shared_bank", shared_bank), ("grad_bank_fp32", grad_bank_fp32)), snapshot_quant)
     refuse_forward_ad((("bank", bank), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
                        ("q_val", q_val)))
     save = _needs_grad(bank, k_val, v, beta, g, q_val)
@@ -89,6 +96,12 @@ def write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, b_ra
     ``A_log`` / ``dt_bias``: ``[P]``. Returns ``(readings [P, T, hd], final_bank)``;
     differentiable in bank, k_val, v, b_raw, a_raw, A_log, dt_bias and q_val.
     """
+    check_tensors((("bank", bank), ("k_idx", k_idx), ("k_val", k_val), ("v", v),
+                   ("b_raw", b_raw), ("a_raw", a_raw), ("A_log", A_log),
+                   ("dt_bias", dt_bias), ("q_idx", q_idx), ("q_val", q_val)))
+    chunk_size, slots_per_stream = check_options(
+        chunk_size, (("slots_per_stream", slots_per_stream),),
+        (("shared_bank", shared_bank), ("grad_bank_fp32", grad_bank_fp32)), snapshot_quant)
     refuse_forward_ad((("bank", bank), ("k_val", k_val), ("v", v), ("b_raw", b_raw),
                        ("a_raw", a_raw), ("A_log", A_log), ("dt_bias", dt_bias), ("q_val", q_val)))
     save = _needs_grad(bank, k_val, v, b_raw, a_raw, A_log, dt_bias, q_val)
@@ -112,7 +125,9 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
     if not isinstance(memory, Tensor):
         _fail("memory", "a tensor [S, hd]", type(memory).__name__)
     # integers as the ops take them (numpy and 0-d tensor integers too)
-    chunk_size, num_memory_slots = as_int(chunk_size), as_int(num_memory_slots)
+    chunk_size, num_memory_slots = check_options(
+        chunk_size, (("num_memory_slots", num_memory_slots),),
+        (("shared_bank", shared_bank), ("grad_bank_fp32", grad_bank_fp32)), snapshot_quant)
     (k_idx, k_val, v, beta, g, q_idx, q_val), flat = to_streams(
         num_parallel, k_idx, k_val, v, beta, g, q_idx, q_val, key_weighted_decay)
     # every check with this interface's names, on the dtypes as given (before the casts);

@@ -307,7 +307,7 @@ write_read.register_autograd(_backward, setup_context=_setup_context)
 def _check_gated_call(bank, k_idx, k_val, v, b_raw, a_raw, A_log, dt_bias, q_idx, q_val,
                       chunk_size, slots_per_stream, shared_bank, snapshot_quant):
     check_call(bank, k_idx, k_val, v, None, None, q_idx, q_val, chunk_size, slots_per_stream,
-               shared_bank, snapshot_quant)
+               shared_bank, snapshot_quant, gated=True)
     check_gated(bank, k_idx, b_raw, a_raw, A_log, dt_bias)
 
 

@@ -64,6 +64,39 @@ def as_int(x):
         return x
 
 
+def check_options(chunk_size, ints, flags, snapshot_quant) -> list:
+    """The options of a Python-interface call, checked before anything else, where the
+    ops' schemas would take what the interface refuses: ``chunk_size`` and each
+    ``(name, value)`` of ``ints`` an int as ``as_int`` takes it (never a bool), each of
+    ``flags`` a bool (a schema takes 0, 1 or None for one), ``snapshot_quant`` one of the
+    modes. Returns ``[chunk_size, *ints]`` as Python ints."""
+    out = []
+    for name, x in (("chunk_size", chunk_size), *ints):
+        x = as_int(x)
+        if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)) \
+                or isinstance(x, int) and not -2**63 <= x < 2**63:
+            _fail(name, "a 64-bit int", repr(x))
+        out.append(x)
+    check_chunk_size(out[0])
+    for name, x in flags:
+        if not isinstance(x, (bool, torch.SymBool)):
+            _fail(name, "True or False", repr(x))
+    check_snapshot_quant(snapshot_quant)
+    return out
+
+
+def check_chunk_size(chunk_size) -> None:
+    chunk_size = static_int(chunk_size)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) \
+            or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+        _fail("chunk_size", f"an int in {MIN_CHUNK}..{MAX_CHUNK}", chunk_size)
+
+
+def check_snapshot_quant(snapshot_quant) -> None:
+    if not isinstance(snapshot_quant, str) or snapshot_quant not in quant.MODES:
+        _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
+
+
 def static_int(x):
     """An int option as a Python int. ``torch.compile(dynamic=True)`` makes int arguments
     and closure variables symbolic; the chunk size and the slots per stream shape the
@@ -75,14 +108,16 @@ def static_int(x):
 def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor | None,
                g: Tensor | None, q_idx: Tensor, q_val: Tensor, chunk_size: int,
                slots_per_stream: int, shared_bank: bool, snapshot_quant: str,
-               names: Names = OP_NAMES, in_place: bool = False) -> None:
+               names: Names = OP_NAMES, in_place: bool = False, gated: bool = False) -> None:
     """Shape, dtype, device and option checks (no data read: safe on fake tensors), no
     forward-mode tangents (``refuse_forward_ad``) and, for a call that writes the bank in
     place (``in_place``), no input sharing its memory (``check_apart``).
 
-    ``beta`` / ``g`` None: the caller checks its gates itself (``check_gated``).
+    ``gated``: the call has raw gates in place of ``beta`` / ``g`` (passed as None), which
+    its caller checks itself (``check_gated``); otherwise a None gate is refused like any
+    other non-tensor (a schema's ``Tensor`` argument takes None from Python).
     ``names``: how the caller spells the bank, the slots per stream and the stream count."""
-    gates = [(n, t) for n, t in (("beta", beta), ("g", g)) if t is not None]
+    gates = [] if gated else [("beta", beta), ("g", g)]
     bank_name = names.bank
     floats = (("k_val", k_val), ("v", v), *gates, ("q_val", q_val))
     named = (("k_idx", k_idx), ("k_val", k_val), ("v", v), *gates, ("q_idx", q_idx),
@@ -113,9 +148,9 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
         _fail("k_val", f"shape [P, T, W] = {[P, T, W]} like k_idx", _shape(k_val))
     if _shape(v) != [P, T, hd]:
         _fail("v", f"shape [P, T, hd] = {[P, T, hd]} (hd from the {bank_name})", _shape(v))
-    if beta is not None and _shape(beta) != [P, T]:
+    if not gated and _shape(beta) != [P, T]:
         _fail("beta", f"shape [P, T] = {[P, T]}", _shape(beta))
-    if g is not None and (g.dim() != 3 or _shape(g)[:2] != [P, T] or g.shape[2] not in (1, W)):
+    if not gated and (g.dim() != 3 or _shape(g)[:2] != [P, T] or g.shape[2] not in (1, W)):
         _fail("g", f"shape [P, T, 1] or [P, T, W] = {[P, T, W]}", _shape(g))
     if q_idx.dim() != 3 or _shape(q_idx)[:2] != [P, T]:
         _fail("q_idx", f"shape [P, T, R] with P, T = {P}, {T}", _shape(q_idx))
@@ -124,10 +159,8 @@ def check_call(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tens
         _fail("q_idx", f"1..{MAX_SLOTS_PER_TOKEN} read slots per token (last dim)", R)
     if _shape(q_val) != [P, T, R]:
         _fail("q_val", f"shape [P, T, R] = {[P, T, R]} like q_idx", _shape(q_val))
-    if not isinstance(chunk_size, int) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
-        _fail("chunk_size", f"an int in {MIN_CHUNK}..{MAX_CHUNK}", chunk_size)
-    if snapshot_quant not in quant.MODES:
-        _fail("snapshot_quant", f"one of {quant.MODES}", repr(snapshot_quant))
+    check_chunk_size(chunk_size)
+    check_snapshot_quant(snapshot_quant)
     check_layout(S, P, slots_per_stream, shared_bank, names)
     refuse_forward_ad(((bank_name, bank), *floats))
     if in_place:
@@ -276,7 +309,8 @@ def check_gated(bank: Tensor, k_idx: Tensor, b_raw: Tensor, a_raw: Tensor, A_log
 def check_layout(S, P, slots_per_stream: int, shared_bank: bool,
                  names: Names = OP_NAMES) -> None:
     sph_name = names.slots_per_stream
-    if not isinstance(slots_per_stream, int) or slots_per_stream < 0:
+    if isinstance(slots_per_stream, bool) or not isinstance(slots_per_stream, int) \
+            or slots_per_stream < 0:
         _fail(sph_name, "0 (one shared bank) or the slots per stream (> 0)", slots_per_stream)
     if slots_per_stream in (0, S):
         if P > 1 and not shared_bank:

@@ -371,6 +371,68 @@ def test_integer_options_take_what_the_ops_take():
         sdm_inductor.sdm_write_read(ins.bank.clone(), *flat, num_parallel=True)
 
 
+def _option_calls(ins, flat):
+    """Each Python-interface entry point as ``call(**options)`` on valid tensors."""
+    raw = (torch.zeros(2, 6), torch.zeros(2, 6), torch.zeros(2), torch.zeros(2))
+    return {
+        "write_read": lambda **kw: sdm_inductor.write_read(
+            ins.bank, *ins[1:], **{"slots_per_stream": 16, **kw}),
+        "write_read_gated": lambda **kw: api.write_read_gated(
+            ins.bank, *ins[1:4], *raw, *ins[6:], **{"slots_per_stream": 16, **kw}),
+        "sdm_write_read": lambda **kw: sdm_inductor.sdm_write_read(
+            ins.bank, *flat, num_parallel=2, **{"num_memory_slots": 16, **kw}),
+    }
+
+
+# (option, value, entry points; None: all three) the ops' schemas would take or turn into
+# something else: 1 / 0 / None for a flag, True for an int
+BAD_OPTIONS = [
+    ("shared_bank", None, None), ("shared_bank", 1, None), ("shared_bank", "yes", None),
+    ("grad_bank_fp32", "yes", None), ("grad_bank_fp32", None, None),
+    ("chunk_size", True, None), ("chunk_size", 64.0, None), ("chunk_size", 2**70, None),
+    ("snapshot_quant", None, None), ("snapshot_quant", 3, None),
+    ("slots_per_stream", True, ("write_read", "write_read_gated")),
+    ("slots_per_stream", 2**70, ("write_read", "write_read_gated")),
+    ("num_memory_slots", True, ("sdm_write_read",)),
+    ("key_weighted_decay", "x", ("sdm_write_read",)),
+]
+
+
+@pytest.mark.parametrize("option,value,entries", BAD_OPTIONS,
+                         ids=[f"{o}={v!r}" for o, v, _ in BAD_OPTIONS])
+def test_python_interface_options_refused_by_name(option, value, entries):
+    """Options of the wrong type are refused naming the option, not cast by an op's schema
+    (a bool's 0 / 1 / None, True as 1) or left unread (``grad_bank_fp32`` of a call
+    without gradients)."""
+    ins = make_inputs(P=2, T=6, W=2, R=2, hd=4, slots_per_stream=16, seed=14)
+    before = ins.bank.clone()
+    for name, call in _option_calls(ins, [t.flatten(0, 1) for t in ins[1:]]).items():
+        if entries is not None and name not in entries:
+            continue
+        with pytest.raises(sdm_inductor.SDMArgumentError, match=f"'{option}'") as info:
+            call(**{option: value})
+        assert repr(value)[:12] in str(info.value), (name, str(info.value))
+    assert torch.equal(ins.bank, before)
+
+
+@pytest.mark.parametrize("arg", ["bank", "k_idx", "v", "beta", "g", "q_val"])
+def test_non_tensor_inputs_refused_by_name(arg):
+    """A missing or non-tensor input is named by every entry point; the ops take None for
+    a ``Tensor`` argument from Python, so their own check must catch it."""
+    ins = make_inputs(P=2, T=6, W=2, R=2, hd=4, slots_per_stream=16, seed=15)
+    args = dict(zip(ins._fields, ins))
+    args[arg] = None
+    before = ins.bank.clone()
+    calls = [lambda: sdm_inductor.write_read(*args.values(), slots_per_stream=16)]
+    if arg != "bank":   # a schema refuses None for the mutated bank itself
+        calls += [lambda: torch.ops.sdm.write_read(*args.values(), 64, 16),
+                  lambda: torch.ops.sdm.write_read_(*args.values(), 64, 16)]
+    for call in calls:
+        with pytest.raises(sdm_inductor.SDMArgumentError, match=f"'{arg}'.*a tensor"):
+            call()
+    assert torch.equal(ins.bank, before)
+
+
 def test_forward_mode_ad_refused_not_zero():
     """torch gives a custom op without a forward-mode rule zero tangents without a word:
     every entry point refuses an input that carries a tangent, naming it."""
