@@ -198,4 +198,6 @@ def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, backgro
 TRUTH = "truth: "   # the line of the interpreter half's output that holds its result
 
 if __name__ == "__main__":   # the interpreter half, in its own process
+    from sdm_inductor.testing import patch_language_once_per_launch
+    patch_language_once_per_launch()
     print(TRUTH + json.dumps(_truth(sys.argv[1])))
