@@ -1,7 +1,10 @@
 """Hypothesis fuzz of the CPU op against the oracle over random shapes and options,
-including empty sequences and full-forget gates (-inf, -1e4)."""
+including empty sequences and full-forget gates (-inf, -1e4); and of malformed calls of
+every entry point (refused naming the argument, or computed right where the contract
+accepts the change)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -86,3 +89,117 @@ def test_fuzz_against_oracle(cfg):
         # known to fp32 only absolutely: 1e-6 is ~10 fp32 roundings of its O(1) terms
         err = float((leaves[i].grad.double() - ref).abs().max()) if ref.numel() else 0.0
         assert rel_err(leaves[i].grad, ref) <= grad_tol or err <= 1e-6, (i, err)
+
+
+# ------------------------------------------------------------------ malformed calls
+
+CALL_NAMES = ("bank", "k_idx", "k_val", "v", "beta", "g", "q_idx", "q_val")
+FLOAT_NAMES = ("k_val", "v", "beta", "g", "q_val")
+# how the 2.0.0 interface spells the arguments the others call otherwise
+API20 = {"bank": "memory", "slots_per_stream": "num_memory_slots"}
+
+
+def _entries(P: int, sps: int):
+    """name -> call(tensors as [P, T, *] in CALL_NAMES order, options) -> readings."""
+    def flat(t):
+        return t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 \
+            and tuple(t.shape[:2]) == (P, T_FUZZ) else t
+
+    def api20(ts, o):
+        o = dict(o, num_memory_slots=o.pop("slots_per_stream"))
+        return sdm_inductor.sdm_write_read(ts[0], *map(flat, ts[1:]), num_parallel=P, **o)
+
+    return {
+        "write_read_": lambda ts, o: torch.ops.sdm.write_read_(
+            *ts, chunk_size=o["chunk_size"], slots_per_stream=o["slots_per_stream"],
+            shared_bank=o["shared_bank"]),
+        "ops.write_read": lambda ts, o: torch.ops.sdm.write_read(
+            *ts, o["chunk_size"], o["slots_per_stream"], o["shared_bank"], o["snapshot_quant"],
+            o["grad_bank_fp32"], False)[0],
+        "write_read": lambda ts, o: sdm_inductor.write_read(*ts, **o)[0],
+        "sdm_write_read": api20,
+    }
+
+
+T_FUZZ = 11
+
+
+def _mutations(name, t, S):
+    """(label, value, valid): ``valid`` mutations must give the oracle's result, the others
+    an SDMArgumentError (``"named"``: naming ``name``; ``"any"``: naming some argument, as
+    a shape that disagrees with another argument's may be blamed on either)."""
+    out = [("None", None, "named")]
+    if name in FLOAT_NAMES:
+        out += [("int64", t.round().long(), "named"), ("bool", t > 0, "named"),
+                ("float64", t.double(), "valid"), ("float16", t.half(), "valid"),
+                ("bfloat16", t.bfloat16(), "valid")]
+    elif name == "bank":
+        out += [("float64", t.double(), "named"), ("float16", t.half(), "named"),
+                ("3-D", t[None], "named"), ("bfloat16", t.bfloat16(), "valid")]
+    else:   # indices
+        out += [("float32", t.float(), "named"), ("int32", t.int(), "valid"),
+                ("row -1", _poke(t, -1), "named"), ("row S", _poke(t, S), "named"),
+                ("row 2**40", _poke(t, 2**40), "named")]
+    if t.dim() >= 2:
+        out += [("transposed copy", t.mT.contiguous().mT, "valid"),
+                ("one dim less", t[..., 0], "any"), ("one row more", torch.cat([t, t[..., :1]], -1), "any"),
+                ("a token less", t[:, 1:], "any")]
+    if name in FLOAT_NAMES or name == "bank":
+        out.append(("expanded", t[..., :1].expand(t.shape), "valid"))
+    return out
+
+
+def _poke(t, value):
+    u = t.clone()
+    u.view(-1)[u.numel() // 2] = value
+    return u
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_malformed_calls_refused_by_name_or_computed_right(data):
+    """One argument of a valid call of each entry point changed at random: a malformed
+    call raises SDMArgumentError naming an argument as the entry point spells it (the
+    changed one where only it can be at fault) with the bank untouched; a change the
+    contract accepts (other float dtypes, strides, int32 indices) gives the oracle's
+    readings and bank."""
+    P, W, R, hd, sps = data.draw(st.integers(1, 2)), 3, 2, 4, 16
+    ins = make_inputs(P, T_FUZZ, W=W, R=R, hd=hd, slots_per_stream=sps,
+                      per_write_gate=data.draw(st.booleans()), seed=data.draw(st.integers(0, 999)))
+    entry = data.draw(st.sampled_from(sorted(_entries(P, sps))))
+    name = data.draw(st.sampled_from(CALL_NAMES))
+    t = dict(zip(CALL_NAMES, ins))[name]
+    label, value, kind = data.draw(st.sampled_from(_mutations(name, t, P * sps)))
+    ts = [value if n == name else x.clone() for n, x in zip(CALL_NAMES, ins)]
+    bank = ts[0] if name != "bank" else (value.clone() if isinstance(value, torch.Tensor) else None)
+    if name == "bank" and bank is not None:
+        ts[0] = bank
+    before = bank.clone() if bank is not None else None
+    options = dict(chunk_size=16, slots_per_stream=sps, shared_bank=False, snapshot_quant="none",
+                   grad_bank_fp32=False)
+    call = _entries(P, sps)[entry]
+    spell = (lambda n: API20.get(n, n)) if entry == "sdm_write_read" else (lambda n: n)
+    note = f"{entry}: {name} {label}"
+    if entry == "sdm_write_read" and name == "g" and label == "one dim less" and t.shape[-1] == 1:
+        kind, value = "valid", value[..., None]   # the 2.0.0 interface's per-token g [P, T]
+    if kind == "valid":
+        y = call(ts, options)
+        ref = ins._replace(**{name: value.to(torch.float64) if value.is_floating_point() else value})
+        y0, M0, _ = reference_outputs(ref._replace(bank=before.double()))
+        tol = 2e-2 if ts[0].dtype == torch.bfloat16 or label in ("float16", "bfloat16") else 1e-5
+        assert rel_err(y.reshape(y0.shape), y0) <= tol, note
+        if entry in ("write_read_", "sdm_write_read"):
+            assert rel_err(ts[0], M0) <= tol, note
+        return
+    with pytest.raises((sdm_inductor.SDMArgumentError, RuntimeError)) as info:
+        call(ts, options)
+    msg = str(info.value)
+    # a torch.ops schema refuses a non-tensor itself (RuntimeError naming the argument),
+    # except None, which it passes to the op
+    assert isinstance(info.value, sdm_inductor.SDMArgumentError) or (
+        entry in ("write_read_", "ops.write_read") and label != "None"
+        and f"argument '{name}'" in msg), (note, msg)
+    names = [name] if kind == "named" else [*CALL_NAMES, "slots_per_stream", "num_parallel"]
+    assert any(f"'{spell(n)}'" in msg for n in names), (note, msg)
+    if before is not None and ts[0].shape == before.shape and ts[0].dtype == before.dtype:
+        assert torch.equal(ts[0], before), note
