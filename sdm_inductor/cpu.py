@@ -29,6 +29,9 @@ from .validation import no_work
 
 NAME = "cpu-chunked"
 
+# A call with no backward and at most this many tokens runs the token loop (``_decode``).
+DECODE_MAX_T = 8
+
 # Phase 1 of this many entries (tokens x slots) at once bounds working memory.
 _BLOCK_ENTRIES = 1 << 18
 
@@ -268,6 +271,30 @@ def _log_rows(blk: _Block, c: int, c0: int, P: int) -> Tensor:
     return c0 * P * C * W + blk.log_pos[g0:g1]
 
 
+def _decode(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, readings: Tensor):
+    """The token loop of spec section 1 for a short call with no backward (a decode step),
+    the P streams of a token at once, in fp32 like the chunked form: the chunked form's
+    fixed cost (Phase 1's bookkeeping, ~1 ms) is most of such a call. A slot repeated in
+    a token takes the dense-key meaning, as in the chunked form: its weights add up in its
+    first occurrence, which alone decays (by its own gate) and is written."""
+    P, T, W = k_idx.shape
+    entry = torch.arange(W, device=bank.device)
+    for t in range(T):
+        idx = k_idx[:, t].long()                                       # [P, W]
+        first = (idx[:, :, None] == idx[:, None, :]).int().argmax(-1)  # first occurrence
+        kv = torch.zeros(P, W, device=bank.device).scatter_add_(1, first, k_val[:, t].float())
+        # (a gate at or below LOG_DECAY_FLOOR has exp 0 in fp32 already: no floor needed)
+        decay = g[:, t].float().exp().expand(P, W)
+        decayed = bank[idx].float() * decay[..., None]                 # [P, W, hd]
+        retrieved = torch.bmm(kv[:, None], decayed)[:, 0]
+        delta = beta[:, t, None].float() * (v[:, t].float() - retrieved)
+        new = torch.baddbmm(decayed, kv[..., None], delta[:, None])
+        written = first == entry
+        bank.index_copy_(0, idx[written], new[written].to(bank.dtype))
+        rows = bank[q_idx[:, t].long()].float()                        # read after the write
+        readings[:, t] = torch.bmm(q_val[:, t, None].float(), rows)[:, 0].to(bank.dtype)
+
+
 def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: int,
             snapshot_quant: str, save: bool):
     """Advance ``bank`` in place; return (readings [P,T,hd], saved rows, saved scales).
@@ -281,7 +308,14 @@ def forward(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size: in
     # sized like ops._saved_shapes: no rows at T = 0
     store = quant.UndoLog(-(-T // C) * P * C, W, hd, bank.dtype, snapshot_quant,
                           bank.device, enabled=save)
-    if no_work(bank, k_idx):
+    from .ops import record_dispatch   # (ops imports this module)
+    path = ("empty" if no_work(bank, k_idx) else
+            "decode" if not save and T <= DECODE_MAX_T else "chunked")
+    record_dispatch(kernel_path=path)
+    if path == "empty":
+        return readings, *store.tensors()
+    if path == "decode":
+        _decode(bank, k_idx, k_val, v, beta, g, q_idx, q_val, readings)
         return readings, *store.tensors()
     inp = _Inputs(k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, S)
     for c0 in inp.blocks():

@@ -83,6 +83,12 @@ def test_fuzz_against_oracle(cfg):
     y32, M32, _ = reference_outputs(ins, compute_dtype=torch.float32)
     assert rel_err(y, y0) <= max(fwd_tol, 4 * rel_err(y32, y0))
     assert rel_err(M, M0) <= max(fwd_tol, 4 * rel_err(M32, M0))
+    with torch.no_grad():   # saves nothing; up to cpu.DECODE_MAX_T tokens: the token loop
+        y_ng, M_ng = sdm_inductor.write_read(
+            *ins, chunk_size=C, shared_bank=shared,
+            slots_per_stream=0 if shared else cfg["slots_per_stream"])
+    assert rel_err(y_ng, y0) <= max(fwd_tol, 4 * rel_err(y32, y0))
+    assert rel_err(M_ng, M0) <= max(fwd_tol, 4 * rel_err(M32, M0))
     ((y * dy).sum() + (M * dM).sum()).backward()
     for i, ref in zip(FLOAT_INPUTS, g0):
         # a gradient whose terms cancel (dg of one token, O(1) terms summing to ~1e-5) is

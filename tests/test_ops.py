@@ -90,6 +90,55 @@ def test_repeated_write_slots_dense_key_meaning(per_write):
         sdm_inductor.repeated_write_slots()
 
 
+# (P, T, shared bank, per-write gate, repeats, index dtype, bank dtype, gate set every few
+# tokens): T up to DECODE_MAX_T, where no-grad calls run the token loop
+SHORT = [
+    (1, 1, False, False, False, torch.int64, torch.float32, None),
+    (3, 1, True, True, True, torch.int32, torch.float32, None),
+    (2, 5, False, True, True, torch.int64, torch.float32, float("-inf")),
+    (3, 8, False, False, True, torch.int32, torch.float32, -1e4),
+    (2, 8, True, True, False, torch.int64, torch.bfloat16, None),
+]
+
+
+@pytest.mark.parametrize("P,T,shared,per_write,repeats,idx_dtype,dtype,gate", SHORT)
+def test_short_calls_without_gradients_run_the_token_loop(monkeypatch, P, T, shared,
+                                                           per_write, repeats, idx_dtype,
+                                                           dtype, gate):
+    """A no-grad call of at most ``cpu.DECODE_MAX_T`` tokens (a decode step) runs the
+    token loop (``cpu._decode``): the oracle's readings and bank (repeats with the
+    dense-key meaning, full forgets), the chunked form's up to rounding; a call one token
+    longer, or one that saves for a backward, takes the chunked form."""
+    from sdm_inductor import cpu, ops
+    from sdm_inductor.testing import with_gates
+    assert T <= cpu.DECODE_MAX_T
+    ins = make_inputs(P, T, W=4, R=3, hd=8, slots_per_stream=12, per_write_gate=per_write,
+                      repeats=repeats, shared_bank=shared, index_dtype=idx_dtype, dtype=dtype,
+                      seed=T + 10 * P)
+    if gate is not None:
+        ins = with_gates(ins, gate, every=2)
+    opts = _opts(P, 16, shared, sph=12)
+    y0, M0, _ = reference_outputs(ins)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    outs = {}
+    for path, limit in (("decode", cpu.DECODE_MAX_T), ("chunked", 0)):
+        monkeypatch.setattr(cpu, "DECODE_MAX_T", limit)
+        bank = ins.bank.clone()
+        y = torch.ops.sdm.write_read_(bank, *ins[1:], **opts)
+        assert ops.last_dispatch()["kernel_path"] == path
+        assert rel_err(y, y0) <= tol and rel_err(bank, M0) <= tol, (path, rel_err(y, y0))
+        outs[path] = (y, bank)
+    for a, b in zip(outs["decode"], outs["chunked"]):
+        assert rel_err(a, b) <= (1e-2 if dtype == torch.bfloat16 else 1e-6)
+    monkeypatch.undo()
+    longer = make_inputs(P, cpu.DECODE_MAX_T + 1, W=4, R=3, hd=8, slots_per_stream=12,
+                         shared_bank=shared, seed=1)
+    torch.ops.sdm.write_read_(longer.bank.clone(), *longer[1:], **opts)
+    assert ops.last_dispatch()["kernel_path"] == "chunked"
+    sdm_inductor.write_read(*ins.leaves(), **opts)   # saves for a backward
+    assert ops.last_dispatch()["kernel_path"] == "chunked"
+
+
 def test_chunk_size_invariance():
     ins = make_inputs(2, 300, W=6, R=5, hd=8, slots_per_stream=40, per_write_gate=True)
     outs = [sdm_inductor.write_read(*ins, chunk_size=C, slots_per_stream=40)
