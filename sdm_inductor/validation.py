@@ -87,8 +87,7 @@ def check_options(chunk_size, ints, flags, snapshot_quant) -> list:
 
 def check_chunk_size(chunk_size) -> None:
     chunk_size = static_int(chunk_size)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) \
-            or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+    if not isinstance(chunk_size, int) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         _fail("chunk_size", f"an int in {MIN_CHUNK}..{MAX_CHUNK}", chunk_size)
 
 
@@ -309,8 +308,7 @@ def check_gated(bank: Tensor, k_idx: Tensor, b_raw: Tensor, a_raw: Tensor, A_log
 def check_layout(S, P, slots_per_stream: int, shared_bank: bool,
                  names: Names = OP_NAMES) -> None:
     sph_name = names.slots_per_stream
-    if isinstance(slots_per_stream, bool) or not isinstance(slots_per_stream, int) \
-            or slots_per_stream < 0:
+    if not isinstance(slots_per_stream, int) or slots_per_stream < 0:
         _fail(sph_name, "0 (one shared bank) or the slots per stream (> 0)", slots_per_stream)
     if slots_per_stream in (0, S):
         if P > 1 and not shared_bank:

@@ -103,9 +103,10 @@ CALL_NAMES = ("bank", "k_idx", "k_val", "v", "beta", "g", "q_idx", "q_val")
 FLOAT_NAMES = ("k_val", "v", "beta", "g", "q_val")
 # how the 2.0.0 interface spells the arguments the others call otherwise
 API20 = {"bank": "memory", "slots_per_stream": "num_memory_slots"}
+T_FUZZ = 11
 
 
-def _entries(P: int, sps: int):
+def _entries(P: int):
     """name -> call(tensors as [P, T, *] in CALL_NAMES order, options) -> readings."""
     def flat(t):
         return t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 \
@@ -125,9 +126,6 @@ def _entries(P: int, sps: int):
         "write_read": lambda ts, o: sdm_inductor.write_read(*ts, **o)[0],
         "sdm_write_read": api20,
     }
-
-
-T_FUZZ = 11
 
 
 def _mutations(name, t, S):
@@ -172,21 +170,21 @@ def test_malformed_calls_refused_by_name_or_computed_right(data):
     P, W, R, hd, sps = data.draw(st.integers(1, 2)), 3, 2, 4, 16
     ins = make_inputs(P, T_FUZZ, W=W, R=R, hd=hd, slots_per_stream=sps,
                       per_write_gate=data.draw(st.booleans()), seed=data.draw(st.integers(0, 999)))
-    entry = data.draw(st.sampled_from(sorted(_entries(P, sps))))
+    entries = _entries(P)
+    entry = data.draw(st.sampled_from(sorted(entries)))
     name = data.draw(st.sampled_from(CALL_NAMES))
     t = dict(zip(CALL_NAMES, ins))[name]
     label, value, kind = data.draw(st.sampled_from(_mutations(name, t, P * sps)))
-    ts = [value if n == name else x.clone() for n, x in zip(CALL_NAMES, ins)]
-    bank = ts[0] if name != "bank" else (value.clone() if isinstance(value, torch.Tensor) else None)
-    if name == "bank" and bank is not None:
-        ts[0] = bank
-    before = bank.clone() if bank is not None else None
+    # every tensor a copy: a call may write the bank, and value stays the input as given
+    ts = [value.clone() if n == name and isinstance(value, torch.Tensor) else
+          value if n == name else x.clone() for n, x in zip(CALL_NAMES, ins)]
+    before = ts[0].clone() if isinstance(ts[0], torch.Tensor) else None
     options = dict(chunk_size=16, slots_per_stream=sps, shared_bank=False, snapshot_quant="none",
                    grad_bank_fp32=False)
-    call = _entries(P, sps)[entry]
+    call = entries[entry]
     spell = (lambda n: API20.get(n, n)) if entry == "sdm_write_read" else (lambda n: n)
     note = f"{entry}: {name} {label}"
-    if entry == "sdm_write_read" and name == "g" and label == "one dim less" and t.shape[-1] == 1:
+    if entry == "sdm_write_read" and name == "g" and label == "one dim less":
         kind, value = "valid", value[..., None]   # the 2.0.0 interface's per-token g [P, T]
     if kind == "valid":
         y = call(ts, options)
