@@ -32,6 +32,8 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export CXX=/usr/bin/g++
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# an AOTInductor example build that mismatches keeps its package and inputs here
+export SDM_AOTI_KEEP_FAILED=$OUT/aoti_failed
 
 run() {  # run NAME LIMIT command...: the log goes to $OUT/NAME.log, a summary to stdout
   local name=$1 limit=$2; shift 2

@@ -5,6 +5,11 @@ fresh process -> the same outputs.
     python examples/export_aoti.py --small    # CI size
 
     python examples/export_aoti.py --seed 3   # other weights, inputs and lengths
+    python examples/export_aoti.py --keep-failed DIR   # on a mismatch, keep the package
+
+On a mismatch the example also prints what the package holds (its files and sizes) and,
+with ``--keep-failed`` (default: ``$SDM_AOTI_KEEP_FAILED``), copies the package and its
+inputs there, so that a failing build can be taken apart and diffed against a passing one.
 
 The package calls the op through AOTInductor's proxy executor, which finds
 ``torch.ops.sdm.*`` through the dispatcher: the op is implemented in Python, so the
@@ -126,6 +131,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0,
                     help="seeds the weights and inputs, and moves the lengths")
+    ap.add_argument("--keep-failed", metavar="DIR", default=os.environ.get("SDM_AOTI_KEEP_FAILED"),
+                    help="on a mismatch, copy the package and its inputs into DIR")
     ap.add_argument("--without-import", action="store_true",
                     help="also try loading in a process that does not import sdm_inductor")
     ap.add_argument("--load", nargs=3, metavar=("PACKAGE", "INPUTS", "OUTPUTS"), help=argparse.SUPPRESS)
@@ -184,6 +191,10 @@ def main(argv=None):
                                 out, "--no-import"], capture_output=True, text=True)
             last = (r.stderr.strip().splitlines() or ["(no error)"])[-1]
             print(f"loading without `import sdm_inductor`: exit {r.returncode}: {last[:300]}")
+        if worst > 1e-5:
+            describe(package)
+            if args.keep_failed:
+                keep(args.keep_failed, package, data, args.seed)
 
     if worst > 1e-5:
         if dev.type != "cpu":
@@ -196,6 +207,24 @@ def main(argv=None):
         return worst
     print("OK: the AOTInductor package reloaded in a fresh process gives the eager outputs")
     return worst
+
+
+def describe(package: str) -> None:
+    """The package's files and sizes, largest first (kernels, wrapper, constants)."""
+    import zipfile
+    with zipfile.ZipFile(package) as z:
+        files = sorted(z.infolist(), key=lambda i: -i.file_size)
+    print(f"package: {len(files)} files, {sum(i.file_size for i in files) / 1e6:.2f} MB")
+    for i in files:
+        print(f"  {i.file_size:>9d}  {i.filename}")
+
+
+def keep(folder: str, package: str, data: str, seed: int) -> None:
+    import shutil
+    os.makedirs(folder, exist_ok=True)
+    for src, name in ((package, f"failed_seed{seed}.pt2"), (data, f"failed_seed{seed}_inputs.pt")):
+        shutil.copy(src, os.path.join(folder, name))
+    print(f"kept the package and its inputs in {folder}")
 
 
 def compare(model, x, got, want) -> tuple[float, int]:
