@@ -10,13 +10,15 @@
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
 #   bash benchmarks/device.sh timeline       # benchmarks/tools/call_timeline.py (a lone call's
 #                                            # timeline, eager and compiled; files under $OUT)
-#   bash benchmarks/device.sh aoti [N [J]] [small]
+#   bash benchmarks/device.sh aoti [N [J]] [small] [suite]
 #                                            # N fresh-process AOTInductor builds + loads, J at a time
 #                                            # (default 3 and 1; ~2 min each), each with its own
 #                                            # Inductor cache (a cold build) and seed (weights,
 #                                            # inputs, lengths); all rounds log to $OUT/aoti.log
 #                                            # (20 rounds, 20 at a time: ~4 min on the H200);
-#                                            # small: the CI size (--small, as the CUDA test)
+#                                            # small: the CI size (--small, as the CUDA test);
+#                                            # suite: built as the CUDA suite builds it (seed 0,
+#                                            # compile workers, caches shared by the rounds)
 #
 # Segments run in the order given. The device image has torch 2.11 and no network: the
 # test extras (expecttest, hypothesis, ...) travel as wheels in .whl/ (carry [".whl"]) and
@@ -82,27 +84,38 @@ while [ $# -gt 0 ]; do
       n=3; j=1
       case ${1:-} in ''|*[!0-9]*) ;; *) n=$1; shift ;; esac
       case ${1:-} in ''|*[!0-9]*) ;; *) j=$1; shift ;; esac
-      size=""; [ "${1:-}" = small ] && { size=--small; shift; }   # the CI size (the CUDA test's)
+      # small: the CI size (--small, the CUDA test's); suite: as the CUDA suite builds it
+      # (seed 0, Inductor's compile workers, one Inductor cache and the default Triton cache
+      # shared by all rounds) instead of a cold cache, a seed and one compile thread per round
+      size=""; suite=0
+      while [ $# -gt 0 ]; do
+        case $1 in small) size=--small ;; suite) suite=1 ;; *) break ;; esac; shift
+      done
       # one log for all rounds, each appended as it ends (the device returns few files,
       # and a call cut at its limit keeps what was appended)
       rounds=$(mktemp -d); : > "$OUT/aoti.log"
+      shared=$(mktemp -d)
       for i in $(seq 1 "$n"); do
-        # rounds side by side compile in one thread each (no worker pool per round)
-        ( [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
-          TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i \
-            OUT=$rounds run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $i $size > /dev/null
+        ( if [ $suite = 1 ]; then
+            export TORCHINDUCTOR_CACHE_DIR=$shared; seed=0
+          else   # rounds side by side compile in one thread each (no worker pool per round)
+            [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
+            export TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i
+            seed=$i
+          fi
+          OUT=$rounds run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $seed $size > /dev/null
           rc=$?
           echo $rc > "$rounds/aoti_$i.rc"
-          flock "$OUT/aoti.log" -c "{ echo '===== round $i (seed $i): rc $rc'; cat $rounds/aoti_$i.log; } >> $OUT/aoti.log" ) &
+          flock "$OUT/aoti.log" -c "{ echo '===== round $i (seed $seed): rc $rc'; cat $rounds/aoti_$i.log; } >> $OUT/aoti.log" ) &
         [ $((i % j)) -eq 0 ] && wait
       done
       wait
       bad=$(cat "$rounds"/aoti_*.rc | grep -cv '^0$')
-      rm -rf "$rounds"
+      rm -rf "$rounds" "$shared"
       grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
-      echo "unknown segment: $seg (tests, bench, walks, floor, user, compile, aoti [N [J]] [small])"
+      echo "unknown segment: $seg (tests, bench, walks, floor, user, compile, aoti [N [J]] [small] [suite])"
       exit 2 ;;
   esac
 done
