@@ -7,9 +7,11 @@ fresh process -> the same outputs.
     python examples/export_aoti.py --seed 3   # other weights, inputs and lengths
     python examples/export_aoti.py --keep-failed DIR   # on a mismatch, keep the package
 
-On a mismatch the example also prints what the package holds (its files and sizes) and,
-with ``--keep-failed`` (default: ``$SDM_AOTI_KEEP_FAILED``), copies the package and its
-inputs there, so that a failing build can be taken apart and diffed against a passing one.
+On a mismatch the example also prints what the package holds (its files and sizes) and its
+error when rerun with the model's parameters loaded as its constants (whether the constants
+it baked in differ), and with ``--keep-failed`` (default: ``$SDM_AOTI_KEEP_FAILED``) copies
+the package and its inputs there, so that a failing build can be taken apart and diffed
+against a passing one.
 
 The package calls the op through AOTInductor's proxy executor, which finds
 ``torch.ops.sdm.*`` through the dispatcher: the op is implemented in Python, so the
@@ -111,13 +113,19 @@ class SDMModel(nn.Module):
         return out
 
 
-def load_and_run(package: str, data: str, out: str, import_sdm: bool) -> None:
-    """The fresh process: load the package, run it on every saved input, save outputs."""
+def load_and_run(package: str, data: str, out: str, import_sdm: bool,
+                 constants: str | None = None) -> None:
+    """The fresh process: load the package, run it on every saved input, save outputs.
+    ``constants``: a saved state dict whose tensors replace the package's own constants."""
     if import_sdm:
         import sdm_inductor  # noqa: F401  registers torch.ops.sdm.* for the proxy executor
     t0 = time.perf_counter()
     runner = torch._inductor.aoti_load_package(package)
     t_load = time.perf_counter() - t0
+    if constants:
+        state = torch.load(constants)
+        runner.load_constants({k: state[k] for k in runner.get_constant_fqns() if k in state},
+                              check_full_update=False)
     inputs = torch.load(data)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -137,9 +145,10 @@ def main(argv=None):
                     help="also try loading in a process that does not import sdm_inductor")
     ap.add_argument("--load", nargs=3, metavar=("PACKAGE", "INPUTS", "OUTPUTS"), help=argparse.SUPPRESS)
     ap.add_argument("--no-import", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--constants", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.load:
-        return load_and_run(*args.load, import_sdm=not args.no_import)
+        return load_and_run(*args.load, import_sdm=not args.no_import, constants=args.constants)
 
     import sdm_inductor  # noqa: F401
     torch.manual_seed(args.seed)
@@ -193,6 +202,7 @@ def main(argv=None):
             print(f"loading without `import sdm_inductor`: exit {r.returncode}: {last[:300]}")
         if worst > 1e-5:
             describe(package)
+            with_constants(model, package, data, inputs, expected, tmp)
             if args.keep_failed:
                 keep(args.keep_failed, package, data, args.seed)
 
@@ -217,6 +227,22 @@ def describe(package: str) -> None:
     print(f"package: {len(files)} files, {sum(i.file_size for i in files) / 1e6:.2f} MB")
     for i in files:
         print(f"  {i.file_size:>9d}  {i.filename}")
+
+
+def with_constants(model, package, data, inputs, expected, tmp) -> None:
+    """The package rerun in a fresh process with the model's parameters loaded as its
+    constants: whether the constants it baked in are what differs."""
+    state, out = os.path.join(tmp, "state.pt"), os.path.join(tmp, "outputs_constants.pt")
+    torch.save(model.state_dict(), state)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--load", package, data, out,
+                        "--constants", state], capture_output=True, text=True)
+    if r.returncode:
+        print(f"rerun with the model's parameters as constants failed: {r.stderr[-300:]}")
+        return
+    got = torch.load(out)["outputs"]
+    rel = lambda a, b: ((a.to(b.device) - b).norm() / b.norm().clamp_min(1e-30)).item()
+    errs = ", ".join(f"{rel(y[0], y0[0]):.2e}" for y, y0 in zip(got, expected))
+    print(f"the package rerun with the model's parameters as its constants: rel err vs eager {errs}")
 
 
 def keep(folder: str, package: str, data: str, seed: int) -> None:
