@@ -202,7 +202,7 @@ def main(argv=None):
             print(f"loading without `import sdm_inductor`: exit {r.returncode}: {last[:300]}")
         if worst > 1e-5:
             describe(package)
-            with_constants(model, package, data, inputs, expected, tmp)
+            with_constants(model, package, data, expected, tmp)
             if args.keep_failed:
                 keep(args.keep_failed, package, data, args.seed)
 
@@ -229,7 +229,7 @@ def describe(package: str) -> None:
         print(f"  {i.file_size:>9d}  {i.filename}")
 
 
-def with_constants(model, package, data, inputs, expected, tmp) -> None:
+def with_constants(model, package, data, expected, tmp) -> None:
     """The package rerun in a fresh process with the model's parameters loaded as its
     constants: whether the constants it baked in are what differs."""
     state, out = os.path.join(tmp, "state.pt"), os.path.join(tmp, "outputs_constants.pt")
