@@ -219,6 +219,11 @@ def main(argv=None):
     return worst
 
 
+def rel_err(a, b) -> float:
+    """``|a - b| / |b|``, ``a`` moved to ``b``'s device."""
+    return ((a.to(b.device) - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
 def describe(package: str) -> None:
     """The package's files and sizes, largest first (kernels, wrapper, constants)."""
     import zipfile
@@ -240,8 +245,7 @@ def with_constants(model, package, data, expected, tmp) -> None:
         print(f"rerun with the model's parameters as constants failed: {r.stderr[-300:]}")
         return
     got = torch.load(out)["outputs"]
-    rel = lambda a, b: ((a.to(b.device) - b).norm() / b.norm().clamp_min(1e-30)).item()
-    errs = ", ".join(f"{rel(y[0], y0[0]):.2e}" for y, y0 in zip(got, expected))
+    errs = ", ".join(f"{rel_err(y[0], y0[0]):.2e}" for y, y0 in zip(got, expected))
     print(f"the package rerun with the model's parameters as its constants: rel err vs eager {errs}")
 
 
@@ -268,8 +272,7 @@ def compare(model, x, got, want) -> tuple[float, int]:
     if y.shape != y0.shape:  # a package that baked in the traced length
         print(f"  T={t:4d}: output {list(y.shape)}, expected {list(y0.shape)}")
         return float("inf"), 0
-    rel = lambda a, b: ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-    err = rel(y, y0)
+    err = rel_err(y, y0)
     # the chosen slots as sets: candidates that swap places inside the top-k change only
     # the order of a token's sum
     differ = [(a.to(b.device).sort(-1).values != b.sort(-1).values).any(-1)   # [B, T, H]
@@ -282,7 +285,7 @@ def compare(model, x, got, want) -> tuple[float, int]:
     margins = model.margins(x)
     gap = max(float(margins[i][differ[i]].max()) for i in (first, first + 1) if differ[i].any())
     t_first = min(int(d.any(-1).any(0).nonzero()[0]) for d in differ if d.any())
-    prefix = rel(y[:, :t_first], y0[:, :t_first]) if t_first else 0.0
+    prefix = rel_err(y[:, :t_first], y0[:, :t_first]) if t_first else 0.0
     print(f"  T={t:4d}: output {list(y.shape)}, {n} (token, head) slot choices differ from "
           f"eager's, first in layer {first // 2} at token {t_first}; eager's largest score gap "
           f"there {gap:.1e} (near tie below {TIE:g}); rel err vs eager before it {prefix:.2e}, "
@@ -300,9 +303,8 @@ def blame(model, inputs, eager, package):
             ref = cpu(x.cpu())[0]
             if y_pkg[0].shape != ref.shape:
                 continue
-            rel = lambda y: ((y.cpu() - ref).norm() / ref.norm()).item()
-            print(f"  T={x.shape[1]:4d}: against the CPU: eager {rel(y_eager[0]):.2e}, "
-                  f"package {rel(y_pkg[0]):.2e}")
+            print(f"  T={x.shape[1]:4d}: against the CPU: eager {rel_err(y_eager[0], ref):.2e}, "
+                  f"package {rel_err(y_pkg[0], ref):.2e}")
 
 
 if __name__ == "__main__":
