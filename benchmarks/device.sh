@@ -18,7 +18,8 @@
 #                                            # (20 rounds, 20 at a time: ~4 min on the H200);
 #                                            # small: the CI size (--small, as the CUDA test);
 #                                            # suite: built as the CUDA suite builds it (seed 0,
-#                                            # compile workers, caches shared by the rounds)
+#                                            # compile workers, after the other CUDA examples
+#                                            # in the same Inductor cache)
 #
 # Segments run in the order given. The device image has torch 2.11 and no network: the
 # test extras (expecttest, hypothesis, ...) travel as wheels in .whl/ (carry [".whl"]) and
@@ -85,8 +86,9 @@ while [ $# -gt 0 ]; do
       case ${1:-} in ''|*[!0-9]*) ;; *) n=$1; shift ;; esac
       case ${1:-} in ''|*[!0-9]*) ;; *) j=$1; shift ;; esac
       # small: the CI size (--small, the CUDA test's); suite: as the CUDA suite builds it
-      # (seed 0, Inductor's compile workers, one Inductor cache and the default Triton cache
-      # shared by all rounds) instead of a cold cache, a seed and one compile thread per round
+      # (seed 0, Inductor's compile workers, the default Triton cache, and an Inductor cache
+      # that the suite's other CUDA examples filled first) instead of a cold cache, a seed
+      # and one compile thread per round
       size=""; suite=0
       while [ $# -gt 0 ]; do
         case $1 in small) size=--small ;; suite) suite=1 ;; *) break ;; esac; shift
@@ -94,10 +96,15 @@ while [ $# -gt 0 ]; do
       # one log for all rounds, each appended as it ends (the device returns few files,
       # and a call cut at its limit keeps what was appended)
       rounds=$(mktemp -d); : > "$OUT/aoti.log"
-      shared=$(mktemp -d)
       for i in $(seq 1 "$n"); do
         ( if [ $suite = 1 ]; then
-            export TORCHINDUCTOR_CACHE_DIR=$shared; seed=0
+            # as tests_rest: one fresh Inductor cache per pytest session, which the CUDA
+            # examples before export_aoti.py fill first (each with OMP_NUM_THREADS=1)
+            export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=1; seed=0
+            for ex in quickstart decode train_recall compile_rewrite; do
+              timeout 200 python3 examples/$ex.py --small --device cuda > /dev/null 2>&1 \
+                || echo "round $i: $ex.py failed" >> "$rounds/aoti_$i.pre"
+            done
           else   # rounds side by side compile in one thread each (no worker pool per round)
             [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
             export TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i
@@ -106,12 +113,12 @@ while [ $# -gt 0 ]; do
           OUT=$rounds run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $seed $size > /dev/null
           rc=$?
           echo $rc > "$rounds/aoti_$i.rc"
-          flock "$OUT/aoti.log" -c "{ echo '===== round $i (seed $seed): rc $rc'; cat $rounds/aoti_$i.log; } >> $OUT/aoti.log" ) &
+          flock "$OUT/aoti.log" -c "{ echo '===== round $i (seed $seed): rc $rc'; cat $rounds/aoti_$i.pre $rounds/aoti_$i.log 2>/dev/null; } >> $OUT/aoti.log" ) &
         [ $((i % j)) -eq 0 ] && wait
       done
       wait
       bad=$(cat "$rounds"/aoti_*.rc | grep -cv '^0$')
-      rm -rf "$rounds" "$shared"
+      rm -rf "$rounds"
       grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
