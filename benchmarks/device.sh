@@ -100,7 +100,7 @@ while [ $# -gt 0 ]; do
         ( if [ $suite = 1 ]; then
             # as tests_rest: one fresh Inductor cache per pytest session, which the CUDA
             # examples before export_aoti.py fill first (each with OMP_NUM_THREADS=1)
-            export TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=1; seed=0
+            export TORCHINDUCTOR_CACHE_DIR=$rounds/cache_$i OMP_NUM_THREADS=1; seed=0
             for ex in quickstart decode train_recall compile_rewrite; do
               timeout 200 python3 examples/$ex.py --small --device cuda > /dev/null 2>&1 \
                 || echo "round $i: $ex.py failed" >> "$rounds/aoti_$i.pre"
