@@ -31,7 +31,7 @@ from .forward.step_walk import step_walk
 from .phase1 import plan
 from .runtime import graphs
 from .runtime import launch as runtime_launch
-from .runtime.launch import arg_key, direct_launches, pow2
+from .runtime.launch import arg_key, dense, direct_launches, pow2
 from .runtime.pipeline import ahead, token_windows
 
 __all__ = ["CONFIG", "NAME", "backward", "forward", "forward_gated", "forward_kept",
@@ -68,7 +68,7 @@ def _prec(dtype: torch.dtype) -> str:
 
 
 def _contig(*xs):
-    return tuple(x.contiguous() for x in xs)
+    return tuple(dense(x) for x in xs)
 
 
 def rows_in_place(fn):
@@ -191,11 +191,9 @@ def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     (``lowerings.write_read``)."""
     k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
     if gate_params is None or is_fake(beta) or is_fake(g):
-        # a traced call's raw gates are made contiguous too: the kernel reads them through
-        # strides that tracing bakes into the graph as numbers, and the compiled graph may
-        # give a non-contiguous input (a view of a projection) a layout of its own. On the
-        # H200 an AOTInductor package of the layer read wrong gates without this (readings
-        # off by 5e-3, NaN at T=45: examples/export_aoti.py), and matched eager with it
+        # a traced call's raw gates are copied dense too, and the prep kernel gets strides
+        # computed from their sizes (``dense``; ``phase1.entries.prep``); an eager call's
+        # are read in place through their strides
         beta, g = _contig(beta, g)
     if gate_params is not None:
         gate_params = _contig(*gate_params)

@@ -492,6 +492,45 @@ def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkey
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
+def test_cuda_emitted_layer_survives_padded_projections(monkeypatch, no_caches):
+    """Inductor's ``pad_mm`` pads a matmul whose N is not aligned (the gate projections'
+    N = heads = 2) where its benchmark says padding is faster, after the sdm kernels'
+    launches were traced: the projection's output becomes a strided slice of the padded
+    result. Forced here on every matmul (``force_shape_pad``), the layer's emitted kernels
+    read the gates as eager does, at two lengths of one symbolic compilation: they get
+    dense copies and strides computed from sizes (``kernels.runtime.launch.dense``,
+    ``phase1.entries.gate_strides``). Handing them ``.contiguous()`` inputs and traced
+    strides instead, as before, must read wrong gates here (the premise: else this test
+    could not fail)."""
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.phase1 import entries
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
+    monkeypatch.setattr(torch._inductor.config, "force_shape_pad", True)
+    torch.manual_seed(0)
+    layer = SparseDeltaMemory(32, num_heads=2, slots_per_head=16, top_k=4, key_dim=8,
+                              chunk_size=16).cuda()
+    xs = [torch.randn(2, T, 32, device="cuda") for T in (42, 67)]
+
+    def worst_error():
+        torch._dynamo.reset()
+        fn = torch.compile(layer, dynamic=True)
+        with torch.no_grad():
+            return max(rel_err(fn(x), layer(x)) for x in xs)
+
+    fixed = worst_error()
+    with monkeypatch.context() as m:   # the traced inputs and strides as they were
+        m.setattr(host, "dense", lambda x: x.contiguous())
+        m.setattr(entries, "gate_strides", lambda x: (x.stride(0), x.stride(2), x.stride(1)))
+        before = worst_error()
+    print(f"compiled (padded projections) vs eager: rel err {fixed:.1e}, "
+          f"with .contiguous() and traced strides {before:.1e}")
+    assert before > 1e-3, f"padding did not change the gates' layout ({before:.1e})"
+    assert fixed < 1e-5, fixed
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.compile
 @pytest.mark.parametrize("emit", ["aot", "always"])
 def test_cuda_graphs_reduce_overhead(emit, monkeypatch, no_caches):
     """CUDA graphs of both forms: the extern call of the eager op (its index checks run in

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ...validation import no_work
 from ..phase1 import Plan, entry_groups, plan
-from ..runtime.launch import pow2, walk_kind
+from ..runtime.launch import dense, pow2, walk_kind
 from ..runtime.pipeline import ahead, behind, token_windows
 from .phase1_grads import phase1_grads
 from .queue_walk import queue_reverse
@@ -71,14 +71,14 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
     tensors (``host.forward_kept``; a traced graph's), else empty: then an eager forward's
     ``Kept`` (``kept.kept_for_backward``), else recomputed."""
     k_idx, k_val, v, beta, g, q_idx, q_val, dy = (
-        x.contiguous() for x in (k_idx, k_val, v, beta, g, q_idx, q_val, grad_readings))
+        dense(x) for x in (k_idx, k_val, v, beta, g, q_idx, q_val, grad_readings))
     S, hd = grad_final.shape
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     bank_dtype = grad_final.dtype
     dev = grad_final.device
     acc_dtype = torch.float32 if (grad_bank_fp32 or bank_dtype == torch.float32) else bank_dtype
-    dB = grad_final.to(acc_dtype, copy=True).contiguous()
+    dB = grad_final.to(acc_dtype, copy=True, memory_format=torch.contiguous_format)
     if no_work(grad_final, k_idx):
         return (dB.to(bank_dtype), torch.zeros_like(k_val, dtype=bank_dtype),
                 torch.zeros_like(v, dtype=bank_dtype), torch.zeros_like(beta, dtype=torch.float32),

@@ -158,6 +158,17 @@ def _flat_span(S, B, C: int, E: int) -> int:
     return span if B * span < 2 ** 31 else 0
 
 
+def gate_strides(x) -> tuple:
+    """The strides of a raw gate input ``[Bg, T, GH]`` in the prep kernel's order
+    (stream-batch, stream-head, token). A traced call's gates are dense copies
+    (``runtime.launch.dense``), whose strides follow from their sizes: a traced
+    ``stride()`` would be evaluated on a layout that Inductor's passes may change after
+    tracing. An eager call's are read in place, whatever their strides."""
+    if is_fake(x):
+        return x.shape[1] * x.shape[2], 1, x.shape[2]
+    return x.stride(0), x.stride(2), x.stride(1)
+
+
 def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):
     """Dense keys, masks and sort keys of every entry, and the padded per-token write
     strength ``[P, Tp]``; returns ``(slot, val, gate, key, first, NC, beta)``.
@@ -190,9 +201,8 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, 
         A_log = dt_bias = torch.empty(1, dtype=torch.float32, device=dev)
     else:
         A_log, dt_bias = gate_params
-        # strides in the kernel's order (stream-batch, stream-head, token)
         G, GH = 1, beta.shape[2]
-        sb, sa = ((x.stride(0), x.stride(2), x.stride(1)) for x in (beta, g))
+        sb, sa = gate_strides(beta), gate_strides(g)
     launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, beta, A_log, dt_bias,
            slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa, span,
            W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None,

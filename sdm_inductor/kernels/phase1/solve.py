@@ -15,7 +15,7 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
-from ..runtime.launch import launch, pow2
+from ..runtime.launch import dense, launch, pow2
 
 MAX_C = 64
 
@@ -135,9 +135,10 @@ def inverse(A, QK, beta):
     if C > MAX_C:
         L = torch.tril(beta[:, :, None] * A, -1) + torch.eye(C, device=A.device)
         eye = torch.eye(C, device=A.device).expand(B, C, C)
-        # the solver may return column-major storage; the kernels index row-major
-        X = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True).contiguous()
-        return X, torch.matmul(QK, X).contiguous()
+        # the solver may return column-major storage; the kernels index row-major (and a
+        # traced matmul's layout may change after tracing: ``dense``)
+        X = dense(torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True))
+        return X, dense(torch.matmul(QK, X))
     X = torch.empty_like(A)
     QKX = torch.empty_like(A)
     CP = max(16, pow2(C))

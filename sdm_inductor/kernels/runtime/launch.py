@@ -16,6 +16,24 @@ from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` laid out contiguously, for a kernel that addresses it through its sizes.
+
+    A traced call (fake ``x``) always copies, and strides handed to a kernel are computed
+    from sizes, never read from a traced tensor: Inductor's graph passes run after tracing
+    and may change how an input is laid out (``pad_mm`` pads a small projection, e.g. a
+    gate's N = heads, when its benchmark says padded is faster, and the output becomes a
+    strided slice of the padded result). A traced ``.contiguous()`` of an input that was
+    contiguous then leaves no node, so the kernel would get the strided slice, and a
+    traced ``x.stride(0)`` is a ``sym_stride`` node that Inductor evaluates on the
+    updated layout while the kernel gets another: AOTInductor packages of
+    ``examples/export_aoti.py`` read wrong gates (3 of 20 CUDA builds, relative error
+    ~1e-2). Where the input stays contiguous, ``remove_noop_ops`` drops the copy."""
+    if _is_fake(x):
+        return x.clone(memory_format=torch.contiguous_format)
+    return x.contiguous()
+
+
 def pow2(n: int) -> int:
     """Smallest power of two >= n (Triton block sizes)."""
     return triton.next_power_of_2(max(1, int(n)))
