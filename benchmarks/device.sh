@@ -10,16 +10,14 @@
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
 #   bash benchmarks/device.sh timeline       # benchmarks/tools/call_timeline.py (a lone call's
 #                                            # timeline, eager and compiled; files under $OUT)
-#   bash benchmarks/device.sh aoti [N [J]] [small] [suite]
-#                                            # N fresh-process AOTInductor builds + loads, J at a time
-#                                            # (default 3 and 1; ~2 min each), each with its own
-#                                            # Inductor cache (a cold build) and seed (weights,
-#                                            # inputs, lengths); all rounds log to $OUT/aoti.log
-#                                            # (20 rounds, 20 at a time: ~4 min on the H200);
-#                                            # small: the CI size (--small, as the CUDA test);
-#                                            # suite: built as the CUDA suite builds it (seed 0,
-#                                            # compile workers, after the other CUDA examples
-#                                            # in the same Inductor cache)
+#   bash benchmarks/device.sh aoti [N [J]] [small]
+#                                            # N fresh-process AOTInductor build + load +
+#                                            # compare rounds, J at a time (default 3 and 1;
+#                                            # ~2 min each), each with its own Inductor cache
+#                                            # (a cold build) and seed (weights, inputs,
+#                                            # lengths); all rounds log to $OUT/aoti.log (20
+#                                            # rounds, 20 at a time: ~5 min on an H100);
+#                                            # small: the CI size (--small, as the CUDA test)
 #
 # Segments run in the order given. The device image has torch 2.11 and no network: the
 # test extras (expecttest, hypothesis, ...) travel as wheels in .whl/ (carry [".whl"]) and
@@ -81,39 +79,24 @@ while [ $# -gt 0 ]; do
       run bench_compile 560 python3 benchmarks/bench_compile.py --json "$OUT/bench_compile.json" ;;
     timeline)
       run call_timeline 400 python3 benchmarks/tools/call_timeline.py --out "$OUT" ;;
-    aoti)   # the intermittent CUDA package mismatch: count it over fresh builds
+    aoti)   # a package must match eager in every build: count the rounds that do not
       n=3; j=1
       case ${1:-} in ''|*[!0-9]*) ;; *) n=$1; shift ;; esac
       case ${1:-} in ''|*[!0-9]*) ;; *) j=$1; shift ;; esac
-      # small: the CI size (--small, the CUDA test's); suite: as the CUDA suite builds it
-      # (seed 0, Inductor's compile workers, the default Triton cache, and an Inductor cache
-      # that the suite's other CUDA examples filled first) instead of a cold cache, a seed
-      # and one compile thread per round
-      size=""; suite=0
-      while [ $# -gt 0 ]; do
-        case $1 in small) size=--small ;; suite) suite=1 ;; *) break ;; esac; shift
-      done
+      size=""
+      [ "${1:-}" = small ] && { size=--small; shift; }
       # one log for all rounds, each appended as it ends (the device returns few files,
       # and a call cut at its limit keeps what was appended)
       rounds=$(mktemp -d); : > "$OUT/aoti.log"
       for i in $(seq 1 "$n"); do
-        ( if [ $suite = 1 ]; then
-            # as tests_rest: one fresh Inductor cache per pytest session, which the CUDA
-            # examples before export_aoti.py fill first (each with OMP_NUM_THREADS=1)
-            export TORCHINDUCTOR_CACHE_DIR=$rounds/cache_$i OMP_NUM_THREADS=1; seed=0
-            for ex in quickstart decode train_recall compile_rewrite; do
-              timeout 200 python3 examples/$ex.py --small --device cuda > /dev/null 2>&1 \
-                || echo "round $i: $ex.py failed" >> "$rounds/aoti_$i.pre"
-            done
-          else   # rounds side by side compile in one thread each (no worker pool per round)
-            [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
-            export TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i
-            seed=$i
-          fi
+        ( # rounds side by side compile in one thread each (no worker pool per round)
+          [ "$j" -gt 1 ] && export TORCHINDUCTOR_COMPILE_THREADS=1
+          export TORCHINDUCTOR_CACHE_DIR=/tmp/aoti_cache_$i TRITON_CACHE_DIR=/tmp/aoti_triton_$i
+          seed=$i
           OUT=$rounds run aoti_$i 540 python3 examples/export_aoti.py --device cuda --seed $seed $size > /dev/null
           rc=$?
           echo $rc > "$rounds/aoti_$i.rc"
-          flock "$OUT/aoti.log" -c "{ echo '===== round $i (seed $seed): rc $rc'; cat $rounds/aoti_$i.pre $rounds/aoti_$i.log 2>/dev/null; } >> $OUT/aoti.log" ) &
+          flock "$OUT/aoti.log" -c "{ echo '===== round $i (seed $seed): rc $rc'; cat $rounds/aoti_$i.log 2>/dev/null; } >> $OUT/aoti.log" ) &
         [ $((i % j)) -eq 0 ] && wait
       done
       wait
@@ -122,7 +105,7 @@ while [ $# -gt 0 ]; do
       grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
-      echo "unknown segment: $seg (tests, bench, walks, floor, user, compile, aoti [N [J]] [small] [suite])"
+      echo "unknown segment: $seg (tests, bench, walks, floor, user, compile, timeline, aoti [N [J]] [small])"
       exit 2 ;;
   esac
 done
