@@ -192,7 +192,7 @@ def forward_kept(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_siz
     k_idx, k_val, v, q_idx, q_val = _contig(k_idx, k_val, v, q_idx, q_val)
     if gate_params is None or is_fake(beta) or is_fake(g):
         # a traced call's raw gates are copied dense too, and the prep kernel gets strides
-        # computed from their sizes (``dense``; ``phase1.entries.prep``); an eager call's
+        # computed from their sizes (``dense``, ``phase1.entries.gate_strides``); an eager call's
         # are read in place through their strides
         beta, g = _contig(beta, g)
     if gate_params is not None:

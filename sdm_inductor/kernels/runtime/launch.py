@@ -16,6 +16,7 @@ from triton.runtime import driver
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
+
 def dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` laid out contiguously, for a kernel that addresses it through its sizes.
 
