@@ -157,7 +157,7 @@ def _base(node):
     return node
 
 
-def _uses_strides(node, seen=None) -> bool:
+def _uses_strides(node) -> bool:
     """Whether the integer ``node`` is computed from a traced tensor's strides."""
     if not isinstance(node, torch.fx.Node):
         return False
@@ -183,8 +183,8 @@ def test_traced_kernels_take_dense_copies_and_no_traced_strides(which):
     ``remove_noop_ops`` drops it where the input stays contiguous) rather than a
     ``.contiguous()`` that leaves no node, and computes the strides it passes from sizes:
     a traced ``stride()`` is a ``sym_stride`` node, evaluated on the changed layout while
-    the kernel gets another (AOTInductor CUDA packages of ``examples/export_aoti.py`` read
-    wrong gates in 3 of 20 builds, relative error ~1e-2)."""
+    the kernel gets another (without that, AOTInductor CUDA packages of
+    ``examples/export_aoti.py`` read wrong gates in 3 of 20 builds, relative error ~1e-2)."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     fn, args = {"gated": (_gated_forward, _gated_inputs(37)),
                 "forward": (_forward, _inputs(37)),

@@ -500,7 +500,7 @@ def test_cuda_emitted_layer_survives_padded_projections(monkeypatch, no_caches):
     read the gates as eager does, at two lengths of one symbolic compilation: they get
     dense copies and strides computed from sizes (``kernels.runtime.launch.dense``,
     ``phase1.entries.gate_strides``). Handing them ``.contiguous()`` inputs and traced
-    strides instead, as before, must read wrong gates here (the premise: else this test
+    strides instead must read wrong gates here (the premise: else this test
     could not fail)."""
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.phase1 import entries

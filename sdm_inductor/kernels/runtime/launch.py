@@ -27,8 +27,8 @@ def dense(x: torch.Tensor) -> torch.Tensor:
     strided slice of the padded result). A traced ``.contiguous()`` of an input that was
     contiguous then leaves no node, so the kernel would get the strided slice, and a
     traced ``x.stride(0)`` is a ``sym_stride`` node that Inductor evaluates on the
-    updated layout while the kernel gets another: AOTInductor packages of
-    ``examples/export_aoti.py`` read wrong gates (3 of 20 CUDA builds, relative error
+    updated layout while the kernel gets another: without the copy, AOTInductor packages
+    of ``examples/export_aoti.py`` read wrong gates (3 of 20 CUDA builds, relative error
     ~1e-2). Where the input stays contiguous, ``remove_noop_ops`` drops the copy."""
     if _is_fake(x):
         return x.clone(memory_format=torch.contiguous_format)
