@@ -28,7 +28,7 @@ _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
 class Kept:
     """What a training forward hands to its backward, which would otherwise recompute it:
     its Phase 1 (``phase1.plan``) and, after a step or queue walk, ``v - r0`` of every chunk
-    (``[NC, P, CP, hd]`` fp32; None: gathered again). About 0.2 GiB at config A, beside the
+    (``[NC, P, CP, hd]`` fp32; None: gathered again). 48 MiB at config A, beside the
     undo log's 1.6 GiB. An eager forward offers it through the autograd context
     (``kept.keep_for_backward``); a traced one hands its tensors through the graph."""
     plan: Plan
