@@ -12,10 +12,12 @@ __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 
 def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                g: Tensor, q_idx: Tensor, q_val: Tensor, key_weighted_decay=None):
-    """Inputs as ``[P*T, *]`` (or already ``[P, T, *]``) -> the op's ``[P, T, *]`` layout."""
+    """Inputs as ``[P*T, *]`` (or already ``[P, T, *]``) -> the op's ``[P, T, *]`` layout.
+    Shapes are checked here in the caller's layout, so an error quotes what was passed
+    (the bank's width, which this function does not see, is ``sdm_write_read``'s check)."""
     num_parallel = as_int(num_parallel)
-    if isinstance(num_parallel, bool) or not isinstance(num_parallel, int) or num_parallel < 1:
-        _fail("num_parallel", "an int >= 1", repr(num_parallel))
+    if isinstance(num_parallel, bool) or not isinstance(num_parallel, int) or num_parallel < 0:
+        _fail("num_parallel", "an int >= 1 (0 only with no tokens)", repr(num_parallel))
     check_tensors([("k_idx", k_idx), ("k_val", k_val), ("v", v), ("beta", beta), ("g", g),
                    ("q_idx", q_idx), ("q_val", q_val)])
     if key_weighted_decay is not None and not isinstance(key_weighted_decay, bool):
@@ -26,35 +28,57 @@ def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta:
     flat = k_idx.dim() == 2
     if flat:
         N = k_idx.shape[0]
-        if N % P:
+        if N and not P:
+            _fail("num_parallel", "an int >= 1 (0 only with no tokens)", P)
+        if P and N % P:
             _fail("num_parallel", f"a divisor of the {N} tokens (k_idx.shape[0] = P*T)", P)
-        T = N // P
+        T = N // P if P else 0
     else:
         if k_idx.shape[0] != P:
             _fail("num_parallel", f"k_idx.shape[0] = {k_idx.shape[0]} streams", P)
         T = k_idx.shape[1]
     W = k_idx.shape[-1]
     n_lead = 1 if flat else 2
-    want = (P * T,) if flat else (P, T)
+    want = [P * T] if flat else [P, T]
+    layout = "[P*T" if flat else "[P, T"
 
-    def lead(name, t):
-        # explicit trailing sizes (no -1): T = 0 leaves nothing to infer them from
-        if t.dim() < n_lead or tuple(t.shape[:n_lead]) != want:
-            _fail(name, f"leading shape {list(want)} like k_idx", list(t.shape))
-        return t.reshape(P, T, *t.shape[n_lead:])
+    def lead(name, t, trailing=None, what=""):
+        """``t`` in the op's layout; its leading sizes those of k_idx and, where given, its
+        last size ``trailing`` (explicit sizes, no -1: T = 0 leaves nothing to infer)."""
+        if t.dim() != n_lead + 1 or list(t.shape[:n_lead]) != want or (
+                trailing is not None and t.shape[-1] != trailing):
+            sizes = ", ".join(str(n) for n in want + ["*" if trailing is None else trailing])
+            _fail(name, f"shape [{sizes}] ({layout}, {what})", list(t.shape))
+        return t.reshape(P, T, t.shape[-1])
 
+    k_val = lead("k_val", k_val, W, "W] like k_idx")
+    v = lead("v", v, None, "hd]")
+    if q_idx.dim() != k_idx.dim():
+        _fail("q_idx", f"{layout}, R] like k_idx's layout", list(q_idx.shape))
+    R = q_idx.shape[-1]
+    q_idx = lead("q_idx", q_idx, R, "R]")
+    q_val = lead("q_val", q_val, R, "R] like q_idx")
+    # beta: one value per token, with or without a trailing 1
     if beta.dim() == n_lead + 1 and beta.shape[-1] == 1:
-        beta = beta[..., 0]
-    if beta.dim() != n_lead:
-        _fail("beta", "one value per token: [P*T] / [P*T, 1] (or [P, T] / [P, T, 1])", list(beta.shape))
-    beta = lead("beta", beta)
-    g = lead("g", g[..., None] if g.dim() == n_lead else g)
-    if key_weighted_decay is True and g.shape[-1] != W:
-        _fail("g", f"one gate per write slot [.., W={W}] with key_weighted_decay=True", list(g.shape))
-    if key_weighted_decay is False and g.shape[-1] != 1:
-        _fail("g", "one gate per token [.., 1] with key_weighted_decay=False", list(g.shape))
-    return (lead("k_idx", k_idx), lead("k_val", k_val), lead("v", v), beta, g,
-            lead("q_idx", q_idx), lead("q_val", q_val)), flat
+        beta = lead("beta", beta, 1, "1]")[..., 0]
+    elif beta.dim() == n_lead and list(beta.shape) == want:
+        beta = beta.reshape(P, T)
+    else:
+        _fail("beta", f"one value per token: {want} or {want + [1]}", list(beta.shape))
+    # g: one gate per token ([.., 1] or none) or per write slot ([.., W])
+    widths = {True: (W,), False: (1,), None: (1, W)}[key_weighted_decay]
+    if g.dim() == n_lead and list(g.shape) == want and 1 in widths:
+        g = g.reshape(P, T, 1)
+    elif g.dim() == n_lead + 1 and g.shape[-1] in widths:
+        g = lead("g", g, g.shape[-1])
+    else:
+        per = {True: f"one gate per write slot {want + [W]} (W = {W}) with "
+                     "key_weighted_decay=True",
+               False: f"one gate per token {want} or {want + [1]} with key_weighted_decay=False",
+               None: f"one gate per token {want} / {want + [1]} or per write slot "
+                     f"{want + [W]} (W = {W})"}
+        _fail("g", per[key_weighted_decay], list(g.shape))
+    return (k_idx.reshape(P, T, W), k_val, v, beta, g, q_idx, q_val), flat
 
 
 def _needs_grad(*ts: Tensor) -> bool:
@@ -130,6 +154,10 @@ def sdm_write_read(memory: Tensor, k_idx: Tensor, k_val: Tensor, v: Tensor, beta
         (("shared_bank", shared_bank), ("grad_bank_fp32", grad_bank_fp32)), snapshot_quant)
     (k_idx, k_val, v, beta, g, q_idx, q_val), flat = to_streams(
         num_parallel, k_idx, k_val, v, beta, g, q_idx, q_val, key_weighted_decay)
+    if memory.dim() == 2 and v.shape[-1] != memory.shape[1]:   # in the caller's layout
+        lead = [v.shape[0] * v.shape[1]] if flat else list(v.shape[:2])
+        _fail("v", f"shape {lead + [memory.shape[1]]} (hd from the memory)",
+              lead + [v.shape[-1]])
     # every check with this interface's names, on the dtypes as given (before the casts);
     # memory advances in place in either branch below
     check_call(memory, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size, num_memory_slots,

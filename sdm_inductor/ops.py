@@ -467,11 +467,13 @@ def _(bank, k_idx, k_val, v, beta, g, q_idx, q_val, chunk_size=64, slots_per_str
 # ---------------------------------------------------------------- layout helpers
 
 def _check_heads(name: str, x: Tensor, num_heads: int, dim: int):
+    if not isinstance(x, Tensor):   # (a schema's Tensor argument takes None from Python)
+        validation._fail("x", f"a 3-D tensor ({name})", type(x).__name__)
     if x.dim() != 3:
-        raise ValueError(f"sdm: argument 'x' of {name}: expected a 3-D tensor, got shape {list(x.shape)}")
+        validation._fail("x", f"a 3-D tensor ({name})", f"shape {list(x.shape)}")
     if num_heads < 1 or x.shape[dim] % num_heads:
-        raise ValueError(f"sdm: argument 'num_heads' of {name}: expected a positive divisor of "
-                         f"dim {dim} ({x.shape[dim]}), got {num_heads}")
+        validation._fail("num_heads", f"a positive divisor of dim {dim} ({x.shape[dim]}) of x "
+                         f"({name})", num_heads)
 
 
 @torch.library.custom_op("sdm::split_heads", mutates_args=())
@@ -515,10 +517,12 @@ merge_heads.register_autograd(
 
 
 def _check_expand(bank: Tensor, batch: int):
+    if not isinstance(bank, Tensor):
+        validation._fail("bank", "a tensor [S, hd] (expand_bank)", type(bank).__name__)
     if bank.dim() != 2:
-        raise ValueError(f"sdm: argument 'bank' of expand_bank: expected [S, hd], got {list(bank.shape)}")
+        validation._fail("bank", "a tensor [S, hd] (expand_bank)", f"shape {list(bank.shape)}")
     if batch < 0:
-        raise ValueError(f"sdm: argument 'batch' of expand_bank: expected >= 0, got {batch}")
+        validation._fail("batch", "an int >= 0 (expand_bank)", batch)
 
 
 @torch.library.custom_op("sdm::expand_bank", mutates_args=())

@@ -467,7 +467,7 @@ def _name_bad_index(S, P, slots_per_stream, k_idx, q_idx, own, disjoint):
                 p, t, w = _first_bad(bad, t0)
                 want = (f"rows of stream {p} in [{p * slots_per_stream}, "
                         f"{(p + 1) * slots_per_stream})" if own else f"bank rows in [0, {S})")
-                _fail(name, want, f"{int(idx[p, t, w])} at [{p}, {t}, {w}]")
+                _fail(name, want, f"{int(idx[p, t, w])} at [{p}, {t}, {w}] (stream, token, entry)")
     if disjoint:
         _check_disjoint(S, P, k_idx, q_idx)
     raise AssertionError("sdm: the index check flagged a call but found no bad index")
@@ -518,4 +518,4 @@ def _check_disjoint(S, P, k_idx, q_idx):
                 o = int(owner[int(idx[p, t, w])])
                 _fail(name, "streams on a shared bank to select disjoint slots (shared_bank=True)",
                       f"row {int(idx[p, t, w])} of stream {p} at [{p}, {t}, {w}] also written by "
-                      f"stream {o}")
+                      f"stream {o} (positions as [stream, token, entry])")

@@ -180,13 +180,14 @@ def test_calls_with_nothing_to_do_every_entry_point(case, grad):
             ((M * dM).sum() + y.sum()).backward()
             assert torch.equal(bank.grad, dM)
             assert k_val.grad is None or torch.equal(k_val.grad, torch.zeros(P, T, W))
-    for flat in (False, True) if case != "no streams" else ():   # num_parallel >= 1
+    for flat in (False, True):
         e = _empty(flat=flat) if case == "no tokens" else ins
         if flat and case != "no tokens":
             e = e._replace(**{n: t.reshape(P * T, *t.shape[2:])
                               for n, t in zip(e._fields[1:], e[1:])})
         memory = e.bank.clone().requires_grad_(grad)
-        y = sdm_inductor.sdm_write_read(memory, *e[1:], num_memory_slots=16, num_parallel=2)
+        # no streams: num_parallel=0, with the flat layout's no rows (T reads 0 there)
+        y = sdm_inductor.sdm_write_read(memory, *e[1:], num_memory_slots=16, num_parallel=P)
         assert y.shape == ((P * T, hd) if flat else (P, T, hd))
         assert torch.equal(memory.detach(), e.bank)
     y = torch.ops.sdm.write_read_(ins.bank.clone(), *ins[1:], 64, 16)
@@ -273,6 +274,42 @@ def test_functional_errors_name_its_own_arguments(i):
     msg = str(info.value)
     assert not any(name in msg for name in OTHER_API), msg
     assert any(name in msg for name in ("'bank'", "'slots_per_stream'", "'shared_bank'", "'v'")), msg
+
+
+def test_flat_layout_errors_quote_the_callers_shapes():
+    """``sdm_write_read`` with ``[P*T, *]`` inputs checks their shapes in that layout, so the
+    error quotes the shape passed, not the op's ``[P, T, *]`` view of it; an index error
+    gives its position as [stream, token, entry]."""
+    ins = make_inputs(P=2, T=5, W=4, R=3, hd=16, slots_per_stream=32, seed=12)
+    flat = dict(zip(ins._fields[1:], (t.flatten(0, 1) for t in ins[1:])))
+    bad = [("k_val", flat["k_val"][:, :3], r"'k_val'.*\[10, 4\].*got \[10, 3\]"),
+           ("v", flat["v"][:, :8], r"'v'.*\[10, 16\] \(hd from the memory\), got \[10, 8\]"),
+           ("q_val", flat["q_val"][:, :2], r"'q_val'.*\[10, 3\].*got \[10, 2\]"),
+           ("g", torch.zeros(10, 3), r"'g'.*\[10, 4\] \(W = 4\), got \[10, 3\]"),
+           ("beta", torch.zeros(9), r"'beta'.*\[10\].*got \[9\]"),
+           ("k_idx", flat["k_idx"].index_fill(0, torch.tensor([7]), 999),
+            r"'k_idx'.*999 at \[1, 2, 0\] \(stream, token, entry\)")]
+    for name, value, msg in bad:
+        memory = ins.bank.clone()
+        with pytest.raises(sdm_inductor.SDMArgumentError, match=msg):
+            sdm_inductor.sdm_write_read(memory, **dict(flat, **{name: value}),
+                                        num_memory_slots=32, num_parallel=2)
+        assert torch.equal(memory, ins.bank)
+    with pytest.raises(sdm_inductor.SDMArgumentError, match="'num_parallel'.*0 only with no"):
+        sdm_inductor.sdm_write_read(ins.bank.clone(), **flat, num_memory_slots=32, num_parallel=0)
+
+
+def test_layout_helpers_refuse_by_name():
+    """``split_heads`` / ``merge_heads`` / ``expand_bank`` refuse a malformed call with
+    ``SDMArgumentError`` naming the argument (None too: a schema's Tensor takes it)."""
+    x = torch.randn(2, 3, 12)
+    for call, msg in ((lambda: torch.ops.sdm.split_heads(None, 2), "'x'.*NoneType"),
+                      (lambda: torch.ops.sdm.merge_heads(x[0], 2), "'x'.*3-D.*shape \\[3, 12\\]"),
+                      (lambda: torch.ops.sdm.split_heads(x, 5), "'num_heads'.*divisor.*got 5"),
+                      (lambda: torch.ops.sdm.expand_bank(None, 2), "'bank'.*NoneType"),
+                      (lambda: torch.ops.sdm.expand_bank(x[0], -1), "'batch'.*>= 0.*got -1")):
+        with pytest.raises(sdm_inductor.SDMArgumentError, match=msg):
+            call()
 
 
 def test_streams_mismatch_named_per_interface():
