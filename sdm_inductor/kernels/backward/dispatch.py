@@ -12,7 +12,7 @@ from torch import Tensor
 from ...validation import no_work
 from ..phase1 import Plan, entry_groups, plan
 from ..runtime.launch import dense, pow2, walk_kind
-from ..runtime.pipeline import ahead, behind, token_windows
+from ..runtime.pipeline import ahead, token_windows
 from .phase1_grads import phase1_grads
 from .queue_walk import queue_reverse
 from .reverse_walk import column_reverse
@@ -136,11 +136,9 @@ def backward(grad_readings: Tensor, grad_final: Tensor, final_bank: Tensor, save
                               v[:, t0:t1].contiguous(), dy[:, t0:t1].contiguous(), *ctx,
                               dv_dtype=bank_dtype)
         dv[:, t0:t1] = dv_w
-        # the window's Phase 1 backward on the side stream too, after its walk: it needs
-        # the walk's sums, not the bank, so the walk of the window before goes on meanwhile
-        with behind(dev, *sums.values()):
-            for o, x in zip((dk, dbeta, dg, dq), phase1_grads(pl, sums, g.shape[2])):
-                o[:, t0:t1] = x
+        # (on the current stream: beside the next window's walk it measured slower)
+        for o, x in zip((dk, dbeta, dg, dq), phase1_grads(pl, sums, g.shape[2])):
+            o[:, t0:t1] = x
     return dB.to(bank_dtype), dk, dv, dbeta, dg, dq
 
 

@@ -1,6 +1,5 @@
 """Phase 1 of the next window of tokens on a side stream while the current stream walks
-this one (the eager step walks only); the backward also takes each window's Phase 1
-backward there (``behind``), after the window's walk.
+this one (the eager step walks only).
 
 Phase 1 (``phase1.plan``: sort, groups, Gram matrices, the solve) depends on the indices
 and gates alone, never on the bank, so window ``k + 1``'s plan can run while the step
@@ -10,7 +9,6 @@ the SMs they leave idle.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Callable, Iterable, Iterator
 
@@ -95,21 +93,3 @@ def ahead(items: Iterable, make: Callable, device: torch.device) -> Iterator[tup
             yield it, out
     finally:
         main.wait_stream(side)   # nothing of the call is left running on the side stream
-
-
-@contextlib.contextmanager
-def behind(device: torch.device, *used: Tensor):
-    """Work queued in this block runs on the side stream, after everything queued so far
-    on the current stream, and is not waited for here (``ahead``'s end joins the streams).
-    ``used``: the current stream's tensors the block reads, marked as used by the side
-    stream (``record_stream``). Without ``overlaps(device)``, the block runs on the current
-    stream."""
-    if not overlaps(device):
-        yield
-        return
-    side = _side_stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    for t in used:
-        t.record_stream(side)
-    with torch.cuda.stream(side):
-        yield
