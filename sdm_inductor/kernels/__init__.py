@@ -19,7 +19,7 @@ Layout, in the order a call runs:
   items in one launch: traced calls), ``column_walk`` (one launch, small shapes),
   ``decode`` (short sequences), ``quantize`` (the undo log's packing);
 - ``backward/``: ``dispatch``, ``step_walk`` (eager), ``queue_walk`` (traced),
-  ``reverse_walk`` (small shapes, fp8 / int4 undo logs),
+  ``reverse_walk`` (small shapes; traced calls' fp8 / int4 undo logs),
   ``sources`` (chunk-start rows from the final bank and the log), ``phase1_grads``;
 - ``runtime/``: ``launch`` (traceable launches, ``Relaunch``, the walk rule), ``graphs``
   (CUDA-graph replay of repeated eager walks and no-grad Phase 1s), ``pipeline``

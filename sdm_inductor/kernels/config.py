@@ -74,12 +74,14 @@ CONFIG = dict(
     QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_GATHER_ENTRIES=1,
     QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=4, MB_QUEUE_B=32, TB_QUEUE_B=16, QUEUE_DB_TILES=4,
     # Register caps of the forward and reverse queue walks (each kind of item a non-inlined
-    # function, so a cap binds the largest one), 2-byte banks only (``register_cap``): 168
-    # and 128 compile without spills and fit 3 and 4 programs per SM; 0: no cap
+    # function but the reverse walk's dB tiles, so a cap binds the largest one), 2-byte
+    # banks only (``register_cap``): 168 and 128 compile without spills and fit 3 and 4
+    # programs per SM; 0: no cap
     MAXNREG_QUEUE=168, MAXNREG_QUEUE_B=128,
-    # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its row passes in
-    # WARPS_STEP_B warps; its two product launches MB_MIX_B columns x TB_MIX_B tokens in
-    # WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE
+    # --- the backward step walk (backward/step_walk.py): BD_STEP_B columns of its gather, dw
+    # and d ev programs, the dw launch in WARPS_STEP_B warps (the gather in WARPS_STEP, the
+    # restore with the forward write's BD_STEP_W, NG_STEP, WARPS_STEP_W); its two product
+    # launches MB_MIX_B columns x TB_MIX_B tokens in WARPS_MIX_B warps (64 x 16: half the partial sums of 32 x 32, 1.5-2 % faster), *_WIDE
     # above C = 128 (the blocks form, where 64 x 16 is 5 % slower); MIX_ROWS_B as MIX_ROWS.
     # The d ev and dB launch (one grid of both kinds of programs): the dB programs take
     # BD_GROUP columns, NG_GROUP positions, KW_GROUP inline members, CL_GROUP column blocks

@@ -46,9 +46,9 @@ def _dummy(like: torch.Tensor) -> torch.Tensor:
 NAME = "cuda-triton-chunked"
 # the index check's range part in one launch (``validation.start_index_check``)
 range_flags = index_ranges.range_flags
-# the ops hand over the index check; every path below starts it beside Phase 1 (``_plan``:
-# on a stream of its own) and waits for it before the first write to the bank
-# (``_await_index_check``)
+# the ops hand over the index check; the chunked paths start it beside Phase 1 (``_plan``:
+# on a stream of its own), the decode path at its wait, and every path waits for it before
+# the first write to the bank (``_await_index_check``)
 AWAITS_INDEX_CHECK = True
 
 
@@ -123,9 +123,10 @@ def _plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params, repl
     itself: no-grad), from a CUDA graph once the same inputs come again
     (``graphs.made``: ``CONFIG["PLAN_GRAPHS"]`` graphs at most).
 
-    The call's index check starts beside it: before Phase 1's ~20 launches, whose host time
-    outlasts the check's, and after a replay's one launch, which then need not wait for the
-    check's host time."""
+    The call's index check starts beside it: before Phase 1's ~20 launches (no ``replay``),
+    whose host time outlasts the check's; with ``replay`` after ``graphs.made``, so a
+    replay's one launch need not wait for the check's host time (where ``made`` makes the
+    plan eagerly, the check follows its launches)."""
     make = lambda: plan(S, k_idx, k_val, beta, g, q_idx, q_val, C, gate_params)
     inputs = (k_idx, k_val, beta, g, q_idx, q_val, *(gate_params or ()))
     if not replay or any(is_fake(t) for t in inputs):   # traced: no pointers to key on

@@ -55,7 +55,7 @@ def triton_write_read_gated(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tenso
 
     ``b_raw`` / ``a_raw``: ``[P, T]`` or ``[B, T, H]`` (``P = B * H``, stream ``b * H + h``),
     any float dtype and any strides (an eager call reads them in place; a traced one copies
-    them to contiguous, ``host.forward_once``); ``A_log`` / ``dt_bias``
+    them to contiguous, ``host.forward_kept``); ``A_log`` / ``dt_bias``
     ``[P]``. Other inputs and the outputs as ``triton_write_read``.
     """
     final = bank.clone(memory_format=torch.contiguous_format)

@@ -1,7 +1,7 @@
 """The backward's column walk: the chunks in reverse in one launch per window of chunks
-(what traced calls launch for the small shapes of ``launch.column_suits`` and for fp8 /
-int4 undo logs; otherwise they launch ``queue_walk``, eager calls ``step_walk``'s launches
-per chunk).
+(what calls of the small shapes of ``launch.column_suits`` launch, eager or traced, and
+traced calls over fp8 / int4 undo logs; otherwise traced calls launch ``queue_walk``, eager
+calls ``step_walk``'s launches per chunk).
 
 ``_reverse_kernel``: one program per (stream, column block) walks the chunks from last
 to first with ``dB`` (the gradient w.r.t. the bank state at the current chunk's end)
@@ -283,7 +283,7 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
 def column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: int,
                     prec: str, config: dict) -> dict:
     """The chunks in reverse by ``_reverse_kernel`` (one launch per window of chunks, one
-    program per stream and column block; the only form a traced call can take): advances
+    program per stream and column block): advances
     ``dB`` and ``work`` in place, writes ``dv``, returns the cross-column sums
     ``[B, C, n]``."""
     P, C, W, R, NC, B, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B, pl.T

@@ -1,5 +1,5 @@
-"""Where the backward's step walk finds each entry's chunk-start row: a row of the undo log,
-or the final bank's row.
+"""Where the backward's step and queue walks find each entry's chunk-start row: a row of
+the undo log, or the final bank's row.
 
 Walking the chunks in reverse, the backward needs at chunk ``c`` the bank as it was when
 chunk ``c`` began, but only at the slots that chunk touches. Slot ``s`` held then what it
@@ -12,7 +12,7 @@ walk's row loads depend on nothing the walk itself writes.
 
 Two forms give the same sources, both shapes-only host code:
 
-- dense (``DENSE``, when the table is small against the log's positions, ``_dense_fits``):
+- dense (``DENSE_MAX``, when the table is small against the log's positions, ``_dense_fits``):
   a table ``[P, NC, S]`` int32 holds at ``(p, c, s)`` the log row of chunk ``c``'s write
   run of slot ``s`` (one writer: a slot has one run per chunk), then a reverse running
   minimum over the chunks of every (stream, slot) column makes it the first such row at

@@ -1,7 +1,8 @@
 """The backward's chunk walk in steps: launches per chunk over the whole GPU, in reverse.
 
-The same computation as ``reverse_walk._reverse_kernel`` (whose docstring numbers the
-passes), cut where one pass needs another's results for all the chunk's tokens, so each
+The same computation as ``reverse_walk._reverse_kernel`` (the ``reverse_walk`` module
+docstring numbers the passes), cut where one pass needs another's results for all the
+chunk's tokens, so each
 piece is one launch with many programs (as the forward's step walk):
 
 1. ``_step_restore_kernel`` (write positions x column blocks): the rows chunk c wrote
@@ -45,8 +46,10 @@ from ..runtime.launch import Relaunch, launch, pdl, pow2
 def _step_restore_kernel(work_ptr, log_ptr, scale_ptr, run_slot_ptr, c, P, hd, width, NC,
                          C: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                          QMODE: tl.constexpr, PDL: tl.constexpr):
-    # PDL == 3: the next launch (the product of the chunk, which needs nothing of this one)
-    # may start at once; this one's stores still wait for the dB launch before it
+    # PDL == 3: the next launch may start at once (the product of the chunk, which needs
+    # nothing of this one; or, where the forward's v - r0 is not kept, the gather, whose
+    # programs wait for this one before their row loads); this one's stores still wait
+    # for the dB launch before it
     _launch_dependents(PDL == 3)
     _grid_dependency(PDL == 1)
     NRT: tl.constexpr = (C * W + NG - 1) // NG

@@ -23,17 +23,18 @@ def _min_fn(a, b):
 
 @triton.jit
 def _grid_dependency(PDL: tl.constexpr):
-    """First statement of every step kernel. With ``PDL`` (programmatic dependent launch,
+    """First statement of the step kernels (the restore kernel first lets the next launch
+    start: ``_launch_dependents``). With ``PDL`` (programmatic dependent launch,
     sm_90+: ``launch.pdl``), the kernel's programs may be resident before the previous
     kernel in the stream has finished: wait for it (its writes then visible) before any
     load or store, then let the next kernel's programs launch, so a launch's latency hides
     behind the tail of the one before.
 
     Kernels that call it twice, as ``_grid_dependency(PDL == 1)`` first and
-    ``_grid_dependency(PDL == 2)`` after their *early loads*, wait at the second call when
-    ``PDL == 2``. Early loads read only what no launch of the walk writes (Phase 1's arrays,
-    the call's inputs, the forward's undo log in the backward): all of it was complete
-    before the walk's first launch, and a programmatic launch starts only once the kernel
+    ``_grid_dependency(PDL == 2)`` (``PDL >= 2`` in kernels with no ``PDL == 3`` form) after
+    their *early loads*, wait at the second call when ``PDL == 2``. Early loads read only
+    what no launch of the walk writes (Phase 1's arrays, the call's inputs, the forward's
+    undo log in the backward): all of it was complete before the walk's first launch, and a programmatic launch starts only once the kernel
     before it has passed its own wait, so the kernel two back has finished. Their latency
     then overlaps the previous kernel's tail instead of following it (kernels without a
     ``PDL == 3`` form of their own treat 3 as 2).

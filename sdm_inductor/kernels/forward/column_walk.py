@@ -1,5 +1,7 @@
 """Phase 2 of the chunked form: the sequential walk over the chunks, in one launch (the
-column walk: what traced calls launch; eager calls take ``step_walk``'s launches per chunk).
+column walk: what calls of the small shapes of ``launch.column_suits`` launch, eager or
+traced; otherwise eager calls take ``step_walk``'s launches per chunk, traced calls
+``queue_walk``).
 
 Every quantity of Phase 2 is separable by bank column (docs/spec.md section 3), so one
 program owns (stream ``p``, column block ``cb``) and walks all chunks of its stream

@@ -20,7 +20,7 @@ from ... import quant
 from ..runtime.launch import launch, pow2
 
 _MODE = {"fp8": 1, "int4": 2}
-# measured on the H200 at config A's log (benchmarks/bench_pack.py): 2 rows x 2 warps
+# measured on the H200 at config A's log (docs/performance.md, measurement facts): 2 rows x 2 warps
 ROWS_PER_PROGRAM = 2
 WARPS = 2
 

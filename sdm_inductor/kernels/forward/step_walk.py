@@ -1,4 +1,4 @@
-"""Phase 2 as two or three launches per chunk step, each spread over the whole GPU (the step walk).
+"""Phase 2 as three launches per chunk step, each spread over the whole GPU (the step walk).
 
 The column walk (``column_walk.py``) runs ~100 programs that each walk every chunk: a step is
 a chain of 32-byte gathers inside one program per SM at most, and measured ~50 us per

@@ -6,7 +6,8 @@ nilpotent (``N^C = 0``), so ``X = L^-1 = (I + N)(I + N^2)(I + N^4) ... `` with
 substitution steps, on tensor cores with fp32 accuracy (``tf32x3``). One program per
 chunk also forms ``QKX = QK @ X``. The matrices live in registers, which bounds C: up to
 ``BLOCKED_MAX_C`` the chunk is 2 x 2 blocks of ``MAX_C`` (two series and three products
-more); beyond, the batched triangular solve of torch runs instead.
+more); beyond it, and in traced calls above ``MAX_C``, the batched triangular solve of
+torch runs instead.
 """
 from __future__ import annotations
 

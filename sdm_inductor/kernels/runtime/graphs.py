@@ -1,7 +1,7 @@
 """Eager step walks replayed from CUDA graphs when the very same launches repeat.
 
-An eager step walk makes two or three launches per chunk forward and six or seven
-backward: ~200 and ~450 at config A, C=128. Their host time is about as long as their GPU
+An eager step walk makes three launches per chunk forward and four to six backward: ~200
+and ~450 at config A, C=128. Their host time is about as long as their GPU
 time, so an eager call's speed follows the host's.
 
 A CUDA graph records launches with their arguments: device pointers and scalars. Replaying
@@ -29,7 +29,8 @@ plan that a walk there still reads), and at most ``CONFIG["PLAN_GRAPHS"]`` are k
 Not used while a CUDA graph records the call (the launches go into that graph), when the
 launches go through ``wrap_triton`` (not the eager implementation), under the interpreter,
 with Triton launch hooks set (a profiler: replays would bypass them), or when
-``CONFIG["WALK_GRAPHS"]`` is 0 (environment ``SDM_INDUCTOR_WALK_GRAPHS=0``).
+``CONFIG["WALK_GRAPHS"]`` is 0 for walks (environment ``SDM_INDUCTOR_WALK_GRAPHS=0``) and
+``CONFIG["PLAN_GRAPHS"]`` for Phase 1 (``SDM_INDUCTOR_PLAN_GRAPHS=0``).
 """
 from __future__ import annotations
 
