@@ -1,8 +1,8 @@
 """sdm_inductor: Sparse Delta Memory as torch.library ops, Triton kernels, Inductor
 lowerings and pattern rewrites.
 
-``import sdm_inductor`` registers the ``torch.ops.sdm`` library (CPU always, CUDA when
-Triton and a GPU are there).
+``import sdm_inductor`` registers the ``torch.ops.sdm`` library (CPU always, CUDA whenever
+Triton is importable: no GPU is needed to register it).
 """
 from . import ops, reference
 from .api import sdm_write_read, to_streams, write_read

@@ -12,8 +12,9 @@ __all__ = ["sdm_write_read", "write_read", "write_read_gated", "to_streams"]
 
 def to_streams(num_parallel: int, k_idx: Tensor, k_val: Tensor, v: Tensor, beta: Tensor,
                g: Tensor, q_idx: Tensor, q_val: Tensor, key_weighted_decay=None):
-    """Inputs as ``[P*T, *]`` (or already ``[P, T, *]``) -> the op's ``[P, T, *]`` layout.
-    Shapes are checked here in the caller's layout, so an error quotes what was passed
+    """Inputs as ``[P*T, *]`` (or already ``[P, T, *]``) -> ``((k_idx, k_val, v, beta, g,
+    q_idx, q_val), flat)`` in the op's ``[P, T, *]`` layout; ``flat``: the inputs came as
+    ``[P*T, *]``. Shapes are checked here in the caller's layout, so an error quotes what was passed
     (the bank's width, which this function does not see, is ``sdm_write_read``'s check)."""
     num_parallel = as_int(num_parallel)
     if isinstance(num_parallel, bool) or not isinstance(num_parallel, int) or num_parallel < 0:

@@ -10,8 +10,9 @@ walks the chunks in reverse on a copy of the final bank, putting back each chunk
 written rows from the undo log (optionally quantized) that the forward saved.
 
 Sparse intersections are enumerated as *pairs* of entries with equal keys, where the
-key of an entry is ``segment * (S + C*W) + slot``: entries of different segments
-never meet, and padded tokens get private keys past ``S`` so they touch nothing.
+key of an entry is ``segment * S + slot``: entries of different segments never meet, and
+padded entries get private keys past ``B * S`` (after every real key) so they touch
+nothing.
 Per-pair sums are small and exact in fp32 (no long cumsum, spec section 3), and every
 reduction is a sequential CPU ``index_add_``, so results are bitwise reproducible.
 """
@@ -256,7 +257,8 @@ def _gather(bank: Tensor, rows_idx: Tensor, n_valid: int) -> Tensor:
 
 
 def _groups(blk: _Block, c: int, P: int):
-    """Chunk c's distinct written rows: (entry -> group, rep entry, bank row, decay, count)."""
+    """Chunk c's distinct written rows: (entry -> group, rep entry, the rep entry's row in
+    the gathered rows, bank row, decay, count)."""
     C, W = blk.k.shape[1:]
     n = P * C * W
     g0, g1 = blk.chunk_groups[c], blk.chunk_groups[c + 1]

@@ -27,7 +27,7 @@ is an optimisation only: a backward without them (a direct call of ``write_read_
 recomputes the same values.
 
 Device implementations register themselves in ``IMPLS``: CPU here (``cpu.py``), CUDA by
-``sdm_inductor.kernels`` when Triton and a GPU are there.
+``sdm_inductor.kernels`` whenever Triton is importable (no GPU needed to register).
 """
 from __future__ import annotations
 

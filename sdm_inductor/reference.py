@@ -54,8 +54,8 @@ def sdm_write_read_reference(bank: Tensor, k_idx: Tensor, k_val: Tensor, v: Tens
     """Token loop over ``T`` steps for ``P`` streams. Returns (readings [P,T,hd], final bank).
 
     ``compute_dtype`` (e.g. float64) upcasts every float input first; by default the
-    loop runs in the bank's dtype with k_val, v, q_val cast to it and beta, g in fp32,
-    the way the op uses them.
+    loop runs in the bank's dtype with every float input cast to it (beta and g through
+    fp32).
     """
     dt = compute_dtype or bank.dtype
     gdt = compute_dtype or torch.float32

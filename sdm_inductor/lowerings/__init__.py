@@ -4,9 +4,11 @@ Importing this package registers rules that rewrite the sdm ops while AOTDispatc
 functionalizes a graph for a backend (torch.compile, AOTInductor), the hook
 ``torch.library.triton_op`` uses for itself:
 
-- ``write_read``: ``sdm::write_read`` / ``write_read_`` / ``write_read_backward``: casts
-  hoisted into the graph; on CUDA the Triton kernels' triton_ops (traced into Inductor's
-  output code); on CPU one extern call of the chunked path per op call.
+- ``write_read``: ``sdm::write_read`` / ``write_read_gated`` / ``write_read_`` /
+  ``write_read_backward``: casts hoisted into the graph; on CUDA the Triton kernels'
+  triton_ops (traced into Inductor's output code) where ``EMIT_KERNELS`` says so (by
+  default AOTInductor only); otherwise one extern call of the eager implementation per op
+  call.
 - ``layout``: ``sdm::split_heads`` / ``merge_heads`` / ``expand_bank`` as view + copy
   graph ops that Inductor fuses with their neighbours.
 - ``offset_views``: a post-grad pass that keeps the in-place op correct for banks that are

@@ -4,7 +4,8 @@ before the in-place op writes it.
 
 Under compile ``sdm::write_read_`` is functionalized as ``auto_functionalized_v2``, whose
 node records its inputs as the eager call saw them (``eager_input_vals``); the functional
-``write_read`` reaches it as ``clone(bank)`` + ``write_read_`` (see ``write_read``).
+``write_read`` that saves nothing for a backward reaches it as ``clone(bank)`` +
+``write_read_`` (see ``write_read``).
 Inductor's ``remove_noop_ops`` drops a clone whose size and strides equal its source's
 without comparing storage offsets (pytorch/pytorch#197489; torch 2.13 does), so the op's
 base becomes the view while the recorded input stays the clone (offset 0). Where the view

@@ -7,7 +7,7 @@ Each op is rewritten while AOTDispatcher functionalizes the graph (see ``_rules`
    beta, g to fp32) are hoisted into the graph, where Inductor fuses them into the
    kernels that produce those tensors instead of paying a pass of their own.
 2. Where Inductor should emit the kernels (``EMIT_KERNELS``; a device with Triton
-   kernels, ``TRITON_OPS``: CUDA), the op becomes the matching ``torch.library.triton_op``;
+   kernels, ``TRITON_DEVICES``: CUDA), the op becomes the matching ``torch.library.triton_op``;
    that op decomposes into its body in the same functionalization, so Inductor sees the
    ``wrap_triton`` kernels and launches them from its own output code (AOTInductor
    packages carry them). A traced call launches one kernel per walk, whose compilation
@@ -70,7 +70,7 @@ torch._inductor.config.triton.autotune_with_sample_inputs = True
 
 def triton_op(name: str, device: torch.device):
     """The triton_op for ``name`` on ``device``, or None (no kernels for that device,
-    or ``sdm_inductor.kernels`` did not register them: no triton / no GPU)."""
+    or ``sdm_inductor.kernels`` did not register them: no triton)."""
     if device.type not in TRITON_DEVICES:
         return None
     qualname = TRITON_OPS[name]

@@ -45,7 +45,8 @@ class Atom:
 class Factor:
     kind: str            # "atom" or "bank"
     ref: object          # Atom, or (bank_id, version, idx Atom) for a bank row
-    labels: tuple        # one label (or None) per dim of the atom; (row, col) for a bank row
+    # one label (or None) per dim of the atom; (stream labels..., row, col) for a bank row
+    labels: tuple
 
     def relabel(self, sub: dict) -> "Factor":
         return replace(self, labels=tuple(sub.get(lb, lb) for lb in self.labels))
@@ -163,7 +164,8 @@ def _check_linear(terms):
 
 
 def _broadcast(space: LabelSpace, a: Sym, b: Sym):
-    """Align ``b`` (renamed fresh) with ``a`` under broadcasting; returns (shape, axes, a, b)."""
+    """Align ``b`` (renamed fresh) with ``a`` under broadcasting; returns (shape, axes,
+    b relabelled)."""
     b = b.fresh_copy(space)
     n = max(len(a.shape), len(b.shape))
     ash = (1,) * (n - len(a.shape)) + tuple(a.shape)

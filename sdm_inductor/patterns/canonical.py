@@ -48,7 +48,7 @@ class WriteRoles:
     v: list            # RoleFactors along 'd'
     W: int
     hd: int
-    streams: int = 0   # B for a step of B streams at once, 0 for one stream
+    streams: int = 0   # the streams of a step (B, or B*H for a [B, H, S, hd] bank), 0: one
     v_coef: float = 1.0   # the value's number: beta * (2 v - r) is beta' = beta, v' = 2 v
     stream_shape: tuple = ()   # the stream axes' sizes ((B,), or (B, H) for a [B, H, S, hd] bank)
     decay_coef: float = 1.0    # a number on the decay (``rows * 0.9``): log-decay += log of it
@@ -298,8 +298,8 @@ def _exp_gate(dparts, a_f):
 
 
 def _one_slot_roles(d, c, b, X, names):
-    """(k, gate, beta, strength) when ``d`` is the decay term and ``c`` the retrieval term
-    (the strength: the retrieval's number, as in ``match_write``)."""
+    """(k, gate, beta, strength, decay number a) when ``d`` is the decay term and ``c`` the
+    retrieval term (the strength: the retrieval's number, as in ``match_write``)."""
     if d.bound or c.bound:
         raise Reject("the old row is summed in the decay term")
     a = _decay_number(d.coef)

@@ -2,7 +2,8 @@
 never serves a graph compiled under other settings)."""
 from __future__ import annotations
 
-# Rewrite token loops under torch.compile (the passes are installed while this is True).
+# The last enable_rewrites / disable_rewrites (set it through those: assigning it installs
+# or removes nothing; it is part of the passes' uuid through ``snapshot``).
 enabled: bool = True
 
 # The user's word that no token writes one slot twice (docs/spec.md section 1). When False,

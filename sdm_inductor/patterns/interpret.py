@@ -7,7 +7,7 @@ and anything else that touches the bank becomes ``Opaque``. Where a bank-depende
 meets an op outside the algebra it *escapes*; afterwards every bank is checked: its
 writes must be canonical token steps, its escapes readings or its final state, and it
 must not be derived from another bank through foreign ops. Front-ends (torch-level and
-aten-level) supply only the op table (``FrontEnd``).
+aten-level) supply only the op table (``optable.TorchOps`` / ``optable.AtenOps``).
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ DESCRIPTION = "sdm_inductor pattern rewrites: each token loop rewritten or left 
 
 
 def register() -> None:
-    """Register the artifact (idempotent). Also the ``torch.backends`` autoload hook, so
-    that ``TORCH_LOGS=sdm`` is accepted when torch parses it at import."""
+    """Register the artifact (idempotent): what the ``torch.backends`` autoload hook
+    (``sdm_inductor_logging.register``) does while torch imports, so that ``TORCH_LOGS=sdm``
+    is accepted when torch parses it."""
     if NAME not in _internal.log_registry.artifact_names:
         _internal.register_artifact(NAME, DESCRIPTION, visible=True)
     if not _internal.log_registry.is_log("sdm_inductor"):

@@ -66,7 +66,8 @@ _ZEROS = ("zeros_like", "new_zeros", "zeros")
 
 
 class _Base:
-    """Shared parts: shapes from meta, value numbering, exp detection."""
+    """Shared parts: shapes and dtypes from meta, value numbering, metadata-only inputs,
+    zero buffers."""
     META = "val"
 
     def shape(self, node: fx.Node):

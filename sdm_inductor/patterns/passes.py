@@ -39,7 +39,8 @@ class _State:
 
 
 def last_report() -> Report:
-    """What the passes did in the most recent compile (all graphs since it started)."""
+    """The report of the most recent graph a pass recorded (each recorded graph replaces
+    the one before)."""
     return _State.last
 
 

@@ -8,7 +8,7 @@ __all__ = ["Report", "RewrittenChain", "RejectedChain"]
 
 @dataclass
 class RewrittenChain:
-    where: str          # file:line of the loop's first write
+    where: str          # file:line of the loop's first write (of the scan call for a scan)
     tokens: int         # chain length in tokens
     form: str           # "unrolled loop" / "scan" / "decode step", plus the front-end
     op: str             # the op it became

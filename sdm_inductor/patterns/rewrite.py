@@ -230,7 +230,8 @@ def plan_insertion(an: Analysis, chain: Chain):
     firsts += _after_the_loop_on_its_memory(an, chain)
     out = next(n for n in an.graph.nodes if n.op == "output")
     before = min(firsts, key=order.get) if firsts else out
-    # the op must come after every write node (in place on a graph input)
+    # every per-token input and the bank root must exist before the op: those computed
+    # later move in front of it with their inputs (a loop node among them: rejected)
     roles = _role_nodes(chain) | {chain.bank.root}
     late = [n for n in roles if order[n] >= order[before]]
     move = []
