@@ -977,12 +977,15 @@ def case_random_calls():
     for seed in range(8):
         desc, run = _random_call(seed)
         want, got = run(cpu), run(host)
-        tol = {"fp8": 0.3, "int4": 0.3}.get(desc["mode"],
-                                             1e-4 if desc["dtype"] == torch.float32 else 3e-2)
+        # a quantized undo log moves the gradients only: readings and final bank keep the
+        # dtype's tolerance
+        tol = 1e-4 if desc["dtype"] == torch.float32 else 3e-2
+        grad_tol = {"fp8": 0.3, "int4": 0.3}.get(desc["mode"], tol)
         errs = [rel_err(a, b) for a, b in zip(got, want)]
         print(desc, " ".join(f"{e:.1e}" for e in errs))
         assert all(torch.isfinite(t).all() for t in got[2:]), ("non-finite gradient", desc)
-        assert all(e <= tol for e in errs), (desc, errs)
+        assert all(e <= tol for e in errs[:2]), (desc, errs)
+        assert all(e <= grad_tol for e in errs[2:]), (desc, errs)
 
 
 if __name__ == "__main__":

@@ -200,11 +200,15 @@ def test_emitted_kernels_get_the_dropped_clone_back(monkeypatch):
                               recorded[name].storage_offset()))
         return pairs
 
+    assert written_offsets(), "no sdm kernel writes a tensor: nothing was traced"
     remove_noop_ops(graph)
     dropped = [p for p in written_offsets() if p[0] != p[1]]
     restore_view_clones(graph)
-    assert all(a == b for a, b in written_offsets()), written_offsets()
+    after = written_offsets()
     torch._dynamo.reset()   # (after reading the kernel side table: this clears it)
-    # the clone is dropped on this torch (pytorch/pytorch#197489), so the check above saw
-    # the pass act; where torch stops dropping it, there is nothing to put back
-    assert dropped in ([(HD * N, 0)], []), dropped
+    assert all(a == b for a, b in after), after
+    if not dropped:   # torch no longer drops the clone: nothing to put back, nothing shown
+        pytest.skip("remove_noop_ops kept the clone (pytorch/pytorch#197489 fixed?)")
+    # the clone is dropped on this torch (pytorch/pytorch#197489): the check above saw the
+    # pass put it back
+    assert dropped == [(HD * N, 0)], dropped
