@@ -1,8 +1,7 @@
 """The backward over the chunks: which reverse walk (the step walk when eager, the queue
 walk when traced, the column walk for the small shapes and traced calls' quantized undo
-logs), token
-windows (the last first, each window's Phase 1 on a side stream one window ahead), the
-chunk-start rows by their sources or restored, then Phase 1 backward."""
+logs), token windows (the last first, each window's Phase 1 on a side stream one window
+ahead), the chunk-start rows by their sources or restored, then Phase 1 backward."""
 from __future__ import annotations
 
 import dataclasses
