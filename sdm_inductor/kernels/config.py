@@ -67,12 +67,13 @@ CONFIG = dict(
     # than 2 at A and B no-grad, 4 as 2); a write item takes QUEUE_WRITE_TILES tiles (one
     # wait and one count per item: 4 and 4 were 8 % faster than 1 and 1, 8 and 8 slower).
     # The reverse queue walk (backward/queue_walk.py) takes the same grid; its gather, dw
-    # and dev items QUEUE_TOKENS_B tokens each, its product items MB_QUEUE_B columns x
-    # TB_QUEUE_B tokens (32 x 16: 152 registers, three programs per SM; 32 x 32 needs 208
-    # and is 14 % slower at A and B, 16 x 16 8 %), its dB items QUEUE_DB_TILES tiles each
-    # (4: 7 % faster than 1 at A and B)
+    # and dev items QUEUE_TOKENS_B tokens each (2: 1-2 % faster than 4 and than 1 at A and
+    # B), its product items MB_QUEUE_B columns x TB_QUEUE_B tokens (32 x 16: 152 registers,
+    # three programs per SM; 32 x 32 needs 208 and is 14 % slower at A and B, 16 x 16 8 %),
+    # its dB items QUEUE_DB_TILES tiles each (4: 7 % faster than 1 at A and B, 2 and 8
+    # 1.5-4 % slower)
     QUEUE_PROGRAMS_PER_SM=8, WARPS_QUEUE=4, QUEUE_GATHER_TOKENS=4, QUEUE_GATHER_ENTRIES=1,
-    QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=4, MB_QUEUE_B=32, TB_QUEUE_B=16, QUEUE_DB_TILES=4,
+    QUEUE_WRITE_TILES=4, QUEUE_TOKENS_B=2, MB_QUEUE_B=32, TB_QUEUE_B=16, QUEUE_DB_TILES=4,
     # Register caps of the forward and reverse queue walks (each kind of item a non-inlined
     # function but the reverse walk's dB tiles, so a cap binds the largest one), 2-byte
     # banks only (``register_cap``): 168 and 128 compile without spills and fit 3 and 4

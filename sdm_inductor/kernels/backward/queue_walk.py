@@ -194,8 +194,10 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
             vb = c.to(tl.int64) * P * CP * hd
         else:
             vb = sb
-        g = q % G                               # the groups interleaved in each kind
-        j = q // G
+        # a group's items of one kind take consecutive tickets (the forward walk's order)
+        nk = tl.where((kind == 1) | (kind == 3), NMI, tl.where(kind == 5, NDI, NTI))
+        g = q // nk
+        j = q % nk
         p = g // NCB
         cb = g % NCB
         b = p * NC + c

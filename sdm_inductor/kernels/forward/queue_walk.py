@@ -20,7 +20,7 @@ its group's count says what it needs is done (an acquire of the count, after the
 items' release), so different groups, and different kinds of one group, run side by side.
 
 Items are handed out by one ticket counter in an order where every item's dependencies
-have smaller tickets (chunk, then kind, then item, groups interleaved). A program waits
+have smaller tickets (chunk, then kind, then group, then item). A program waits
 only for items of smaller tickets, all taken by programs that are already running and
 that themselves wait only for smaller tickets: the walk cannot deadlock, whatever the
 grid size and however many programs are resident (the interpreter runs one program at a
@@ -213,15 +213,19 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
     wdone = mdone + G * LINE
     t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     while t < total:
-        # ticket order: chunk, then kind, then item, the groups interleaved (a group's
-        # items of one kind spread over many programs; group-major order measured 1.7x)
+        # ticket order: chunk, then kind, then group, then item. A group's items of one
+        # kind take consecutive tickets, so its first groups finish a kind while its last
+        # groups still run, and their items of the next kind fill that tail instead of
+        # waiting for every group (groups interleaved within a kind: 1.05x at A, 1.08x at B
+        # no-grad; all kinds of a group before the next group's: 1.7x)
         c = t // per_chunk
         r = t % per_chunk
         kind = tl.where(r < n_gather, 0, tl.where(r < n_gather + n_mix, 1, 2))
         q = tl.where(r < n_gather, r, tl.where(r < n_gather + n_mix, r - n_gather,
                                                 r - n_gather - n_mix))
-        g = q % G
-        j = q // G
+        nk = tl.where(kind == 0, NGB, tl.where(kind == 1, NMI, NWB))   # items per group
+        g = q // nk
+        j = q % nk
         p = g // NCB
         if kind == 0:
             _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr,
