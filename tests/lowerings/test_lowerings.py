@@ -471,6 +471,11 @@ def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkey
             assert "_queue_walk_kernel" in fw and not extern_calls(fw), extern_calls(fw)
             assert "_queue_reverse_kernel" in bw and not extern_calls(bw), extern_calls(bw)
             assert not any(re.search(rf"\b{n}\b", bw) for n in PHASE1_KERNELS)
+            # each kind of item stays a function of its own (lowerings/kernel_source.py)
+            for code, items in ((fw, ("_gather_item", "_mix_item", "_write_item")),
+                                (bw, ("_mix1_item", "_dw_item", "_mix2_item", "_dev_item"))):
+                for item in items:
+                    assert f"@triton.jit(noinline=True)\ndef {item}(" in code, item
         else:
             y, M = step()
         eager = float_leaves(list(ins))
