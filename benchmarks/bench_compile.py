@@ -126,7 +126,7 @@ def gated_in_op(bank, k_idx, k_logit, v, b_logit, a, q_idx, q_logit, A_log, dt_b
 def bench_case(name, fn, kwargs, grad_keys, device, reps, dynamic=None):
     """Eager vs compiled, no-grad forward and forward + backward, for one function.
     ``dynamic``: torch.compile's (None: a static length first, as a model's first call;
-    True: a symbolic length, the single-launch column walks)."""
+    True: a symbolic length, one compilation for every length)."""
     opts = {k: kwargs.pop(k) for k in ("C", "sph")}
     f = lambda **kw: fn(**kw, **opts)
     compiled_fn = torch.compile(f, fullgraph=True, dynamic=dynamic)
@@ -249,7 +249,8 @@ def main():
                     help="comma list of static (a static length first) and dynamic")
     ap.add_argument("--emit", default=lowering.EMIT_KERNELS,
                     help="lowerings.write_read.EMIT_KERNELS: aot (torch.compile calls the eager "
-                         "op) or always (its output code launches the column walks)")
+                         "op) or always (its output code launches the SDM kernels: Phase 1 and "
+                         "the single-launch walks)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
