@@ -56,10 +56,11 @@ def torch_gates(b_raw: Tensor, a_raw: Tensor, A_log: Tensor, dt_bias: Tensor):
 
 
 def floor_grad(d_g: Tensor, g: Tensor) -> Tensor:
-    """The gradient of the user's ``g`` from that of the floored one: none below
+    """The gradient of the user's ``g`` from that of the floored one: none at or below
     ``LOG_DECAY_FLOOR`` (there the loop's d/dg of ``exp(g) * row`` is ``exp(g) * row = 0``
-    in fp32; the implementations' is that of the floor). NaN gates keep theirs."""
-    return torch.where(g < LOG_DECAY_FLOOR, torch.zeros_like(d_g), d_g)
+    in fp32; the implementations' is that of the floor, which through the chunked form's
+    cumulative sums is rounding noise, ~1e-6, not 0). NaN gates keep theirs."""
+    return torch.where(g <= LOG_DECAY_FLOOR, torch.zeros_like(d_g), d_g)
 
 
 def gate_grads(d_beta: Tensor, d_g: Tensor, beta: Tensor, g: Tensor, b_raw: Tensor,
@@ -74,7 +75,7 @@ def gate_grads(d_beta: Tensor, d_g: Tensor, beta: Tensor, g: Tensor, b_raw: Tens
     # softplus' = sigmoid (above the threshold torch passes the gradient through: 1,
     # which is what sigmoid rounds to in fp32 there)
     # 0 where the floor cut d_g: there exp(A_log) may be inf (A_log = inf), never 0 * inf
-    cut = g < LOG_DECAY_FLOOR
+    cut = g <= LOG_DECAY_FLOOR
     d_a = torch.where(cut, 0.0, d_g * -torch.exp(A_log.float())[:, None] * torch.sigmoid(x))
     # g, not the floor, is d g / d A_log
     d_A_log = torch.where(cut, 0.0, d_g * g).sum(1)

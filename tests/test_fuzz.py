@@ -113,7 +113,8 @@ def _entries(P: int):
             and tuple(t.shape[:2]) == (P, T_FUZZ) else t
 
     def api20(ts, o):
-        o = dict(o, num_memory_slots=o.pop("slots_per_stream"))
+        o = {k: v for k, v in o.items() if k != "slots_per_stream"} | dict(
+            num_memory_slots=o["slots_per_stream"])
         return sdm_inductor.sdm_write_read(ts[0], *map(flat, ts[1:]), num_parallel=P, **o)
 
     return {
@@ -170,13 +171,37 @@ def test_malformed_calls_refused_by_name_or_computed_right(data):
     P, W, R, hd, sps = data.draw(st.integers(1, 2)), 3, 2, 4, 16
     ins = make_inputs(P, T_FUZZ, W=W, R=R, hd=hd, slots_per_stream=sps,
                       per_write_gate=data.draw(st.booleans()), seed=data.draw(st.integers(0, 999)))
-    entries = _entries(P)
-    entry = data.draw(st.sampled_from(sorted(entries)))
+    entry = data.draw(st.sampled_from(sorted(_entries(P))))
     name = data.draw(st.sampled_from(CALL_NAMES))
     t = dict(zip(CALL_NAMES, ins))[name]
-    label, value, kind = data.draw(st.sampled_from(_mutations(name, t, P * sps)))
-    # every tensor a copy: a call may write the bank, and value stays the input as given
-    ts = [value.clone() if n == name and isinstance(value, torch.Tensor) else
+    _check_mutation(P, sps, ins, entry, name,
+                    *data.draw(st.sampled_from(_mutations(name, t, P * sps))))
+
+
+@pytest.mark.parametrize("name", ("bank",) + FLOAT_NAMES)
+def test_expanded_inputs_reach_every_entry_point(name):
+    """Every entry point given one input with zero strides (``t[..., :1].expand``, as
+    given, not a dense copy): the oracle's result, or for a bank written in place a refusal
+    naming it with the bank untouched."""
+    P, sps = 2, 16
+    ins = make_inputs(P, T_FUZZ, W=3, R=2, hd=4, slots_per_stream=sps, per_write_gate=True,
+                      seed=5)   # (per-write gates: g has a last dimension to expand)
+    t = dict(zip(CALL_NAMES, ins))[name]
+    (label, value, kind), = [m for m in _mutations(name, t, P * sps) if m[0] == "expanded"]
+    assert 0 in value.stride()
+    for entry in sorted(_entries(P)):
+        _check_mutation(P, sps, ins, entry, name, label, value, kind)
+
+
+def _check_mutation(P, sps, ins, entry, name, label, value, kind):
+    """Call ``entry`` with ``ins`` but ``name`` replaced by ``value`` (mutation ``label``
+    of kind ``kind``, ``_mutations``) and check the result or the refusal."""
+    entries = _entries(P)
+    # every tensor a copy (a call may write the bank, and value stays the input as given),
+    # but an expanded one, which reaches the call with its zero strides (a clone would be
+    # dense): the in-place entries must refuse such a bank, the functional ones copy it
+    ts = [value if n == name and label == "expanded" else
+          value.clone() if n == name and isinstance(value, torch.Tensor) else
           value if n == name else x.clone() for n, x in zip(CALL_NAMES, ins)]
     before = ts[0].clone() if isinstance(ts[0], torch.Tensor) else None
     options = dict(chunk_size=16, slots_per_stream=sps, shared_bank=False, snapshot_quant="none",
@@ -186,6 +211,8 @@ def test_malformed_calls_refused_by_name_or_computed_right(data):
     note = f"{entry}: {name} {label}"
     if entry == "sdm_write_read" and name == "g" and label == "one dim less":
         kind, value = "valid", value[..., None]   # the 2.0.0 interface's per-token g [P, T]
+    if name == "bank" and label == "expanded" and entry in ("write_read_", "sdm_write_read"):
+        kind = "named"   # written in place: its elements must not share memory
     if kind == "valid":
         y = call(ts, options)
         ref = ins._replace(**{name: value.to(torch.float64) if value.is_floating_point() else value})

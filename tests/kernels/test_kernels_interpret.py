@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 COST = dict(queue_walk=100, step_walk=85, step_walk_kept=75, step_walk_windows=60,
             column_walk=48, phase1_scans=40, extreme_gates=25, snapshots=24,
             chunk_start_sources=24, random_calls=15, train_fp32=15, index_ranges=11,
-            train_bf16_shared=11, entry_groups=7, decode_and_masking=7, strided_banks=6,
+            train_bf16=11, entry_groups=7, decode_and_masking=7, strided_banks=6,
             windows_and_tiles=3, solve_blocks=3, window_sums=3, nothing_to_do=3)
 
 
@@ -100,10 +100,11 @@ def case_train_fp32():
     _train(make_inputs(P=3, T=9, W=4, R=3, hd=18, slots_per_stream=24, seed=21), 16)
 
 
-def case_train_bf16_shared():
+def case_train_bf16():
     import torch
     from sdm_inductor.testing import make_inputs
-    ins = make_inputs(P=2, T=18, W=3, R=3, hd=16, slots_per_stream=32, shared_bank=True,
+    # (the kernels index absolute rows: a shared bank is the op's concern, see random_calls)
+    ins = make_inputs(P=2, T=18, W=3, R=3, hd=16, slots_per_stream=32,
                       dtype=torch.bfloat16, seed=12)
     _train(ins, 16, tol=2e-2)
     _train(ins, 16, tol=2e-2, grad_bank_fp32=True)
