@@ -47,10 +47,11 @@ TRITON_DEVICES = ("cuda",)
 
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
-# calls the eager implementation, whose step walks are faster than the walks a graph can
-# hold: on an H200 the queue walk forward takes 1.10-1.13x the step walk's no-grad time at
-# configs A and B, forward + backward with the reverse queue walk 1.21-1.24x
-# (docs/performance.md). "always": torch.compile's output code launches them too.
+# calls the eager implementation: a call with the kernels emitted (Phase 1 as traced, the
+# queue walks) takes 1.23x (A) / 1.11x (B) the eager call's time no-grad and 1.23x / 1.17x
+# for a training call (H100, docs/performance.md, "Compile and rewrite"), although the
+# walks alone are within 1.08x of eager's step walks. "always": torch.compile's output code
+# launches them too.
 # SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 
