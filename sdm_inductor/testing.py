@@ -35,14 +35,14 @@ class SDMInputs(NamedTuple):
 
 def make_inputs(P: int = 1, T: int = 16, W: int = 4, R: int = 4, hd: int = 8,
                 slots_per_stream: int = 64, *, per_write_gate: bool = False,
-                shared_bank: bool = False, repeats: bool = False, dtype=torch.float32,
+                repeats: bool = False, dtype=torch.float32,
                 index_dtype=torch.int64, device="cpu", seed: int | None = None,
                 gate_scale: float = 1.0) -> SDMInputs:
     """Random inputs in the op's [P, T, *] layout.
 
     Streams own rows ``[p * slots_per_stream, (p + 1) * slots_per_stream)`` of one bank of
-    ``P * slots_per_stream`` rows (with ``shared_bank`` the same disjoint rows, to be run
-    with ``slots_per_stream=0, shared_bank=True``). Write slots are distinct per token
+    ``P * slots_per_stream`` rows: disjoint, so the same inputs also serve a shared-bank
+    call (``slots_per_stream=0, shared_bank=True``). Write slots are distinct per token
     unless ``repeats``, which makes some tokens write a slot twice.
     """
     gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))

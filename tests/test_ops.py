@@ -113,7 +113,7 @@ def test_short_calls_without_gradients_run_the_token_loop(monkeypatch, P, T, sha
     from sdm_inductor.testing import with_gates
     assert T <= cpu.DECODE_MAX_T
     ins = make_inputs(P, T, W=4, R=3, hd=8, slots_per_stream=12, per_write_gate=per_write,
-                      repeats=repeats, shared_bank=shared, index_dtype=idx_dtype, dtype=dtype,
+                      repeats=repeats, index_dtype=idx_dtype, dtype=dtype,
                       seed=T + 10 * P)
     if gate is not None:
         ins = with_gates(ins, gate, every=2)
@@ -132,7 +132,7 @@ def test_short_calls_without_gradients_run_the_token_loop(monkeypatch, P, T, sha
         assert rel_err(a, b) <= (1e-2 if dtype == torch.bfloat16 else 1e-6)
     monkeypatch.undo()
     longer = make_inputs(P, cpu.DECODE_MAX_T + 1, W=4, R=3, hd=8, slots_per_stream=12,
-                         shared_bank=shared, seed=1)
+                         seed=1)
     torch.ops.sdm.write_read_(longer.bank.clone(), *longer[1:], **opts)
     assert ops.last_dispatch()["kernel_path"] == "chunked"
     sdm_inductor.write_read(*ins.leaves(), **opts)   # saves for a backward

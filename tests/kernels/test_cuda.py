@@ -103,12 +103,13 @@ CASES = [  # (dtype, P, T, W, R, hd, sph, C, kwargs)
 def test_forward_backward_vs_oracle(case, walk):
     from sdm_inductor.kernels import host
     dtype, P, T, W, R, hd, sph, C, kw = CASES[case]
+    kw = dict(kw)
+    shared = kw.pop("shared_bank", False)   # the op's option; the inputs are the same
     ins = _inputs(dtype, P=P, T=T, W=W, R=R, hd=hd, slots_per_stream=sph, **kw)
     gen = torch.Generator(device="cuda").manual_seed(5)
     dy = torch.randn(P, T, hd, device="cuda", generator=gen).to(dtype)
     dM = torch.randn(ins.bank.shape, device="cuda", generator=gen).to(dtype)
     y_ref, M_ref, g_ref = reference_outputs(ins, (dy, dM))
-    shared = kw.get("shared_bank", False)
     y, M, grads = _grads(ins, C, dy, dM, shared=shared)
     assert ops.last_dispatch()["impl"] == "cuda-triton-chunked"
     if T > 16:   # not the decode path
@@ -216,7 +217,7 @@ def test_bad_indices_refused_before_the_bank_changes(path, bad):
         host.CONFIG.update(WALK="step", WINDOW_TOKENS=64)
     shared = bad == "shared"
     ins = _inputs(torch.float32, P=2, T=8 if path == "decode" else 200, W=6, R=4, hd=32,
-                  slots_per_stream=64, shared_bank=shared)
+                  slots_per_stream=64)
     S = ins.bank.shape[0]
     k_idx, q_idx = ins.k_idx.clone(), ins.q_idx.clone()
     if bad == "k_range":

@@ -915,7 +915,7 @@ def _random_call(seed: int):
     fp32 = how == "training" and dtype == torch.bfloat16 and r.random() < 0.5
     bank_layout, layout = r.choice(["rows", "rows", "transposed", "slice"]), r.choice(
         ["rows", "transposed", "slice"])
-    ins = make_inputs(P=P, T=T, W=W, R=R, hd=hd, slots_per_stream=sph, shared_bank=shared,
+    ins = make_inputs(P=P, T=T, W=W, R=R, hd=hd, slots_per_stream=sph,
                       repeats=r.random() < 0.3, per_write_gate=not gated and r.random() < 0.4,
                       dtype=dtype, index_dtype=r.choice([torch.int32, torch.int64]), seed=seed)
     gen = torch.Generator().manual_seed(seed)
