@@ -185,7 +185,9 @@ def _analysis(case: str) -> list:
 
 def _job(item) -> dict:
     """The interpreter half of the case (``tests/conftest.py`` starts it with the session)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    # the checkout under test, not whatever an installed sdm_inductor points to
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=root)
     return dict(argv=[sys.executable, __file__, item.callspec.params["case"]], env=env,
                 timeout=600, cost=8)
 
