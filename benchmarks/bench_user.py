@@ -15,7 +15,11 @@ checks on, as a user runs them):
   autograd;
 - ``sdm_write_read``: the 2.0.0 interface on flat ``[P*T, *]`` inputs;
 - ``write_read``: the functional form;
-- ``compiled write_read``: ``torch.compile(fullgraph=True)`` of a function calling it;
+- ``compiled write_read``: ``torch.compile(fullgraph=True)`` of a function calling it
+  (the op an extern call of the eager implementation, torch.compile's default on CUDA);
+- ``compiled, emitted``: the same with the SDM kernels in the output code
+  (``EMIT_KERNELS="always"``: Phase 1 as traced and the queue walks, what AOTInductor
+  packages launch);
 - ``layer`` / ``compiled layer``: ``SparseDeltaMemory`` sized like the config
   (``B = P`` streams of one head each, ``slots_per_head = sph``, ``top_k = W``).
 
@@ -33,6 +37,7 @@ import math
 import torch
 
 import sdm_inductor
+from sdm_inductor.lowerings import write_read as lowering
 from sdm_inductor.nn import SparseDeltaMemory
 
 from bench_cuda import CONFIGS, bench, copy_bandwidth, floors, make_inputs
@@ -60,6 +65,19 @@ def _time_calls(name: str, C: int, calls: dict) -> dict:
         print(f"{name} C={C} {label:<22} no-grad {out[label][0]:7.3f} ms  fwd+bwd "
               f"{out[label][1]:7.3f} ms", flush=True)
     return out
+
+
+def emitting(f):
+    """``f`` (a compiled function) compiled and run with ``EMIT_KERNELS="always"``: Dynamo
+    compiles on a first call, AOTAutograd the backward on the first backward, both inside
+    the call."""
+    def call(*args):
+        old, lowering.EMIT_KERNELS = lowering.EMIT_KERNELS, "always"
+        try:
+            return f(*args)
+        finally:
+            lowering.EMIT_KERNELS = old
+    return call
 
 
 def op_rows(name: str, C: int, compile_: bool) -> dict:
@@ -109,6 +127,9 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
     def fn(b, *a):
         return sdm_inductor.write_read(b, *a, chunk_size=C, slots_per_stream=sph)
 
+    def fn_emitted(b, *a):   # a code object of its own: Dynamo caches per code object
+        return sdm_inductor.write_read(b, *a, chunk_size=C, slots_per_stream=sph)
+
     def functional(f):
         def nograd():
             with torch.no_grad():
@@ -131,6 +152,8 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
     }
     if compile_:
         calls["compiled write_read"] = functional(torch.compile(fn, fullgraph=True))
+        calls["compiled, emitted"] = functional(
+            emitting(torch.compile(fn_emitted, fullgraph=True)))
     out = _time_calls(name, C, calls)
     out["floor"] = (lambda f: (f["fwd"], f["fwdbwd"]))(floors(ins, C, BW))
     return out
@@ -164,7 +187,7 @@ def layer_rows(name: str, C: int, compile_: bool) -> dict:
     return _time_calls(name, C, calls)
 
 
-FUNCTIONAL = ("write_read", "compiled write_read")
+FUNCTIONAL = ("write_read", "compiled write_read", "compiled, emitted")
 
 
 def table(results: dict):

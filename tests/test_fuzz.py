@@ -113,8 +113,8 @@ def _entries(P: int):
             and tuple(t.shape[:2]) == (P, T_FUZZ) else t
 
     def api20(ts, o):
-        o = {k: v for k, v in o.items() if k != "slots_per_stream"} | dict(
-            num_memory_slots=o["slots_per_stream"])
+        o = dict(o)   # the caller's options stay as they are
+        o["num_memory_slots"] = o.pop("slots_per_stream")
         return sdm_inductor.sdm_write_read(ts[0], *map(flat, ts[1:]), num_parallel=P, **o)
 
     return {
