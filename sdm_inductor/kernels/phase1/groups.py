@@ -69,6 +69,10 @@ def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, gate_ptr, val_p
 def _bound_search(skey_ptr, seg, lo, hi, half):
     """The first position in ``[lo, hi)`` of the segment whose ``key >> 1`` exceeds
     ``half`` (``hi`` if none): a binary search of the sorted keys, one program's scalar."""
+    # the bounds are loop-carried: as tensors even where a caller passes an integer
+    # argument, which torch 2.11's mutation analysis builds as a constant
+    lo = tl.cast(lo, tl.int32)
+    hi = tl.cast(hi, tl.int32)
     while lo < hi:  # data-dependent trip count (log2 of the range)
         mid = (lo + hi) // 2
         if (tl.load(skey_ptr + seg + mid) >> 1) <= half:
@@ -100,7 +104,7 @@ def _group_bounds_kernel(skey_ptr, cnt_ptr, wex_ptr, gsp_ptr, gep_ptr, CE, NB,
     # the group reaching in from the left starts at the first position of its slot; the
     # one reaching out to the right ends before the first position past its slot
     first_half = tl.load(skey_ptr + seg + j0) >> 1
-    g0 = _bound_search(skey_ptr, seg, j0 * 0, j0, first_half - 1)
+    g0 = _bound_search(skey_ptr, seg, 0, j0, first_half - 1)
     j1 = tl.minimum(j0 + BLK, CE)
     last_half = tl.load(skey_ptr + seg + j1 - 1) >> 1
     g1 = _bound_search(skey_ptr, seg, j1, CE, last_half) - 1
