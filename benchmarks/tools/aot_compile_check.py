@@ -147,11 +147,6 @@ def main(dtype="bf16"):
                          key_ptr=i32 if gated else i64, first_ptr=i32, bout_ptr=f32),
                     dict(W=W, R=R, G=1, WP=64, RP=64, GATED=gated))
     for kt in (i32, i64):   # sort keys: int32 when they fit, else int64
-        compile_one(groups._groups_kernel,
-                    dict(skey_ptr=kt, perm_ptr=i32, slot_ptr=i32, gs_ptr=i32, nw_ptr=i32,
-                         na_ptr=i32, rslot_ptr=i32, rlen_ptr=i32, rtok_ptr=i32, rent_ptr=i32,
-                         wex_ptr=i32, gsp_ptr=i32), dict(E=W + R, BLK=groups.GROUPS_BLK),
-                    groups.GROUPS_WARPS)
         blk = groups.GROUPS_SPLIT_BLK
         compile_one(groups._block_writes_kernel,
                     dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32, gate_ptr=f32,

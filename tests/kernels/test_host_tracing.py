@@ -112,14 +112,10 @@ def test_static_shapes_trace_the_flat_sort():
     assert _sort_ranks("symbolic") == [2]
 
 
-def test_traced_phase1_keeps_the_earlier_kernel_forms():
-    """Traced calls launch the pairs kernel as one program per token and the prep kernel
-    without its repeat branch (the split pairs kernel, ``phase1.pairs.PAIR_SPLIT``, and the
-    repeat branch are for eager calls: the traced forms are the ones verified in AOTInductor
-    CUDA builds)."""
+def test_traced_phase1_takes_the_eager_kernel_forms():
+    """Traced calls launch Phase 1 as eager calls do: the split pairs kernel (two programs
+    per token reading the groups' sorted members) and the groups in blocks of positions."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-    from sdm_inductor.kernels import phase1
-    assert phase1.pairs.PAIR_SPLIT
     gm = make_fx(_forward, tracing_mode="symbolic")(*_inputs(37))
     seen = {}
     for n in gm.graph.nodes:
@@ -127,8 +123,8 @@ def test_traced_phase1_keeps_the_earlier_kernel_forms():
             name = kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__
             seen[name] = {**n.kwargs["kwargs"],
                           **kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"])}
-    assert seen["_pairs_kernel"]["SPLIT"] is False, seen["_pairs_kernel"]
-    assert seen["_prep_kernel"]["REPEAT_BRANCH"] is False, seen["_prep_kernel"]
+    assert seen["_pairs_kernel"]["SPLIT"] is True and seen["_pairs_kernel"]["SORTED"] is True
+    assert {"_block_writes_kernel", "_group_bounds_kernel", "_group_sizes_kernel"} <= set(seen)
 
 
 def _gated_forward(bank, k_idx, k_val, v, b_raw, a_raw, q_idx, q_val, A_log, dt_bias):

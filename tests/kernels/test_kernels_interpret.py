@@ -753,14 +753,14 @@ def _gram_terms(pl):
 
 
 def case_phase1_scans():
-    """Phase 1's traced form (the segmented sort, ``_groups_kernel``'s two scans in one
-    program per segment, one pairs program per token reading members through ``perm``)
-    gives the groups and write runs of binary searches and a second sort
-    (``references``); the eager form (the flat sort of all segments, the groups over
-    blocks of positions, two pairs programs per token with term lists and members at
-    their sorted positions) gives bitwise its per-entry plan and its Gram rows up to
-    rounding: int32 and int64 keys, scan blocks and position blocks that split groups,
-    repeated and out-of-range slots, term lists that overflow (and fold in early)."""
+    """Phase 1 with the segmented sort (dynamic shapes), the groups in one block of
+    positions per segment and one pairs program per token (the form of calls without
+    writes or reads) gives the groups and write runs of binary searches and a second sort
+    (``references``); with the flat sort of all segments, blocks of positions that split
+    groups and two pairs programs per token (term lists, members at their sorted
+    positions) bitwise the same per-entry plan and its Gram rows up to rounding: int32
+    and int64 keys, repeated and out-of-range slots, term lists that overflow (and fold
+    in early)."""
     import torch
     from sdm_inductor.kernels import phase1
     from sdm_inductor.testing import make_inputs
@@ -779,9 +779,8 @@ def case_phase1_scans():
         S = ins.bank.shape[0]
         args = (S, ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val, C)
         phase1.entries._key_dtype = lambda S, C, E, dt=key_dtype: dt
-        phase1.groups.GROUPS_BLK = 256   # the second case's 1280 positions: five scan blocks
+        phase1.groups.GROUPS_SPLIT_BLK = 2048   # every segment in one block
         phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = False, False
-        phase1.groups.GROUPS_SPLIT = False
         want = phase1.plan(*args)
         P, T, W = ins.k_idx.shape
         R = ins.q_idx.shape[2]
@@ -799,7 +798,7 @@ def case_phase1_scans():
             y = getattr(want.runs, f)
             assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
         # blocks of 16 / 64 positions: groups that cross one or several block edges
-        phase1.groups.GROUPS_SPLIT, phase1.groups.GROUPS_SPLIT_BLK = True, 16 if C == 8 else 64
+        phase1.groups.GROUPS_SPLIT_BLK = 16 if C == 8 else 64
         phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = True, True
         assert phase1.entries._flat_span(S, B, C, E) > 0
         flat = phase1.plan(*args)
@@ -816,7 +815,7 @@ def case_phase1_scans():
         terms = _gram_terms(flat)
         print(f"C={C}: up to {terms.max()} Gram terms in a program, lists of {lmax}")
         overflowed = overflowed or bool(terms.max() > lmax)
-        print(f"{key_dtype}: scans == searches, eager form == traced form")
+        print(f"{key_dtype}: one block == searches, blocks and split pairs == one block")
     assert overflowed
 
 

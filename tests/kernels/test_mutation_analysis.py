@@ -177,10 +177,29 @@ def _analysis(case: str) -> list:
             else:                                                  # torch 2.13
                 writes = [d.name for d in
                           tkw.identify_accessed_tensors(kernel, kw, {}).read_writes.writes]
+            _build_with_constant_scalars(kernel, kw)
             out.append((kernel.fn.__name__, sorted(writes), given))
         return out
     finally:
         triton.runtime.driver._active = old
+
+
+def _build_with_constant_scalars(kernel, kw: dict) -> None:
+    """Build the launch's TTIR as torch 2.11's analysis does, with every non-tensor argument
+    a constant (2.13 keeps the non-constexpr ones as arguments). A kernel that fails to build
+    that way (a helper reassigning a parameter that a caller passes a scalar argument to, in
+    a loop) is analysed on 2.11 as writing every input it takes."""
+    import copy
+
+    from torch._higher_order_ops.triton_kernel_wrap import generate_ttir
+    fn = copy.copy(kernel)
+    fn.params = [copy.copy(p) for p in kernel.params]
+    for p in fn.params:
+        # (a cached_property: the copy's own value; Triton refuses a constexpr that is
+        # also ``do_not_specialize``, which 2.11 passes among its constants without)
+        if not isinstance(kw.get(p.name), torch.Tensor) and not p.do_not_specialize:
+            p.__dict__["is_constexpr"] = True
+    generate_ttir(fn, kw, {})
 
 
 def _job(item) -> dict:

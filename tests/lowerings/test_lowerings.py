@@ -215,7 +215,8 @@ def _traced_training_graphs(fn, args, monkeypatch) -> dict:
     return launches
 
 
-PHASE1_KERNELS = {"_prep_kernel", "_groups_kernel", "_pairs_kernel", "_inverse_kernel"}
+PHASE1_KERNELS = {"_prep_kernel", "_block_writes_kernel", "_group_bounds_kernel",
+                  "_group_sizes_kernel", "_pairs_kernel", "_inverse_kernel"}
 
 
 @pytest.mark.parametrize("walk,gated_op", [("queue", False), ("queue", True),

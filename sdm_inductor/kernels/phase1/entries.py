@@ -44,8 +44,7 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
                  slot_ptr, val_ptr, gate_ptr, key_ptr, first_ptr, bout_ptr,
                  T, Tp, S, C, GH, sb_b, sb_h, sb_t, sa_b, sa_h, sa_t, SPAN,
                  W: tl.constexpr, R: tl.constexpr, G: tl.constexpr,
-                 WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr,
-                 REPEAT_BRANCH: tl.constexpr = True):
+                 WP: tl.constexpr, RP: tl.constexpr, GATED: tl.constexpr):
     pid = tl.program_id(0)            # p * Tp + t
     p = pid // Tp
     t = pid % Tp
@@ -83,15 +82,12 @@ def _prep_kernel(kidx_ptr, kval_ptr, g_ptr, qidx_ptr, qval_ptr, beta_ptr, alog_p
     first = tl.min(tl.where(same, wc[None, :], WP), axis=1)
     first = tl.where(ok, first, w)
     active = ok & (first == w)
-    if REPEAT_BRANCH:
-        # a token without repeated slots (the common case) keeps its weights: the W x W
-        # sum would give each entry its own weight alone
-        if tl.sum((ok & (first != w)).to(tl.int32), axis=0) > 0:
-            kd = _repeat_sums(kv, first, w, ok)
-        else:
-            kd = kv
-    else:
+    # a token without repeated slots (the common case) keeps its weights: the W x W sum
+    # would give each entry its own weight alone
+    if tl.sum((ok & (first != w)).to(tl.int32), axis=0) > 0:
         kd = _repeat_sums(kv, first, w, ok)
+    else:
+        kd = kv
     kd = tl.where(active, kd, 0.0)
     if GATED:
         # g = -exp(A_log[p]) * softplus(a + dt_bias[p]), one per token (G == 1)
@@ -206,7 +202,5 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, 
     launch(_prep_kernel, (P * Tp,), k_idx, k_val, g, q_idx, q_val, beta, A_log, dt_bias,
            slot, val, gate, key, first, bout, T, Tp, S, C, GH, *sb, *sa, span,
            W=W, R=R, G=G, WP=pow2(W), RP=pow2(R), GATED=gate_params is not None,
-           # repeated slots' weights summed only in tokens that repeat a slot: eager calls
-           # only, like the split pairs kernel (``pairs.PAIR_SPLIT``)
-           REPEAT_BRANCH=not is_fake(k_idx), num_warps=PREP_WARPS)
+           num_warps=PREP_WARPS)
     return slot, val, gate, key, first, NC, bout

@@ -1,15 +1,13 @@
 """Groups and write runs from each segment's sorted keys: every entry's group (the entries
 of its segment touching the same slot: write members first, in token order, then the
 read members) as its start, write members and members, and the write runs (``Runs``) in
-slot order. Two forms: ``_groups_kernel`` (one program per segment, two scans; traced
-calls) and the split form over blocks of positions (eager calls: every block at once)."""
+slot order, by three launches over blocks of sorted positions (every block at once)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch._subclasses.fake_tensor import is_fake
 
 from ..common.tiles import _max_fn, _min_fn
 from ..runtime.launch import launch, pow2
@@ -37,58 +35,6 @@ def _store_sizes(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr, rslot_ptr
     tl.store(rlen_ptr + rseg + dest, tl.where(lead, nw, 0), mask=isw)
     tl.store(rtok_ptr + rseg + dest, (ent // E).to(tl.int32), mask=isw)
     tl.store(rent_ptr + rseg + dest, ent.to(tl.int32), mask=isw)
-
-
-@triton.jit
-def _groups_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
-                   rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr,
-                   CE, CW, E: tl.constexpr, BLK: tl.constexpr):
-    """Groups and write runs of one segment from its sorted keys, by two scans (no
-    binary searches, no second sort). A group is a run of equal ``key >> 1`` (one slot);
-    its write members (even keys) come first. Filtering the stably sorted entries to the
-    writes is the stable sort of the writes alone, so a write's place in the runs
-    order is its exclusive rank among the writes of the sorted order."""
-    b = tl.program_id(0).to(tl.int64)
-    seg = b * CE
-    rseg = b * CW
-    # forward: each sorted position's group start (running max of the starts) and its
-    # exclusive write rank (running count), with carries across blocks
-    carry_g = 0
-    carry_w = 0
-    j0 = 0
-    while j0 < CE:  # runtime trip count
-        j = j0 + tl.arange(0, BLK)
-        m = j < CE
-        k = tl.load(skey_ptr + seg + j, mask=m, other=0)
-        kp = tl.load(skey_ptr + seg + j - 1, mask=m & (j > 0), other=0)
-        start = (j == 0) | ((k >> 1) != (kp >> 1))
-        isw = (m & ((k & 1) == 0)).to(tl.int32)
-        wex = carry_w + tl.cumsum(isw, 0) - isw
-        gst = tl.maximum(tl.associative_scan(tl.where(start & m, j, -1), 0, _max_fn), carry_g)
-        tl.store(wex_ptr + seg + j, wex, mask=m)
-        tl.store(gsp_ptr + seg + j, gst, mask=m)
-        carry_w += tl.sum(isw, 0)
-        carry_g = tl.maximum(carry_g, tl.max(gst, 0))
-        j0 += BLK
-    tl.debug_barrier()
-    # reverse: each position's group end (running min of the ends from the right); then
-    # the group's sizes go to every member (entry order) and each write to its run place
-    carry_e = CE
-    j0 = CE - BLK
-    while j0 > -BLK:  # runtime trip count, blocks from the last
-        j = j0 + tl.arange(0, BLK)
-        m = j >= 0
-        jn = tl.where(m, j, 0)
-        k = tl.load(skey_ptr + seg + jn, mask=m, other=0)
-        kn = tl.load(skey_ptr + seg + jn + 1, mask=m & (jn + 1 < CE), other=0)
-        end = (jn == CE - 1) | ((k >> 1) != (kn >> 1))
-        gen = tl.minimum(tl.associative_scan(tl.where(end & m, jn, CE), 0, _min_fn,
-                                             reverse=True), carry_e)
-        carry_e = tl.minimum(carry_e, tl.min(gen, 0))
-        gst = tl.load(gsp_ptr + seg + jn, mask=m, other=0)
-        _store_sizes(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr, rslot_ptr, rlen_ptr,
-                     rtok_ptr, rent_ptr, wex_ptr, seg, rseg, jn, m, k, gst, gen, E)
-        j0 -= BLK
 
 
 @triton.jit
@@ -123,6 +69,10 @@ def _block_writes_kernel(skey_ptr, sperm_ptr, perm_ptr, cnt_ptr, gate_ptr, val_p
 def _bound_search(skey_ptr, seg, lo, hi, half):
     """The first position in ``[lo, hi)`` of the segment whose ``key >> 1`` exceeds
     ``half`` (``hi`` if none): a binary search of the sorted keys, one program's scalar."""
+    # the bounds are loop-carried: as tensors even where a caller passes an integer
+    # argument, which torch 2.11's mutation analysis builds as a constant
+    lo = tl.cast(lo, tl.int32)
+    hi = tl.cast(hi, tl.int32)
     while lo < hi:  # data-dependent trip count (log2 of the range)
         mid = (lo + hi) // 2
         if (tl.load(skey_ptr + seg + mid) >> 1) <= half:
@@ -138,8 +88,7 @@ def _group_bounds_kernel(skey_ptr, cnt_ptr, wex_ptr, gsp_ptr, gep_ptr, CE, NB,
     """Each sorted position's group start and end and its exclusive write rank, one block of
     ``BLK`` positions per program (grid ``(B * NB,)``): in-block scans, with the two groups
     that cross the block's edges found by binary searches and the write ranks carried by
-    ``_block_writes_kernel``'s counts. ``_groups_kernel`` does the same in one program per
-    segment, a chain of dependent blocks."""
+    ``_block_writes_kernel``'s counts."""
     b = (tl.program_id(0) // NB).to(tl.int64)
     blk = tl.program_id(0) % NB
     seg = b * CE
@@ -155,7 +104,7 @@ def _group_bounds_kernel(skey_ptr, cnt_ptr, wex_ptr, gsp_ptr, gep_ptr, CE, NB,
     # the group reaching in from the left starts at the first position of its slot; the
     # one reaching out to the right ends before the first position past its slot
     first_half = tl.load(skey_ptr + seg + j0) >> 1
-    g0 = _bound_search(skey_ptr, seg, j0 * 0, j0, first_half - 1)
+    g0 = _bound_search(skey_ptr, seg, 0, j0, first_half - 1)
     j1 = tl.minimum(j0 + BLK, CE)
     last_half = tl.load(skey_ptr + seg + j1 - 1) >> 1
     g1 = _bound_search(skey_ptr, seg, j1, CE, last_half) - 1
@@ -176,8 +125,7 @@ def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
                         rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr, gep_ptr,
                         CE, CW, NB, E: tl.constexpr, BLK: tl.constexpr):
     """From ``_group_bounds_kernel``'s bounds and ranks: every entry's group start and
-    sizes (entry order) and each write's place in the write runs, as ``_groups_kernel``'s
-    second scan does. Grid ``(B * NB,)``, a segment's blocks adjacent: the programs
+    sizes (entry order) and each write's place in the write runs. Grid ``(B * NB,)``, a segment's blocks adjacent: the programs
     resident at once cover few segments, so the scattered entry-order stores land in a
     small region of L2 (the segment's 64 KB per array at A C=128) rather than all of it."""
     b = (tl.program_id(0) // NB).to(tl.int64)
@@ -192,16 +140,11 @@ def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
                  rtok_ptr, rent_ptr, wex_ptr, seg, rseg, j, m, k, gst, gen, E)
 
 
-# ``_groups_kernel`` (one program per segment): positions per block of its two scans, warps
-GROUPS_BLK = 2048
-GROUPS_WARPS = 8
-
 # The groups in three launches over blocks of GROUPS_SPLIT_BLK sorted positions
 # (``_block_writes_kernel``, ``_group_bounds_kernel``, ``_group_sizes_kernel``: every block
-# at once) instead of ``_groups_kernel``'s one program per segment: 132 against 166 us at
-# A C=128. Both are bound by the scattered stores to entry order, which
-# the split form keeps in a small region of L2. Eager calls only, like ``pairs.PAIR_SPLIT``.
-GROUPS_SPLIT = True
+# at once; 132 us at A C=128, against 166 us for one program per segment scanning it).
+# They are bound by the scattered stores to entry order, which blocks keep in a small
+# region of L2.
 GROUPS_SPLIT_BLK = 1024
 
 
@@ -209,42 +152,28 @@ def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Te
                  val: Tensor, C: int, W: int, R: int):
     """``perm`` (int32 positions within the segment), ``gs, nw, na`` (entry order), the
     write runs' ``slot, length, tok`` and entry index (run order) of every segment, and
-    (split form, else None) the sorted positions' gates, weights and tokens, from the
-    sorted keys ``skey`` and the sort's int64 permutation ``sperm`` (``flat``: of the flat
-    sort, ``_flat_span``), by ``_groups_kernel`` or its split form."""
+    the sorted positions' gates, weights and tokens, from the sorted keys ``skey`` and the
+    sort's int64 permutation ``sperm`` (``flat``: of the flat sort, ``_flat_span``)."""
     B, CE = skey.shape
     CW = C * W
     dev = skey.device
     i32 = dict(dtype=torch.int32, device=dev)
     gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
     rslot, rlen, rtok, rent = (torch.empty(B, CW, **i32) for _ in range(4))
-    srt = None
-    if GROUPS_SPLIT and not is_fake(skey):
-        blk = min(GROUPS_SPLIT_BLK, pow2(CE))
-        nb = -(-CE // blk)
-        cnt = torch.empty(B, nb, **i32)
-        gep = torch.empty(B, CE, **i32)
-        perm = torch.empty(B, CE, **i32)
-        # each sorted write position's gate, weight and token: the pairs kernel reads a
-        # group's members there (one round trip) instead of through ``perm`` (two dependent
-        # ones, which bound that kernel); the same values, bitwise the same plan
-        srt = (torch.empty_like(gate), torch.empty_like(val), torch.empty(B, CE, **i32))
-        launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, gate, val, *srt,
-               CE, nb, E=W + R, BLK=blk, FLAT=flat, num_warps=4)
-        launch(_group_bounds_kernel, (B * nb,), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
-               NBP=pow2(nb), num_warps=4)
-        launch(_group_sizes_kernel, (B * nb,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
-               rent, wex, gsp, gep, CE, CW, nb, E=W + R, BLK=blk, num_warps=4)
-    else:
-        perm = _local_perm(sperm, flat)
-        launch(_groups_kernel, (B,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok, rent,
-               wex, gsp, CE, CW, E=W + R, BLK=min(GROUPS_BLK, pow2(CE)), num_warps=GROUPS_WARPS)
+    blk = min(GROUPS_SPLIT_BLK, pow2(CE))
+    nb = -(-CE // blk)
+    cnt = torch.empty(B, nb, **i32)
+    gep = torch.empty(B, CE, **i32)
+    perm = torch.empty(B, CE, **i32)
+    # each sorted write position's gate, weight and token: the pairs kernel reads a
+    # group's members there (one round trip) instead of through ``perm`` (two dependent
+    # ones, which bound that kernel); the same values, bitwise the same plan
+    srt = (torch.empty_like(gate), torch.empty_like(val), torch.empty(B, CE, **i32))
+    launch(_block_writes_kernel, (B * nb,), skey, sperm, perm, cnt, gate, val, *srt,
+           CE, nb, E=W + R, BLK=blk, FLAT=flat, num_warps=4)
+    launch(_group_bounds_kernel, (B * nb,), skey, cnt, wex, gsp, gep, CE, nb, BLK=blk,
+           NBP=pow2(nb), num_warps=4)
+    launch(_group_sizes_kernel, (B * nb,), skey, perm, slot, gs, nw, na, rslot, rlen, rtok,
+           rent, wex, gsp, gep, CE, CW, nb, E=W + R, BLK=blk, num_warps=4)
     return perm, gs, nw, na, (rslot, rlen, rtok, rent), srt
 
-
-def _local_perm(sperm: Tensor, flat: bool) -> Tensor:
-    """The sort's permutation as int32 positions within each segment."""
-    if flat:   # a segment's keys sort to its own range of the flat order
-        B, CE = sperm.shape
-        sperm = sperm - torch.arange(0, B * CE, CE, device=sperm.device)[:, None]
-    return sperm.to(torch.int32)

@@ -1,15 +1,14 @@
 """Phase 1's pairs: per-slot cumulative log-decays by walking each entry's group (a fixed
 order: deterministic, and no long cumsum), the rows of the Gram matrices A and QK, and
-the per-entry weights Phase 2 uses (``_pairs_kernel``: one program per token; in eager
-calls two, one for the write entries and A, one for the read entries and QK, each row's
-few terms through a per-program term list)."""
+the per-entry weights Phase 2 uses (``_pairs_kernel``: two programs per token, one for the
+write entries and A, one for the read entries and QK, each row's few terms through a
+per-program term list; one program per token where a token has no writes or no reads)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch._subclasses.fake_tensor import is_fake
 
 from ..runtime.launch import launch, pow2
 
@@ -244,16 +243,12 @@ PAIR_ENTRIES_128 = 16
 PAIR_ENTRIES_WIDE = 16
 
 
-# the pairs kernel as two programs per token, write entries / A and read entries / QK.
-# Eager calls only, like the prep kernel's repeat branch: traced calls (torch.compile,
-# export, AOTInductor) keep the single-program forms, the ones AOTInductor CUDA builds are
-# verified with on the H200. The split forms are unverified there: the one build that used
-# them gave a relative error of 0.24 while AOTInductor still ran kernels on made-up buffers
-# (``lowerings.write_read``), so that result does not tell whether they are sound.
+# the pairs kernel as two programs per token, write entries / A and read entries / QK
+# (eager and traced calls; the single form serves W = 0 or R = 0)
 PAIR_SPLIT = True
 
 # warps of the split ``_pairs_kernel`` at C <= 64, 64 < C <= 128 and C > 128; the single
-# form (traced calls) keeps four. One warp at C=64 (128 registers): the kernel 193 -> 121
+# form keeps four. One warp at C=64 (128 registers): the kernel 193 -> 121
 # us at A. At C=128 one warp over blocks of 32 entries measured 354
 # against 342 us for four, over blocks of 16 (PAIR_ENTRIES_128: no shared-memory layout
 # conversions at all) 326 us; 8 warps need more registers per thread, not fewer;
@@ -282,8 +277,8 @@ def _pair_launch_blocks(C: int, W: int, R: int, split: bool) -> tuple[int, int]:
 def pair_terms(val: Tensor, gate: Tensor, perm: Tensor, srt, gs: Tensor, nw: Tensor, B: int,
                C: int, W: int, R: int):
     """``gam, gend, ev, coef, decay`` (per entry, ``val``'s shape) and the Gram matrices
-    ``A, QK`` (``[B, C, C]``) by ``_pairs_kernel``: two programs per token in eager calls
-    (``PAIR_SPLIT``), one in traced calls. ``srt``: the sorted positions' gates, weights
+    ``A, QK`` (``[B, C, C]``) by ``_pairs_kernel``: two programs per token (``PAIR_SPLIT``;
+    one where ``W`` or ``R`` is 0). ``srt``: the sorted positions' gates, weights
     and tokens (``groups._scan_groups``) or None (members through ``perm``)."""
     dev = val.device
     gam = torch.empty_like(val)
@@ -293,7 +288,7 @@ def pair_terms(val: Tensor, gate: Tensor, perm: Tensor, srt, gs: Tensor, nw: Ten
     A = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     QK = torch.empty(B, C, C, dtype=torch.float32, device=dev)
     gend = torch.empty_like(val)
-    split = PAIR_SPLIT and W > 0 and R > 0 and not is_fake(val)
+    split = PAIR_SPLIT and W > 0 and R > 0
     EB, lmax = _pair_launch_blocks(C, W, R, split)
     lx = torch.empty(B * C * 2 * lmax if lmax else 1, dtype=torch.float32, device=dev)
     lt = torch.empty(lx.shape, dtype=torch.int32, device=dev)
