@@ -179,7 +179,7 @@ def main(dtype="bf16"):
                     solve.BLOCKED_WARPS)
     for CC, split in ((64, True), (128, True), (128, False), (256, True)):
         # the split form as eager calls launch it (sorted members, its entry blocks and
-        # warps); the single form as traced calls do
+        # warps); the single form as calls with no writes or no reads do
         compile_one(pairs._pairs_kernel,
                     dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, sgate_ptr=f32, sval_ptr=f32,
                          stok_ptr=i32, gs_ptr=i32, nw_ptr=i32, gam_ptr=f32, gend_ptr=f32,
