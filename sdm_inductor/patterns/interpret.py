@@ -382,15 +382,37 @@ class Analysis:
 
     def _scatter_into_zeros(self, node, op: WriteOp, tv: ZeroBuf, dep):
         """``upd.index_add_(0, idx, delta)`` on a zero buffer: ``upd`` is the rows ``idx``
-        holding ``delta`` (zero elsewhere)."""
-        if isinstance(op.vals, Sym) and isinstance(op.idx, Sym) and dep:
+        holding ``delta`` (zero elsewhere). Values that do not depend on the bank are rows
+        of values too: added to a bank state, the write is then refused by the chain's
+        checks with its reason (no delta)."""
+        if isinstance(op.vals, Sym) and isinstance(op.idx, Sym):
             out = Scattered(tv.shape, op.idx, op.vals)
         else:
-            out = Opaque(dep, "a zero buffer written by something else than rows of values")
+            why = "a zero buffer written by something else than rows of values"
+            if dep:
+                # the delta of a bank state (``M = M + upd``) whose rows are not linear in
+                # it: that bank's loop is refused here, as a direct write would be
+                why = f"the written rows are not linear in the bank ({self.fe.describe(node)})"
+                if isinstance(op.vals, Opaque) and op.vals.why:
+                    why += f": {op.vals.why}"
+                for bid in dep & self._banks_added_to(op.target):
+                    self._reject_bank(bid, why)
+            out = Opaque(dep, why)
             self._escape(node, self._inputs(node))
         if op.inplace:
             self.env[op.target] = out
         self._set(node, out if not op.inplace or self.fe.returns_self(node) else None)
+
+    def _banks_added_to(self, buf) -> frozenset:
+        """The banks whose tracked states (seen so far) the zero buffer ``buf`` is added to
+        (not states a foreign op made: that bank's loop ends before them)."""
+        out = set()
+        for u in self.fe.adds_of_buffer(buf) or ():
+            for a in u.args[:2]:
+                v = self.env.get(a) if isinstance(a, fx.Node) else None
+                if isinstance(v, BankVal):
+                    out.add(v.bank_id)
+        return frozenset(out)
 
     def _write(self, node, op: WriteOp, dep):
         tv = self.env.get(op.target)

@@ -137,7 +137,7 @@ class _Base:
                 continue
             if _name(n.target).split(".")[0] in ("zeros_like", "new_zeros") and isinstance(n.args[0], fx.Node):
                 out.add(n.args[0])
-            for u in self._adds_of_buffer(n) or ():
+            for u in self.adds_of_buffer(n) or ():
                 out.update(a for a in u.args[:2] if isinstance(a, fx.Node) and a is not n
                            and not (a.args and a.args[0] is n))
         return out
@@ -146,7 +146,7 @@ class _Base:
         return (isinstance(node, fx.Node) and node.op in ("call_function", "call_method")
                 and _name(node.target).split(".")[0] in _ZEROS)
 
-    def _adds_of_buffer(self, buf: fx.Node):
+    def adds_of_buffer(self, buf: fx.Node):
         """The adds ``buf`` (after one write into it) reaches, when every use of ``buf``
         is that write or such an add; else None (the zeros are a bank of their own)."""
         writes = [u for u in buf.users if u.args and u.args[0] is buf and self._is_write(u)]
@@ -179,13 +179,13 @@ class _Base:
             if shape == tuple(src.shape) and self.dtype(node) == self.dtype(node.args[0]):
                 return ZeroBuf(shape)
             return None
-        if name in ("zeros_like", "new_zeros") and _deps(src) and self._adds_of_buffer(node) is not None:
+        if name in ("zeros_like", "new_zeros") and _deps(src) and self.adds_of_buffer(node) is not None:
             # the delta of a bank whose state went through a foreign op (``M = M * 0.9``)
             why = f"the bank is altered by a foreign op before {self.describe(node)}"
             for bid in _deps(src):
                 an._reject_bank(bid, why)
             return Opaque(_deps(src), why)       # not a bank of its own
-        if self._adds_of_buffer(node) is not None and not _deps(src):
+        if self.adds_of_buffer(node) is not None and not _deps(src):
             return ZeroBuf(shape)
         return None
 

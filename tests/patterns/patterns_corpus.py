@@ -101,6 +101,20 @@ def p_index_add_increment(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return torch.stack(outs), M
 
 
+def p_zeros_increment_added(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The increment (new rows - old rows) scattered into zeros and added to the bank."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows = M[k_idx[t]]
+        dec = rows * torch.exp(g[t])[:, None]
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        upd = torch.zeros(M.shape)
+        upd.index_add_(0, k_idx[t], dec - rows + k_val[t][:, None] * delta[None, :])
+        M = M + upd
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
 def p_scatter_add_no_gate_no_beta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     """scatter_add_, no gate (g = 0) and no beta (beta = 1)."""
     M = M.clone()
@@ -264,6 +278,31 @@ def n_no_delta(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     for t in range(k_idx.shape[0]):
         rows, dec = _step_parts(M, t, k_idx, k_val, g)
         M[k_idx[t]] = dec + beta[t] * k_val[t][:, None] * v[t][None, :]
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_zeros_clamped_rows(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """The new rows clamped, their increment scattered into zeros and added."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        rows, dec = _step_parts(M, t, k_idx, k_val, g)
+        delta = beta[t] * (v[t] - (k_val[t][:, None] * dec).sum(0))
+        new = (dec + k_val[t][:, None] * delta[None, :]).clamp(-0.5, 0.5)
+        upd = torch.zeros(M.shape)
+        upd.index_add_(0, k_idx[t], new - rows)
+        M = M + upd
+        outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
+    return torch.stack(outs), M
+
+
+def n_zeros_plain_write(M, k_idx, k_val, v, beta, g, q_idx, q_val):
+    """An outer-product write (no delta) scattered into zeros and added."""
+    outs = []
+    for t in range(k_idx.shape[0]):
+        upd = torch.zeros(M.shape)
+        upd.index_add_(0, k_idx[t], beta[t] * k_val[t][:, None] * v[t][None, :])
+        M = M + upd
         outs.append((q_val[t][:, None] * M[q_idx[t]]).sum(0))
     return torch.stack(outs), M
 
@@ -611,9 +650,9 @@ def p_view_of_bigger_bank(M, k_idx, k_val, v, beta, g, q_idx, q_val):
     return torch.stack(outs), big
 
 POSITIVES = [p_setitem_mulsum, p_index_put_einsum, p_index_select_copy_matmul, p_gather_scatter_outer,
-             p_index_add_increment, p_scatter_add_no_gate_no_beta, p_bmm, p_out_buffer, p_product_keys,
-             p_two_readings_scaled, p_negated_delta, p_scan, p_inplace_after_loop, p_sigmoid_decay,
-             p_view_of_bigger_bank, p_constant_decay]
+             p_index_add_increment, p_zeros_increment_added, p_scatter_add_no_gate_no_beta, p_bmm,
+             p_out_buffer, p_product_keys, p_two_readings_scaled, p_negated_delta, p_scan,
+             p_inplace_after_loop, p_sigmoid_decay, p_view_of_bigger_bank, p_constant_decay]
 # ============================================================================ streams along two dims
 
 H = 3
@@ -735,7 +774,8 @@ def inputs_for(fn, seed, requires_grad=False):
 NEAR_MISSES = [n_read_before_write, n_whole_bank_decay, n_other_retrieval_weights, n_no_delta,
                n_readings_fed_back, n_tanh_bank, n_clamped_bank, n_gate_on_delta, n_undecayed_retrieval,
                n_beta_on_v_only, n_write_other_slots, n_tanh_decay, n_states_kept,
-               n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank]
+               n_mean_retrieval, n_extra_term, n_accumulate_put, n_double_bank,
+               n_zeros_clamped_rows, n_zeros_plain_write]
 
 
 # ============================================================================ one write slot per token (W = 1)
