@@ -49,7 +49,7 @@ def _most_forgets_in_a_chunk(g, C: int) -> int:
     return int(per_chunk.max())
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 @example(EMPTY)
 @example(dict(EMPTY, T=40, extreme=float("-inf"), every=3, per_write_gate=True))
@@ -160,7 +160,7 @@ def _poke(t, value):
     return u
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_malformed_calls_refused_by_name_or_computed_right(data):
     """One argument of a valid call of each entry point changed at random: a malformed
