@@ -3,36 +3,27 @@
 Two passes: the torch-level one on Dynamo's graph (``pre_grad_custom_pass``, before
 AOTAutograd: compile time is won there) and the aten-level one on post-grad graphs
 (``post_grad_custom_pre_pass``, for what reaches Inductor unrewritten). Their uuids hash
-this package's sources, the settings in ``config`` and the lowerings' ``EMIT_KERNELS``,
-so the FX graph cache keys
-change whenever what the passes would do changes. Installing keeps passes already set
+the settings in ``config`` and ``lowerings.cache_key.lowering_state`` (this package's
+sources and the lowerings' ``EMIT_KERNELS``), so the FX graph cache keys change whenever
+what the passes would do changes. Installing keeps passes already set
 by the user or other libraries: ours are appended (a list where Inductor takes one, a
 composed pass on torch versions that take a single callable).
 """
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
-import os
 
-from torch._inductor import custom_graph_pass as cgp
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from .. import inductor_slots
+from ..lowerings.cache_key import lowering_state
 from . import config
 from .log import emit
 from .report import Report
 
 __all__ = ["TorchLevelPass", "AtenLevelPass", "install", "uninstall", "installed",
            "enable_rewrites", "disable_rewrites", "rewrites", "last_report"]
-
-# every source file of the package, not only the patterns': Inductor's FX graph cache
-# keys on this pass's uuid, and a cached graph holds the op's fake shapes and the
-# lowerings' output (a changed saved-tensor layout replayed a stale graph's size asserts)
-_SOURCES = tuple(sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                                               "**", "*.py"), recursive=True)))
-
 
 class _State:
     last = Report()
@@ -53,10 +44,8 @@ class _SdmPass(CustomGraphPass):
     LEVEL = ""
 
     def uuid(self):
-        h = hashlib.sha256(cgp.get_hash_for_files(_SOURCES))
-        # the lowerings' choice too: it decides what the cached graph launches
-        from ..lowerings import write_read as lowering
-        h.update(repr((self.LEVEL, config.snapshot(), lowering.EMIT_KERNELS)).encode())
+        h = hashlib.sha256(lowering_state().encode())
+        h.update(repr((self.LEVEL, config.snapshot())).encode())
         return h.hexdigest()
 
     def __eq__(self, other):

@@ -258,6 +258,24 @@ def test_emitted_backward_takes_the_forwards_plan_and_v_minus_r0(walk, gated_op,
         assert "_forward_kernel" in fw and "_reverse_kernel" in bw, (fw, bw)
 
 
+@pytest.mark.parametrize("rewrites_on", [True, False])
+def test_graph_cache_keys_follow_emit_kernels(rewrites_on, monkeypatch):
+    """Inductor's FX graph cache key hashes the custom passes' uuids: with the rewrites on
+    or off, a graph lowered with the other ``EMIT_KERNELS`` (kernels emitted or the eager op
+    called) or by other package sources is not replayed."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.codecache import FxGraphHashDetails
+    with sdm_inductor.rewrites(rewrites_on):
+        keys = {}
+        for emit in ("aot", "always", "aot"):
+            monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
+            details = FxGraphHashDetails.__new__(FxGraphHashDetails)   # (its passes' part)
+            keys.setdefault(emit, set()).add(repr([
+                details._get_custom_pass_detail(getattr(inductor_config, slot))
+                for slot in ("post_grad_custom_pre_pass", "post_grad_custom_post_pass")]))
+        assert len(keys["aot"]) == 1 and keys["aot"] != keys["always"], keys
+
+
 def test_symbolic_int_options_are_specialized():
     """``dynamic=True`` makes int arguments and closure variables symbolic. The chunk size
     and the slots per stream shape the kernels: the graph specializes on them (a guard;
