@@ -248,7 +248,7 @@ def _summary(results):
                   f"(alternating), err vs op {r['max_err_vs_op']:.1e}")
     print("\nGoals:")
     for T in Ts:
-        d, rw, ex = by.get(("dynamo", T)), by.get(("rewrite", T)), by.get(("explicit", T))
+        d, rw = by.get(("dynamo", T)), by.get(("rewrite", T))
         if d and rw and "compile_s" in d and "compile_s" in rw:
             print(f"  T={T}: rewrite compile {rw['compile_s']:.2f} s vs Dynamo tracing {d['compile_s']:.2f} s "
                   f"(x{rw['compile_s'] / max(d['compile_s'], 1e-9):.2f}; goal <= x1.20)")

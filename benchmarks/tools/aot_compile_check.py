@@ -262,7 +262,7 @@ def main(dtype="bf16"):
                     num_warps=CFG["WARPS_BWD"])
     sb = step_reverse
     BDB, BDW, NGS = CFG["BD_STEP_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]
-    wg, ww = CFG["WARPS_STEP_B"], CFG["WARPS_STEP_W"]
+    ww = CFG["WARPS_STEP_W"]
     for q in (0, 1):
         compile_one(sb._step_restore_kernel, dict(work_ptr=bank, log_ptr=bank if q == 0 else "*u8",
                     scale_ptr=f32, run_slot_ptr=i32), dict(C=C, W=W, BD=BDW, NG=NGS, QMODE=q), ww)

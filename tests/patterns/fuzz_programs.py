@@ -213,7 +213,7 @@ def source(spec: Spec) -> str:
         c("bi = torch.arange(mem.shape[0])[:, None, None]")
         c("hi = torch.arange(mem.shape[1])[None, :, None]")
     if layout == "flat":
-        c(f"off = (torch.arange(k_idx.shape[0]) * (mem.shape[0] // k_idx.shape[0]))[:, None]")
+        c("off = (torch.arange(k_idx.shape[0]) * (mem.shape[0] // k_idx.shape[0]))[:, None]")
     if spec.mutation == "value_in_bank":
         if spec.seed % 2:   # v given as a view of the bank (``copies``), written in place
             pass
