@@ -147,7 +147,7 @@ def main(dtype="bf16"):
                          key_ptr=i32 if gated else i64, first_ptr=i32, bout_ptr=f32),
                     dict(W=W, R=R, G=1, WP=64, RP=64, GATED=gated))
     for kt in (i32, i64):   # sort keys: int32 when they fit, else int64
-        blk = groups.GROUPS_SPLIT_BLK
+        blk = groups.GROUPS_BLK
         compile_one(groups._block_writes_kernel,
                     dict(skey_ptr=kt, sperm_ptr=i64, perm_ptr=i32, cnt_ptr=i32, gate_ptr=f32,
                          val_ptr=f32, sgate_ptr=f32, sval_ptr=f32, stok_ptr=i32),

@@ -27,7 +27,6 @@ view as it is.
 """
 from __future__ import annotations
 
-
 import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass

@@ -48,7 +48,7 @@ TRITON_DEVICES = ("cuda",)
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
 # calls the eager implementation: a call with the kernels emitted (Phase 1 as traced, the
-# queue walks) takes 1.23x (A) / 1.11x (B) the eager call's time no-grad and 1.23x / 1.17x
+# queue walks) takes 1.16x (A) / 1.07x (B) the eager call's time no-grad and 1.21x / 1.16x
 # for a training call (H100, docs/performance.md, "Compile and rewrite"), although the
 # walks alone are within 1.08x of eager's step walks. "always": torch.compile's output code
 # launches them too.

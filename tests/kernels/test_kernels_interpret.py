@@ -779,7 +779,7 @@ def case_phase1_scans():
         S = ins.bank.shape[0]
         args = (S, ins.k_idx, ins.k_val, ins.beta, ins.g, ins.q_idx, ins.q_val, C)
         phase1.entries._key_dtype = lambda S, C, E, dt=key_dtype: dt
-        phase1.groups.GROUPS_SPLIT_BLK = 2048   # every segment in one block
+        phase1.groups.GROUPS_BLK = 2048   # every segment in one block
         phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = False, False
         want = phase1.plan(*args)
         P, T, W = ins.k_idx.shape
@@ -798,7 +798,7 @@ def case_phase1_scans():
             y = getattr(want.runs, f)
             assert x.dtype == y.dtype and torch.equal(x, y), f"runs.{f}"
         # blocks of 16 / 64 positions: groups that cross one or several block edges
-        phase1.groups.GROUPS_SPLIT_BLK = 16 if C == 8 else 64
+        phase1.groups.GROUPS_BLK = 16 if C == 8 else 64
         phase1.entries.FLAT_SORT, phase1.pairs.PAIR_SPLIT = True, True
         assert phase1.entries._flat_span(S, B, C, E) > 0
         flat = phase1.plan(*args)

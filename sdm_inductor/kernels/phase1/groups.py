@@ -125,9 +125,10 @@ def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
                         rslot_ptr, rlen_ptr, rtok_ptr, rent_ptr, wex_ptr, gsp_ptr, gep_ptr,
                         CE, CW, NB, E: tl.constexpr, BLK: tl.constexpr):
     """From ``_group_bounds_kernel``'s bounds and ranks: every entry's group start and
-    sizes (entry order) and each write's place in the write runs. Grid ``(B * NB,)``, a segment's blocks adjacent: the programs
-    resident at once cover few segments, so the scattered entry-order stores land in a
-    small region of L2 (the segment's 64 KB per array at A C=128) rather than all of it."""
+    sizes (entry order) and each write's place in the write runs. Grid ``(B * NB,)``, a
+    segment's blocks adjacent: the programs resident at once cover few segments, so the
+    scattered entry-order stores land in a small region of L2 (the segment's 64 KB per
+    array at A C=128) rather than all of it."""
     b = (tl.program_id(0) // NB).to(tl.int64)
     seg = b * CE
     rseg = b * CW
@@ -140,12 +141,12 @@ def _group_sizes_kernel(skey_ptr, perm_ptr, slot_ptr, gs_ptr, nw_ptr, na_ptr,
                  rtok_ptr, rent_ptr, wex_ptr, seg, rseg, j, m, k, gst, gen, E)
 
 
-# The groups in three launches over blocks of GROUPS_SPLIT_BLK sorted positions
+# The groups in three launches over blocks of GROUPS_BLK sorted positions
 # (``_block_writes_kernel``, ``_group_bounds_kernel``, ``_group_sizes_kernel``: every block
 # at once; 132 us at A C=128, against 166 us for one program per segment scanning it).
 # They are bound by the scattered stores to entry order, which blocks keep in a small
 # region of L2.
-GROUPS_SPLIT_BLK = 1024
+GROUPS_BLK = 1024
 
 
 def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Tensor,
@@ -160,7 +161,7 @@ def _scan_groups(skey: Tensor, sperm: Tensor, flat: bool, slot: Tensor, gate: Te
     i32 = dict(dtype=torch.int32, device=dev)
     gs, nw, na, wex, gsp = (torch.empty(B, CE, **i32) for _ in range(5))
     rslot, rlen, rtok, rent = (torch.empty(B, CW, **i32) for _ in range(4))
-    blk = min(GROUPS_SPLIT_BLK, pow2(CE))
+    blk = min(GROUPS_BLK, pow2(CE))
     nb = -(-CE // blk)
     cnt = torch.empty(B, nb, **i32)
     gep = torch.empty(B, CE, **i32)
