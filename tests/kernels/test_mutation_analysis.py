@@ -21,8 +21,13 @@ import torch
 
 pytest.importorskip("triton")
 
-C = 16
-CASES = ("forward", "forward_queue", "forward_gated", "forward_fp8", "backward", "backward_queue")
+CASES = ("forward", "forward_queue", "forward_gated", "forward_fp8", "backward", "backward_queue",
+         "forward_chunk128")
+
+
+def _chunk(case: str) -> int:
+    """The case's chunk size: 128 takes the solve's blocked kernels (64 < C <= 128)."""
+    return 128 if case == "forward_chunk128" else 16
 
 
 def _case_inputs(case: str) -> tuple:
@@ -49,9 +54,11 @@ def _run_case(case: str, args: tuple, on_inputs=lambda tensors: None):
     and does not write (a backward's: also what its forward made and handed over)."""
     from sdm_inductor.kernels import host
     bank, k_idx, k_val, v, beta, g, q_idx, q_val = args[:8]
+    C = _chunk(case)
     if not case.startswith("backward"):
         on_inputs(args[1:])   # (not the bank, which a forward writes in place)
-    if case in ("forward", "forward_queue"):   # a training forward, as traced (KEEP)
+    if case in ("forward", "forward_queue", "forward_chunk128"):
+        # a training forward, as traced (KEEP)
         return host.forward_kept(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "none", True)
     if case == "forward_fp8":
         return host.forward_once(bank, k_idx, k_val, v, beta, g, q_idx, q_val, C, "fp8", True)

@@ -455,21 +455,22 @@ def test_cuda_output_code_launches_sdm_kernels_forward_and_backward(dynamic, emi
 @needs_cuda
 @pytest.mark.cuda
 @pytest.mark.compile
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkeypatch,
+@pytest.mark.parametrize("dtype,chunk", [(torch.float32, C), (torch.bfloat16, 128)])
+def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, chunk, monkeypatch,
                                                                   no_caches):
     """A shape past ``launch.column_suits`` (W = 17, two 128-column groups per stream):
     the output code launches the queue walks, forward and backward (the backward with the
     forward's Phase 1 and ``v - r0``, no Phase 1 of its own); one compilation serves
     two lengths, and its readings, bank and gradients are the eager step walks' up to
     rounding order (bf16: the forward's gathers sum a token's rows over 4 warps, the step
-    walk's over one) and the oracle's."""
+    walk's over one) and the oracle's. At C = 128 the traced Phase 1 solves by 2 x 2
+    blocks (``solve._inverse_diag_kernel``)."""
     monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
     counter = CompileCounterWithBackend("inductor")
 
     def call(bank, k_idx, k_val, v, beta, g, q_idx, q_val):
         return sdm_inductor.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
-                                       chunk_size=C, slots_per_stream=64)
+                                       chunk_size=chunk, slots_per_stream=64)
 
     fn = torch.compile(call, backend=counter, fullgraph=True, dynamic=True)
     tol = dict(eager=1e-5, oracle=1e-4) if dtype == torch.float32 else dict(eager=1e-2,
@@ -490,6 +491,8 @@ def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, monkey
             assert "_queue_walk_kernel" in fw and not extern_calls(fw), extern_calls(fw)
             assert "_queue_reverse_kernel" in bw and not extern_calls(bw), extern_calls(bw)
             assert not any(re.search(rf"\b{n}\b", bw) for n in PHASE1_KERNELS)
+            if chunk == 128:
+                assert re.search(r"\b_inverse_diag_kernel\b", fw), "no blocked solve"
             # each kind of item stays a function of its own (lowerings/kernel_source.py)
             for code, items in ((fw, ("_gather_item", "_mix_item", "_write_item")),
                                 (bw, ("_mix1_item", "_dw_item", "_mix2_item", "_dev_item"))):

@@ -6,14 +6,12 @@ nilpotent (``N^C = 0``), so ``X = L^-1 = (I + N)(I + N^2)(I + N^4) ... `` with
 substitution steps, on tensor cores with fp32 accuracy (``tf32x3``). One program per
 chunk also forms ``QKX = QK @ X``. The matrices live in registers, which bounds C: up to
 ``BLOCKED_MAX_C`` the chunk is 2 x 2 blocks of ``MAX_C`` (two series and three products
-more); beyond it, and in traced calls above ``MAX_C``, the batched triangular solve of
-torch runs instead.
+more); beyond it the batched triangular solve of torch runs instead.
 """
 from __future__ import annotations
 
 import torch
 import triton
-from torch._subclasses.fake_tensor import is_fake
 import triton.language as tl
 
 from ..runtime.launch import dense, launch, pow2
@@ -124,7 +122,7 @@ BLOCKED_WARPS = 4
 def inverse(A, QK, beta):
     """(X, QKX) of every chunk: ``X = (I + tril(beta A, -1))^-1``; A, QK [B, C, C], beta [B, C]."""
     B, C, _ = A.shape
-    if MAX_C < C <= BLOCKED_MAX_C and not is_fake(A):
+    if MAX_C < C <= BLOCKED_MAX_C:
         X = torch.empty_like(A)
         QKX = torch.empty_like(A)
         LOG = max(1, (MAX_C - 1).bit_length())
