@@ -181,12 +181,10 @@ def main(dtype="bf16"):
         # the split form as eager calls launch it (sorted members, its entry blocks and
         # warps); the single form as calls with no writes or no reads do
         compile_one(pairs._pairs_kernel,
-                    dict(val_ptr=f32, gate_ptr=f32, perm_ptr=i32, sgate_ptr=f32, sval_ptr=f32,
-                         stok_ptr=i32, gs_ptr=i32, nw_ptr=i32, gam_ptr=f32, gend_ptr=f32,
-                         ev_ptr=f32, coef_ptr=f32, decay_ptr=f32, A_ptr=f32, QK_ptr=f32,
-                         lx_ptr=f32, lt_ptr=i32),
-                    dict(W=W, R=R, CP=CC, KM=pairs.PAIR_MEMBERS,
-                         SPLIT=split, SORTED=split,
+                    dict(val_ptr=f32, sgate_ptr=f32, sval_ptr=f32, stok_ptr=i32, gs_ptr=i32,
+                         nw_ptr=i32, gam_ptr=f32, gend_ptr=f32, ev_ptr=f32, coef_ptr=f32,
+                         decay_ptr=f32, A_ptr=f32, QK_ptr=f32, lx_ptr=f32, lt_ptr=i32),
+                    dict(W=W, R=R, CP=CC, KM=pairs.PAIR_MEMBERS, SPLIT=split,
                          **dict(zip(("EB", "LMAX"),
                                     pairs._pair_launch_blocks(CC, W, R, split)))),
                     pairs._pair_warps(CC) if split else 4)

@@ -47,7 +47,7 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     perm, gs, nw, na, runs, srt = groups._scan_groups(skey, sperm, bool(span),
                                                       slot.view(B, C * E), gate.view(B, C * E),
                                                       val.view(B, C * E), C, W, R)
-    gam, gend, ev, coef, decay, A, QK = pairs.pair_terms(val, gate, perm, srt, gs, nw, B, C, W, R)
+    gam, gend, ev, coef, decay, A, QK = pairs.pair_terms(val, srt, gs, nw, B, C, W, R)
     bp = bp.view(B, C)
     X, QKX = inverse(A, QK, bp)
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,

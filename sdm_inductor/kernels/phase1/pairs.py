@@ -72,34 +72,28 @@ def _add_terms(row, n, x, tf, ok, cols, lst, LB: tl.constexpr,
 
 
 @triton.jit
-def _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, pos, mask, E: tl.constexpr,
-            SORTED: tl.constexpr):
-    """The gate, weight and token of the entries at sorted positions ``pos``: read at those
-    positions (``SORTED``: ``sorted_ptrs``, the copies ``_block_writes_kernel`` made), or
-    through ``perm`` (a second, dependent round trip)."""
-    if SORTED:
-        sg, sv, st = sorted_ptrs
-        return (tl.load(sg + seg + pos, mask=mask, other=0.0),
-                tl.load(sv + seg + pos, mask=mask, other=0.0),
-                tl.load(st + seg + pos, mask=mask, other=0))
-    f = tl.load(perm_ptr + seg + pos, mask=mask, other=0)
-    return (tl.load(gate_ptr + seg + f, mask=mask, other=0.0),
-            tl.load(val_ptr + seg + f, mask=mask, other=0.0), f // E)
+def _member(sorted_ptrs, seg, pos, mask):
+    """The gate, weight and token of the entries at sorted positions ``pos``, read from the
+    sorted-order copies ``groups._block_writes_kernel`` made (one round trip, where
+    going through ``perm`` would take two dependent ones)."""
+    sg, sv, st = sorted_ptrs
+    return (tl.load(sg + seg + pos, mask=mask, other=0.0),
+            tl.load(sv + seg + pos, mask=mask, other=0.0),
+            tl.load(st + seg + pos, mask=mask, other=0))
 
 
 @triton.jit
-def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_ptr, gend_ptr,
-                  ev_ptr, coef_ptr, decay_ptr, seg, i, cols, E0: tl.constexpr,
-                  E1: tl.constexpr, W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr,
-                  CP: tl.constexpr, KM: tl.constexpr,
-                  BUILD_A: tl.constexpr, BUILD_QK: tl.constexpr, SORTED: tl.constexpr,
-                  lst=None, LMAX: tl.constexpr = 0):
+def _pair_entries(val_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_ptr, gend_ptr, ev_ptr, coef_ptr,
+                  decay_ptr, seg, i, cols, E0: tl.constexpr, E1: tl.constexpr,
+                  W: tl.constexpr, E: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
+                  KM: tl.constexpr, BUILD_A: tl.constexpr, BUILD_QK: tl.constexpr, lst=None,
+                  LMAX: tl.constexpr = 0):
     """Entries ``[E0, E1)`` of token ``i``: their cumulative decays and per-entry weights
     (stored), and their terms of the Gram rows ``A[i, :]`` (write entries, if ``BUILD_A``)
     and ``QK[i, :]`` (read entries, if ``BUILD_QK``), returned. Each entry walks its group;
     the first ``KM`` members of every group load as one tile (one round trip for the whole
-    block of entries with ``SORTED``, else two dependent ones through ``perm``); only
-    groups with more writes in the chunk take the loops, one member per round trip.
+    block of entries); only groups with more writes in the chunk take the loops, one
+    member per round trip.
 
     ``LMAX`` > 0 (one Gram row built: the split kernel): the row's terms go to the
     program's term list ``lst`` (``_list_add``) and one-hot sums run over that list
@@ -126,16 +120,14 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
         is_w = e < W
         n_max = tl.max(nw, axis=0)
         mt = km < nw[:, None]                                   # [EB, KM]
-        gt, kt, tt = _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, gs[:, None] + km,
-                             mt, E, SORTED)
+        gt, kt, tt = _member(sorted_ptrs, seg, gs[:, None] + km, mt)
         # cumulative log-decay of the entry's slot: at this token (causal) and at the end
         gend = tl.sum(gt, axis=1)
         gam = tl.sum(tl.where(tt <= i, gt, 0.0), axis=1)
         m = KM
         while m < n_max:  # data-dependent trip count: groups of more than KM writes
             mm = m < nw
-            gf, _, tf = _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, gs + m, mm, E,
-                                SORTED)
+            gf, _, tf = _member(sorted_ptrs, seg, gs + m, mm)
             gend += gf
             gam += tl.where(tf <= i, gf, 0.0)
             m += 1
@@ -158,8 +150,7 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
         m = KM
         while m < n_max:  # data-dependent trip count
             mm = m < nw
-            gf, kf, tf = _member(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, seg, gs + m, mm, E,
-                                 SORTED)
+            gf, kf, tf = _member(sorted_ptrs, seg, gs + m, mm)
             run += gf
             x = val * kf * tl.exp(gam - run)
             if BUILD_A and e0 < W:
@@ -186,16 +177,15 @@ def _pair_entries(val_ptr, gate_ptr, perm_ptr, sorted_ptrs, gs_ptr, nw_ptr, gam_
 
 
 @triton.jit
-def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs_ptr, nw_ptr,
-                  gam_ptr, gend_ptr, ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr, lx_ptr, lt_ptr,
-                  C, W: tl.constexpr, R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr,
-                  KM: tl.constexpr, SPLIT: tl.constexpr,
-                  SORTED: tl.constexpr = False, LMAX: tl.constexpr = 0):
+def _pairs_kernel(val_ptr, sgate_ptr, sval_ptr, stok_ptr, gs_ptr, nw_ptr, gam_ptr, gend_ptr,
+                  ev_ptr, coef_ptr, decay_ptr, A_ptr, QK_ptr, lx_ptr, lt_ptr, C, W: tl.constexpr,
+                  R: tl.constexpr, EB: tl.constexpr, CP: tl.constexpr, KM: tl.constexpr,
+                  SPLIT: tl.constexpr, LMAX: tl.constexpr = 0):
     """One program per (segment, token i), or with ``SPLIT`` two (grid ``(B * C, 2)``):
     one for the write entries and ``A[i, :]``, one for the read entries and ``QK[i, :]``.
     Split, each program keeps one Gram row's accumulator instead of two: fewer registers,
-    more programs per SM for a kernel bound by its loads' latency. ``SORTED``: the members'
-    gates, weights and tokens come from sorted-order copies (``_member``). ``LMAX`` > 0
+    more programs per SM for a kernel bound by its loads' latency. The members' gates,
+    weights and tokens come from sorted-order copies (``_member``). ``LMAX`` > 0
     (``SPLIT`` only): each program's Gram terms through its term list of ``LMAX`` places
     at ``lx_ptr`` / ``lt_ptr`` (``_list_add``)."""
     srt = (sgate_ptr, sval_ptr, stok_ptr)
@@ -211,19 +201,19 @@ def _pairs_kernel(val_ptr, gate_ptr, perm_ptr, sgate_ptr, sval_ptr, stok_ptr, gs
         lo = (pid.to(tl.int64) * 2 + tl.program_id(1)) * LMAX
         lst = (lx_ptr + lo, lt_ptr + lo)
         if tl.program_id(1) == 0:
-            a_row, _ = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
-                                     gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, W,
-                                     W, E, EB, CP, KM, True, False, SORTED, lst, LMAX)
+            a_row, _ = _pair_entries(val_ptr, srt, gs_ptr, nw_ptr, gam_ptr, gend_ptr, ev_ptr,
+                                     coef_ptr, decay_ptr, seg, i, cols, 0, W, W, E, EB, CP,
+                                     KM, True, False, lst, LMAX)
             tl.store(A_ptr + row, a_row, mask=cm)
         else:
-            _, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
-                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, W, E,
-                                      W, E, EB, CP, KM, False, True, SORTED, lst, LMAX)
+            _, qk_row = _pair_entries(val_ptr, srt, gs_ptr, nw_ptr, gam_ptr, gend_ptr, ev_ptr,
+                                      coef_ptr, decay_ptr, seg, i, cols, W, E, W, E, EB, CP,
+                                      KM, False, True, lst, LMAX)
             tl.store(QK_ptr + row, qk_row, mask=cm)
     else:
-        a_row, qk_row = _pair_entries(val_ptr, gate_ptr, perm_ptr, srt, gs_ptr, nw_ptr, gam_ptr,
-                                      gend_ptr, ev_ptr, coef_ptr, decay_ptr, seg, i, cols, 0, E,
-                                      W, E, EB, CP, KM, True, True, SORTED)
+        a_row, qk_row = _pair_entries(val_ptr, srt, gs_ptr, nw_ptr, gam_ptr, gend_ptr, ev_ptr,
+                                      coef_ptr, decay_ptr, seg, i, cols, 0, E, W, E, EB, CP,
+                                      KM, True, True)
         tl.store(A_ptr + row, a_row, mask=cm)
         tl.store(QK_ptr + row, qk_row, mask=cm)
 
@@ -274,12 +264,11 @@ def _pair_launch_blocks(C: int, W: int, R: int, split: bool) -> tuple[int, int]:
     return eb, PAIR_LIST * eb if split else 0
 
 
-def pair_terms(val: Tensor, gate: Tensor, perm: Tensor, srt, gs: Tensor, nw: Tensor, B: int,
-               C: int, W: int, R: int):
+def pair_terms(val: Tensor, srt, gs: Tensor, nw: Tensor, B: int, C: int, W: int, R: int):
     """``gam, gend, ev, coef, decay`` (per entry, ``val``'s shape) and the Gram matrices
     ``A, QK`` (``[B, C, C]``) by ``_pairs_kernel``: two programs per token (``PAIR_SPLIT``;
     one where ``W`` or ``R`` is 0). ``srt``: the sorted positions' gates, weights
-    and tokens (``groups._scan_groups``) or None (members through ``perm``)."""
+    and tokens (``groups._scan_groups``)."""
     dev = val.device
     gam = torch.empty_like(val)
     ev = torch.empty_like(val)
@@ -292,8 +281,8 @@ def pair_terms(val: Tensor, gate: Tensor, perm: Tensor, srt, gs: Tensor, nw: Ten
     EB, lmax = _pair_launch_blocks(C, W, R, split)
     lx = torch.empty(B * C * 2 * lmax if lmax else 1, dtype=torch.float32, device=dev)
     lt = torch.empty(lx.shape, dtype=torch.int32, device=dev)
-    launch(_pairs_kernel, (B * C, 2 if split else 1), val, gate, perm, *(srt or (perm,) * 3),
+    launch(_pairs_kernel, (B * C, 2 if split else 1), val, *srt,
            gs, nw, gam, gend, ev, coef, decay, A, QK, lx, lt, C, W=W, R=R,
-           SORTED=srt is not None, EB=EB, CP=pow2(C), KM=PAIR_MEMBERS,
+           EB=EB, CP=pow2(C), KM=PAIR_MEMBERS,
            SPLIT=split, LMAX=lmax, num_warps=_pair_warps(C) if split else 4)
     return gam, gend, ev, coef, decay, A, QK
