@@ -51,15 +51,18 @@ def _wide_backward_args(T):
     return _backward_args(T, W=17)
 
 
+@pytest.mark.parametrize("traced_T", [37, 9])
 @pytest.mark.parametrize("which", ["forward", "forward_queue", "forward_fp8", "backward",
                                    "backward_queue"])
-def test_traced_host_code_serves_other_lengths(which):
-    """(``P`` is symbolic too: the walk is chosen by its example value, with no guard.)"""
+def test_traced_host_code_serves_other_lengths(which, traced_T):
+    """(``P`` is symbolic too: the walk is chosen by its example value, with no guard.)
+    Traced at one chunk (``traced_T`` = 9 < C) too: no shape of the traced code may have a
+    dimension of the chunk count alone, or a view that asks whether it is 1."""
     fn, make = {"forward": (_forward, _inputs), "forward_queue": (_forward, _wide_inputs),
                 "forward_fp8": (_forward_fp8, _inputs),
                 "backward": (_backward, _backward_args),
                 "backward_queue": (_backward, _wide_backward_args)}[which]
-    gm = make_fx(fn, tracing_mode="symbolic")(*make(37))
+    gm = make_fx(fn, tracing_mode="symbolic")(*make(traced_T))
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert launches, "no kernel launch was traced"
     # a traced call takes single-launch walks (column or queue), never the per-chunk step walks
@@ -72,9 +75,9 @@ def test_traced_host_code_serves_other_lengths(which):
     assert not any(name.startswith("_step") for name in names), names
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     shape_env = fakes[0].fake_mode.shape_env
-    for T in (37, 48, 53, 101, 250):
+    for T in (9, 37, 48, 53, 101, 250):
         assert shape_env.evaluate_guards_for_args(fakes, list(make(T))), (
-            f"the {which} traced at T=37 would recompile for T={T}: "
+            f"the {which} traced at T={traced_T} would recompile for T={T}: "
             + "; ".join(str(g.expr) for g in shape_env.guards))
 
 

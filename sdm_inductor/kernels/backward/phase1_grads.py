@@ -143,13 +143,16 @@ def phase1_grads(pl, sums: dict, g_width: int):
 
     # back from the dense-key entries to the user's entries; drop padding. The tokens are
     # selected, not sliced: a [:, :T] view of a padded [P, Tp, ...] tensor is contiguous
-    # exactly when T is a multiple of C, a guard that would recompile a traced graph
+    # exactly when T is a multiple of C, a guard that would recompile a traced graph. The
+    # [B, C, ...] -> [P, Tp, ...] views go through the flat view: a direct one asks
+    # whether B == P (one chunk), a guard too
     Tp = NC * C
     tok = torch.arange(T, device=dev)
-    dval = dval.view(P, Tp, E)
+    per_token = lambda x, *n: x.view(-1).view(P, Tp, *n)
+    dval = per_token(dval, E)
     dk = torch.gather(dval[:, :, :W], 2, pl.first.long()).index_select(1, tok)
     dq = dval[:, :, W:].index_select(1, tok)
-    active = pl.slot.view(P, Tp, E)[:, :, :W].index_select(1, tok) >= 0
-    dgw = dgate.view(P, Tp, W).index_select(1, tok) * active
+    active = per_token(pl.slot, E)[:, :, :W].index_select(1, tok) >= 0
+    dgw = per_token(dgate, W).index_select(1, tok) * active
     dg = dgw if g_width == W else dgw.sum(-1, keepdim=True)
-    return dk, dbeta.view(P, Tp).index_select(1, tok), dg, dq
+    return dk, per_token(dbeta).index_select(1, tok), dg, dq

@@ -259,7 +259,7 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     (``sources.chunk_start_sources``) says where each entry's chunk-start row is: there or
     in the raw undo log ``log``. With ``vmr_kept`` (the forward's ``v - r0``,
     ``[NC, P, CP, hd]``) there are no gather items."""
-    P, C, W, R, NC, B, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B, pl.T
+    P, C, W, R, NC, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.T
     E, hd, CP = W + R, dB.shape[1], pow2(C)
     BD, BDG = config["BD_STEP_B"], config["BD_GROUP"]
     if BD % BDG or BD // BDG > 3:
@@ -294,5 +294,5 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                   R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
                   KW=config["KW_GROUP"], KT=KT, KB=KB, KEPT=vmr_kept is not None, PREC=prec,
                   LINE=LINE)
-    window_sums(parts, sums, 0, NC, NC, C)
-    return {k: x.view(B, C, -1) for k, x in sums.items()}
+    window_sums(parts, sums, P, NC, 0, NC, NC, C)
+    return sums

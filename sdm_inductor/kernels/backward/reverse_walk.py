@@ -303,7 +303,8 @@ def column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: 
     # Dw . M0w, (v - r0) . du, dQK, dL
     parts = {k: torch.empty(NCB, BW, C, n, **f32) for k, n in widths.items()}
     # the reduced sums, padded to whole windows so every window's slice has one width
-    sums = {k: torch.empty(P, nwin * NCW, C, n, **f32) for k, n in widths.items()}
+    if nwin > 1:
+        sums = {k: torch.empty(P, nwin * NCW, C, n, **f32) for k, n in widths.items()}
     scratch = torch.empty(P * NCB * 4 * CP * BD, **f32)
     for w in range(nwin - 1, -1, -1):   # windows last to first: the chunks in reverse
         c_lo = w * NCW
@@ -316,12 +317,14 @@ def column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: 
                BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
                QMODE=qmode, PREC=prec, KW=config["KW_BWD"],
                num_warps=config["WARPS_BWD"])
+        if nwin == 1:   # the whole sequence's sums, [B, C, n] (no [P, NC, ...] view: a
+            # traced call would guard on NC being 1 and recompile when a length passes C)
+            return {k: part.sum(0) for k, part in parts.items()}
         # cross-column sums of the window, in a fixed order (rows past the window's chunks
         # land in the padding)
         for k, part in parts.items():
             sums[k][:, c_lo:c_lo + NCW] = part.sum(0).view(P, NCW, C, -1)
     # contiguous: with one chunk (T <= C) the narrowed [P, 1, C, n] reshapes to a strided
     # view, and the kernels below index these sums as dense [B, C, n]
-    sums = {k: (x if nwin == 1 else x.narrow(1, 0, NC)).reshape(B, C, n).contiguous()
+    return {k: x.narrow(1, 0, NC).reshape(B, C, n).contiguous()
             for (k, x), n in zip(sums.items(), widths.values())}
-    return sums

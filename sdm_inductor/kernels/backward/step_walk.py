@@ -604,12 +604,14 @@ def partial_buffers(P: int, NC: int, rows: int, C: int, W: int, E: int, nb_ev: i
     """The cross-column partial sums of a reverse walk, ``[blocks, rows, C, n]`` per key
     (``nb_ev`` column blocks of the ``d ev`` programs, ``nb_w`` of the Dw programs, ``nb_mix``
     slices of the products; ``rows`` per block: a window of chunks per stream), and their
-    sums over the column blocks, ``[P, NC, C, n]`` (``window_sums``)."""
+    sums over the column blocks, ``[P * NC, C, n]`` (``window_sums``; no dimension of
+    ``NC`` alone: a traced call would guard on its being 1, and recompile when a length
+    first passes ``C``)."""
     f32 = dict(dtype=torch.float32, device=device)
     widths = dict(ev=(nb_ev, E), coef=(nb_w, W), m=(nb_w, W), b=(nb_mix, 1), qk=(nb_mix, C),
                   L=(nb_mix, C))
     parts = {k: torch.empty(nb, rows, C, n, **f32) for k, (nb, n) in widths.items()}
-    sums = {k: torch.empty(P, NC, C, n, **f32) for k, (_, n) in widths.items()}
+    sums = {k: torch.empty(P * NC, C, n, **f32) for k, (_, n) in widths.items()}
     return parts, sums
 
 
@@ -618,16 +620,17 @@ def group_args(gr) -> tuple:
     return (gr.slot, gr.length, gr.n_w, gr.decay, gr.pos, gr.tok, gr.ev, gr.tok0, gr.ev0)
 
 
-def window_sums(parts: dict, sums: dict, c_lo: int, n: int, NCW: int, C: int):
-    """``sums[k][:, c_lo:c_lo + n] = parts[k]``'s first ``n`` chunk rows per stream summed
-    over the column blocks (dim 0), one launch per key: a fixed order of the sum, and the
-    zero upper triangles of the dQK / dL partials (keys ``qk``, ``L``) not read."""
+def window_sums(parts: dict, sums: dict, P: int, NC: int, c_lo: int, n: int, NCW: int,
+                C: int):
+    """``sums[k]`` (``[P * NC, C, w]``) at chunks ``c_lo:c_lo + n`` of every stream =
+    ``parts[k]``'s first ``n`` chunk rows per stream summed over the column blocks (dim 0),
+    one launch per key: a fixed order of the sum, and the zero upper triangles of the
+    dQK / dL partials (keys ``qk``, ``L``) not read."""
     for k, x in parts.items():
-        nb, P = x.shape[0], sums[k].shape[0]
+        nb = x.shape[0]
         L1 = x[0, 0].numel()                 # one chunk's elements
-        NC = sums[k].shape[1]
         # x: [nb, P * NCW, C, w]: stream p's window rows start at p * NCW * L1, its first n
-        # are summed; sums[k]: [P, NC, C, w], the window's rows from c_lo on
+        # are summed; sums[k]: stream p's chunks from p * NC * L1, the window's from c_lo on
         count = n * L1
         launch(_window_sum_kernel, (-(-count // SUM_BLOCK), P), x, sums[k], nb, P * NCW * L1,
                NCW * L1, NC * L1, c_lo * L1, count, C=C, TRI=k in ("qk", "L"), BLOCK=SUM_BLOCK,
@@ -647,7 +650,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     The partial sums hold a window of ``NCW`` chunks per stream (``BWD_WINDOWS`` windows,
     the last chunks first), reduced over the column blocks after each window, so their
     memory is a fraction of the whole sequence's (the row of chunk c is ``c % NCW``)."""
-    P, C, W, R, NC, B = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.B
+    P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     E, T = W + R, pl.T
     hd = dB.shape[1]
     CP = pow2(C)
@@ -713,8 +716,8 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
         graphs.run(("reverse", c_lo, n, tuple(s.key for s in steps)), body, dB.device,
                    config.get("WALK_GRAPHS", 0))
         # cross-column sums of the window, in a fixed order, straight into their slice
-        window_sums(parts, sums, c_lo, n, NCW, C)
-    return {k: x.view(B, C, -1) for k, x in sums.items()}
+        window_sums(parts, sums, P, NC, c_lo, n, NCW, C)
+    return sums
 
 
 def _dev_and_groups(config, pd, P, C, W, R, hd, CP, NC, NBW, NCW, width, qmode, src, cg, rows0,

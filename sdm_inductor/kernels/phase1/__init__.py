@@ -39,21 +39,25 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     span = entries._flat_span(S, B, C, E)
     slot, val, gate, key, first, NC, bp = prep(S, k_idx, k_val, beta, g, q_idx, q_val, C,
                                                gate_params, span)
-    key = key.view(B, C * E)
+    # [P, NC * C, X] -> [B, C * X] through the flat view: viewing it directly makes the
+    # symbolic reshape ask whether B == P (one chunk), a guard that recompiles a compiled
+    # program when its length first passes C
+    seg = lambda x, n: x.view(-1).view(B, n)
+    key = seg(key, C * E)
     if span:
         skey, sperm = (x.view(B, C * E) for x in torch.sort(key.view(-1), stable=True))
     else:
         skey, sperm = torch.sort(key, dim=-1, stable=True)
-    perm, gs, nw, na, runs, srt = groups._scan_groups(skey, sperm, bool(span),
-                                                      slot.view(B, C * E), gate.view(B, C * E),
-                                                      val.view(B, C * E), C, W, R)
+    perm, gs, nw, na, runs, srt = groups._scan_groups(skey, sperm, bool(span), seg(slot, C * E),
+                                                      seg(gate, C * E), seg(val, C * E), C,
+                                                      W, R)
     gam, gend, ev, coef, decay, A, QK = pairs.pair_terms(val, srt, gs, nw, B, C, W, R)
-    bp = bp.view(B, C)
+    bp = seg(bp, C)
     X, QKX = inverse(A, QK, bp)
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)
     rslot, rlen, rtok, rent = runs   # the runs' weights are the pairs kernel's
     ent = rent.long()   # once for both gathers (one cast launch fewer)
-    take = lambda x: x.view(B, C * E).gather(1, ent)
+    take = lambda x: seg(x, C * E).gather(1, ent)
     pl.runs = Runs(rslot, rlen, take(pl.decay), rtok, take(pl.coef))
     return pl
