@@ -51,18 +51,35 @@ def _wide_backward_args(T):
     return _backward_args(T, W=17)
 
 
+def _inductor_view_passes(gm):
+    """Inductor's joint-graph patterns on ``gm``, as a compile runs them: its pointless-view
+    rules compare a view's sizes with its input's (``definitely_equal``), which guards on
+    the comparison, so a [B, C] view of a [P, Tp] tensor would guard on ``B == P`` (one
+    chunk) there even where tracing did not."""
+    from torch._inductor.fx_passes import joint_graph
+    from torch._inductor.virtualized import V
+    fake_mode = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder").fake_mode
+    with V.set_fake_mode(fake_mode):
+        if hasattr(joint_graph, "lazy_init"):
+            joint_graph.lazy_init()
+        joint_graph.early_patterns.apply(gm.graph)
+        joint_graph.patterns.apply(gm.graph)
+
+
 @pytest.mark.parametrize("traced_T", [37, 9])
 @pytest.mark.parametrize("which", ["forward", "forward_queue", "forward_fp8", "backward",
                                    "backward_queue"])
 def test_traced_host_code_serves_other_lengths(which, traced_T):
     """(``P`` is symbolic too: the walk is chosen by its example value, with no guard.)
     Traced at one chunk (``traced_T`` = 9 < C) too: no shape of the traced code may have a
-    dimension of the chunk count alone, or a view that asks whether it is 1."""
+    dimension of the chunk count alone, or a view that asks whether it is 1, in tracing or
+    in Inductor's view passes."""
     fn, make = {"forward": (_forward, _inputs), "forward_queue": (_forward, _wide_inputs),
                 "forward_fp8": (_forward_fp8, _inputs),
                 "backward": (_backward, _backward_args),
                 "backward_queue": (_backward, _wide_backward_args)}[which]
     gm = make_fx(fn, tracing_mode="symbolic")(*make(traced_T))
+    _inductor_view_passes(gm)
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert launches, "no kernel launch was traced"
     # a traced call takes single-launch walks (column or queue), never the per-chunk step walks

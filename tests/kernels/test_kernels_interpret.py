@@ -722,16 +722,17 @@ def case_window_sums():
         parts = {k: torch.randn(nb, P * NCW, C, w, generator=gen) for k, (nb, w) in widths.items()}
         for k in ("qk", "L"):   # the product launch stores on and below the diagonal only
             parts[k] = torch.where(tri.bool(), parts[k], float("nan"))
-        sums = {k: torch.full((P, NC, C, w), float("nan")) for k, (_, w) in widths.items()}
-        before = {k: x.clone() for k, x in sums.items()}
-        sb.window_sums(parts, sums, c_lo, n, NCW, C)
+        sums = {k: torch.full((P * NC, C, w), float("nan")) for k, (_, w) in widths.items()}
+        before = {k: x.clone().view(P, NC, C, -1) for k, x in sums.items()}
+        sb.window_sums(parts, sums, P, NC, c_lo, n, NCW, C)
         for k, x in parts.items():
             want = x.nan_to_num(0.0).view(x.shape[0], P, NCW, C, -1)[:, :, :n].sum(0)
-            got = sums[k][:, c_lo:c_lo + n]
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=k)
+            got = sums[k].view(P, NC, C, -1)
+            torch.testing.assert_close(got[:, c_lo:c_lo + n], want, rtol=1e-6, atol=1e-6,
+                                       msg=k)
             rest = torch.ones(NC, dtype=torch.bool)
             rest[c_lo:c_lo + n] = False
-            assert torch.equal(sums[k][:, rest].isnan(), before[k][:, rest].isnan()), k
+            assert torch.equal(got[:, rest].isnan(), before[k][:, rest].isnan()), k
 
 
 def _gram_terms(pl):

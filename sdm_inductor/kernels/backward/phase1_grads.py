@@ -142,17 +142,16 @@ def phase1_grads(pl, sums: dict, g_width: int):
            W=W, R=R, WB=min(32, pow2(W)), num_warps=GATE_GRADS_WARPS)
 
     # back from the dense-key entries to the user's entries; drop padding. The tokens are
-    # selected, not sliced: a [:, :T] view of a padded [P, Tp, ...] tensor is contiguous
-    # exactly when T is a multiple of C, a guard that would recompile a traced graph. The
-    # [B, C, ...] -> [P, Tp, ...] views go through the flat view: a direct one asks
-    # whether B == P (one chunk), a guard too
-    Tp = NC * C
-    tok = torch.arange(T, device=dev)
-    per_token = lambda x, *n: x.view(-1).view(P, Tp, *n)
+    # gathered by their flat rows, not sliced or viewed: a [:, :T] view of a padded
+    # [P, Tp, ...] tensor is contiguous exactly when T is a multiple of C, and a [B, C, ...]
+    # -> [P, Tp, ...] view asks whether B == P (one chunk); either would be a guard that
+    # recompiles a traced graph
+    rows = (torch.arange(P, device=dev) * (NC * C))[:, None] + torch.arange(T, device=dev)
+    per_token = lambda x, n: x.reshape(-1, n)[rows]      # [P, T, n]
     dval = per_token(dval, E)
-    dk = torch.gather(dval[:, :, :W], 2, pl.first.long()).index_select(1, tok)
-    dq = dval[:, :, W:].index_select(1, tok)
-    active = per_token(pl.slot, E)[:, :, :W].index_select(1, tok) >= 0
-    dgw = per_token(dgate, W).index_select(1, tok) * active
+    dk = torch.gather(dval[:, :, :W], 2, per_token(pl.first, W).long())
+    dq = dval[:, :, W:]
+    active = per_token(pl.slot, E)[:, :, :W] >= 0
+    dgw = per_token(dgate, W) * active
     dg = dgw if g_width == W else dgw.sum(-1, keepdim=True)
-    return dk, per_token(dbeta).index_select(1, tok), dg, dq
+    return dk, dbeta.reshape(-1)[rows], dg, dq

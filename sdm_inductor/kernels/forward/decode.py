@@ -63,7 +63,7 @@ def decode(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, config: dict,
     P, T, W = k_idx.shape
     R = q_idx.shape[2]
     S, hd = bank.shape
-    # one chunk of T tokens: the padded per-token beta of prep is [P, T]
+    # one chunk of T tokens: prep's per-segment beta is [P, T]
     slot, val, gate, _, _, _, beta = prep(S, k_idx, k_val, beta, g, q_idx, q_val, T, gate_params)
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     BD = config["BD_DECODE"]

@@ -52,7 +52,6 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
                                                       seg(gate, C * E), seg(val, C * E), C,
                                                       W, R)
     gam, gend, ev, coef, decay, A, QK = pairs.pair_terms(val, srt, gs, nw, B, C, W, R)
-    bp = seg(bp, C)
     X, QKX = inverse(A, QK, bp)
     pl = Plan(P, T, C, NC, W, R, slot, val, gate, first, perm, gs, nw, na, gam, gend, ev,
               coef, decay, bp, A, QK, X, QKX)

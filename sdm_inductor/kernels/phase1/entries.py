@@ -167,7 +167,9 @@ def gate_strides(x) -> tuple:
 
 def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, span: int = 0):
     """Dense keys, masks and sort keys of every entry, and the padded per-token write
-    strength ``[P, Tp]``; returns ``(slot, val, gate, key, first, NC, beta)``.
+    strength ``[P * NC, C]`` (per segment: viewing a ``[P, Tp]`` one as such would make a
+    traced call guard on ``NC`` being 1); returns ``(slot, val, gate, key, first, NC,
+    beta)``.
 
     ``gate_params=None``: ``beta [P, T]`` and ``g [P, T, 1 or W]`` are the gates.
     ``gate_params=(A_log, dt_bias)`` (``[P]`` each): ``beta`` and ``g`` are the *raw*
@@ -189,7 +191,7 @@ def prep(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None, 
     gate = torch.empty(P, Tp, E, dtype=torch.float32, device=dev)
     key = torch.empty(P, Tp, E, dtype=_key_dtype(S, C, E), device=dev)
     first = torch.empty(P, Tp, W, dtype=torch.int32, device=dev)
-    bout = torch.empty(P, Tp, dtype=torch.float32, device=dev)
+    bout = torch.empty(P * NC, C, dtype=torch.float32, device=dev)
     if gate_params is None:
         G, GH, sb, sa = g.shape[2], 1, (0, 0, 0), (0, 0, 0)
         # placeholders for pointers compiled out (never a written buffer: Inductor treats
