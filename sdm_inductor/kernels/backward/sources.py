@@ -178,7 +178,7 @@ def _dense_sources(pl, S: int) -> Tensor:
     B, C, W, E, P, NC = pl.B, pl.C, pl.W, pl.E, pl.P, pl.NC
     dev = pl.slot.device
     N, NE = B * C * W, B * C * E
-    # [P, NC, S] kept flat: a traced call would guard on NC being 1 (kernels.md: traced shapes)
+    # [P, NC, S], allocated flat: a traced call would guard on NC being 1 (design.md, traced shapes)
     table = torch.full((P * NC * S,), NONE, dtype=torch.int32, device=dev)
     launch(_table_runs_kernel, (triton.cdiv(N, BLOCK),), pl.runs.slot, table, S, NC, P, N,
            CW=C * W, BLOCK=BLOCK)
