@@ -344,6 +344,7 @@ def case_prep():
         assert got[5] == want[5] == 2
         bp = torch.zeros(4, 32)
         bp[:, :21] = beta
+        bp = bp.view(8, 16)   # per segment: 4 streams x 2 chunks
         assert (got[6] - bp).abs().max().item() <= 1e-6, layout
         assert torch.equal(want[6], bp), "ungated prep must copy beta exactly"
         # softplus above / below the threshold and in its tiny tail, per element
