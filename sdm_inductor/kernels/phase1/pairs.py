@@ -281,8 +281,7 @@ def pair_terms(val: Tensor, srt, gs: Tensor, nw: Tensor, B: int, C: int, W: int,
     EB, lmax = _pair_launch_blocks(C, W, R, split)
     lx = torch.empty(B * C * 2 * lmax if lmax else 1, dtype=torch.float32, device=dev)
     lt = torch.empty(lx.shape, dtype=torch.int32, device=dev)
-    launch(_pairs_kernel, (B * C, 2 if split else 1), val, *srt,
-           gs, nw, gam, gend, ev, coef, decay, A, QK, lx, lt, C, W=W, R=R,
-           EB=EB, CP=pow2(C), KM=PAIR_MEMBERS,
+    launch(_pairs_kernel, (B * C, 2 if split else 1), val, *srt, gs, nw, gam, gend, ev, coef,
+           decay, A, QK, lx, lt, C, W=W, R=R, EB=EB, CP=pow2(C), KM=PAIR_MEMBERS,
            SPLIT=split, LMAX=lmax, num_warps=_pair_warps(C) if split else 4)
     return gam, gend, ev, coef, decay, A, QK
