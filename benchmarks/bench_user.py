@@ -1,7 +1,7 @@
 """What users call, timed beside the raw kernels and the floor, in one process (CUDA).
 
     python benchmarks/bench_user.py [--configs A,B] [--chunks 64,128] [--no-compile]
-        [--no-layer] [--json out.json]
+        [--no-layer] [--no-aoti] [--json out.json]
 
 Rows per config and chunk size, no-grad forward and forward + backward (bf16, index
 checks on, as a user runs them):
@@ -20,6 +20,10 @@ checks on, as a user runs them):
 - ``compiled, emitted``: the same with the SDM kernels in the output code
   (``EMIT_KERNELS="always"``: Phase 1 as traced and the queue walks, what AOTInductor
   packages launch);
+- ``AOTI package, emitted`` / ``AOTI package, eager op``: an AOTInductor package of a
+  module calling ``torch.ops.sdm.write_read`` (no grad; static shapes), built with the SDM
+  kernels in it (``EMIT_KERNELS="aot"``, the default) and with the eager op called through
+  the proxy executor (``"never"``), run through ``aoti_load_package`` in this process;
 - ``layer`` / ``compiled layer``: ``SparseDeltaMemory`` sized like the config
   (``B = P`` streams of one head each, ``slots_per_head = sph``, ``top_k = W``).
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 
 import torch
 
@@ -58,7 +63,7 @@ def _time_calls(name: str, C: int, calls: dict) -> dict:
     out = {}
     for label, (nograd, fb) in calls.items():
         try:
-            out[label] = (bench(nograd), bench(fb, rep=200))
+            out[label] = (bench(nograd), bench(fb, rep=200) if fb else math.nan)
         except Exception as e:  # noqa: BLE001
             print(f"{name} C={C} {label}: failed: {type(e).__name__}: {e}", flush=True)
             out[label] = (math.nan, math.nan)
@@ -159,6 +164,39 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
     return out
 
 
+class _Functional(torch.nn.Module):
+    def __init__(self, C: int, sph: int):
+        super().__init__()
+        self.C, self.sph = C, sph
+
+    def forward(self, bank, k_idx, k_val, v, beta, g, q_idx, q_val):
+        return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                        chunk_size=self.C, slots_per_stream=self.sph,
+                                        save_for_backward=False)[:2]
+
+
+def aoti_rows(name: str, C: int) -> dict:
+    """No-grad calls of AOTInductor packages of the functional op, built with the kernels
+    emitted and with the eager op called (fwd+bwd: NaN, a package is a forward)."""
+    cfg = CONFIGS[name]
+    ins = make_inputs(**cfg)
+    mod = _Functional(C, cfg["sph"])
+    calls = {}
+    for label, emit in (("AOTI package, emitted", "aot"), ("AOTI package, eager op", "never")):
+        old, lowering.EMIT_KERNELS = lowering.EMIT_KERNELS, emit
+        try:
+            with torch.no_grad(), tempfile.TemporaryDirectory() as d:
+                ep = torch.export.export(mod, tuple(ins))
+                runner = torch._inductor.aoti_load_package(
+                    torch._inductor.aoti_compile_and_package(ep, package_path=f"{d}/p.pt2"))
+            calls[label] = (lambda r=runner: r(*ins), None)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name} C={C} {label}: build failed: {type(e).__name__}: {e}", flush=True)
+        finally:
+            lowering.EMIT_KERNELS = old
+    return _time_calls(name, C, calls)
+
+
 def layer_rows(name: str, C: int, compile_: bool) -> dict:
     """The layer sized like a config: one head per stream, the config's bank per head."""
     cfg = CONFIGS[name]
@@ -187,7 +225,8 @@ def layer_rows(name: str, C: int, compile_: bool) -> dict:
     return _time_calls(name, C, calls)
 
 
-FUNCTIONAL = ("write_read", "compiled write_read", "compiled, emitted")
+FUNCTIONAL = ("write_read", "compiled write_read", "compiled, emitted",
+              "AOTI package, emitted", "AOTI package, eager op")
 
 
 def table(results: dict):
@@ -207,6 +246,7 @@ def main():
     ap.add_argument("--chunks", default="64,128")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-layer", action="store_true")
+    ap.add_argument("--no-aoti", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
@@ -216,6 +256,8 @@ def main():
     for name in args.configs.split(","):
         for C in (int(c) for c in args.chunks.split(",")):
             rows = op_rows(name, C, not args.no_compile)
+            if not args.no_aoti:
+                rows.update(aoti_rows(name, C))
             if not args.no_layer:
                 rows.update(layer_rows(name, C, not args.no_compile))
             results[(name, C)] = rows

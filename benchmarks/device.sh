@@ -6,7 +6,8 @@
 #   bash benchmarks/device.sh walks          # the same at C=128, step against queue walks
 #                                            # (the traced path's walks, forward and backward)
 #   bash benchmarks/device.sh floor          # benchmarks/floor_cuda.py (B and A at C=128, B at 256)
-#   bash benchmarks/device.sh user           # benchmarks/bench_user.py (what users call, A and B at C=128)
+#   bash benchmarks/device.sh user [A|B]     # benchmarks/bench_user.py (what users call, A and B at C=128,
+#                                            # AOTInductor packages included)
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
 #   bash benchmarks/device.sh timeline       # benchmarks/tools/call_timeline.py (a lone call's
 #                                            # timeline, eager and compiled; files under $OUT)
@@ -73,8 +74,11 @@ while [ $# -gt 0 ]; do
     floor)
       run floor_128 300 python3 benchmarks/floor_cuda.py --configs B,A
       run floor_256 200 python3 benchmarks/floor_cuda.py --configs B --chunk 256 ;;
-    user)
-      run bench_user 560 python3 benchmarks/bench_user.py --chunks 128 --json "$OUT/bench_user.json" ;;
+    user)   # [CONFIGS]: A,B by default (one config a call: both may not fit in 10 minutes)
+      cfgs=A,B
+      case ${1:-} in A|B|A,B|B,A) cfgs=$1; shift ;; esac
+      run bench_user_${cfgs/,/} 560 python3 benchmarks/bench_user.py --configs $cfgs \
+        --chunks 128 --json "$OUT/bench_user_${cfgs/,/}.json" ;;
     compile)
       run bench_compile 560 python3 benchmarks/bench_compile.py --json "$OUT/bench_compile.json" ;;
     timeline)
@@ -105,7 +109,7 @@ while [ $# -gt 0 ]; do
       grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
-      echo "unknown segment: $seg (tests, bench, walks, floor, user, compile, timeline, aoti [N [J]] [small])"
+      echo "unknown segment: $seg (tests, bench, walks, floor, user [A|B], compile, timeline, aoti [N [J]] [small])"
       exit 2 ;;
   esac
 done

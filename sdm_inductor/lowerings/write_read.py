@@ -51,8 +51,11 @@ TRITON_DEVICES = ("cuda",)
 # queue walks) takes 1.16x (A) / 1.07x (B) the eager call's time no-grad and 1.21x / 1.16x
 # for a training call (H100, docs/performance.md, "Compile and rewrite"), although the
 # walks alone are within 1.08x of eager's step walks. "always": torch.compile's output code
-# launches them too.
+# launches them too. "never": AOTInductor packages call the eager implementation as well,
+# through AOTInductor's proxy executor (eager's speed; the loading process runs Python with
+# sdm_inductor imported, as CPU packages always need).
 # SDM_INDUCTOR_EMIT_KERNELS sets it.
+EMIT_MODES = ("aot", "always", "never")
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 
 # Before AOTInductor writes its C++ wrapper it runs every kernel of the graph once
@@ -83,10 +86,10 @@ def triton_op(name: str, device: torch.device):
 def emitted(name: str, device: torch.device):
     """The triton_op whose kernels the graph being compiled launches from its own code
     (``EMIT_KERNELS``), or None: the op stays an extern call."""
-    if EMIT_KERNELS not in ("aot", "always"):
-        raise ValueError(f"sdm_inductor: EMIT_KERNELS must be 'aot' or 'always', got "
-                         f"{EMIT_KERNELS!r}")
-    if EMIT_KERNELS == "aot" and not V.aot_compilation:
+    if EMIT_KERNELS not in EMIT_MODES:
+        raise ValueError(f"sdm_inductor: EMIT_KERNELS (SDM_INDUCTOR_EMIT_KERNELS) must be one "
+                         f"of {', '.join(map(repr, EMIT_MODES))}, got {EMIT_KERNELS!r}")
+    if EMIT_KERNELS == "never" or (EMIT_KERNELS == "aot" and not V.aot_compilation):
         return None
     return triton_op(name, device)
 

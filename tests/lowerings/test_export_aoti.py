@@ -5,7 +5,8 @@ On CPU the op is a Python custom op: AOTInductor emits a call through its proxy 
 (``aoti_torch_proxy_executor_call_function``), which finds ``sdm::...`` in the dispatcher
 when the package is loaded, so the loading process must have imported ``sdm_inductor``
 (a C++-only deployment would need the op registered with TORCH_LIBRARY). On CUDA the
-op is traced into its Triton kernels, which the package carries compiled.
+op is traced into its Triton kernels, which the package carries compiled (with
+``EMIT_KERNELS="never"`` it is called through the proxy executor there too).
 
 One CPU package costs about a minute on two cores: built once per module.
 """
@@ -87,16 +88,24 @@ for T in (24, 37, 70):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and the sdm Triton kernels")
 @pytest.mark.cuda
 @pytest.mark.compile
-def test_aoti_cuda_dynamic_length_carries_kernels(tmp_path):
-    """Loaded in a fresh process (as a deployment would, after ``import sdm_inductor``)."""
+@pytest.mark.parametrize("emit", ["aot", "never"])
+def test_aoti_cuda_dynamic_length(tmp_path, monkeypatch, emit):
+    """Loaded in a fresh process (as a deployment would, after ``import sdm_inductor``).
+    By default (``EMIT_KERNELS="aot"``) the package carries the SDM kernels and calls no
+    sdm op; with ``"never"`` it calls the eager gated op (whose prep kernel computes the
+    gates) through the proxy executor."""
     import subprocess
     import sys
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", emit)
     layer = make_layer("cuda")
     _, path = package(layer, "cuda", tmp_path / "sdm_cuda.pt2")
-    assert not [t for t in extern_targets(path) if t.startswith("sdm::")]
     with zipfile.ZipFile(path) as z:
         cubins = [n for n in z.namelist() if n.endswith((".cubin", ".hsaco", ".spv"))]
-    assert cubins, "no compiled kernels in the package"
+    sdm_calls = [t for t in extern_targets(path) if t.startswith("sdm::")]
+    if emit == "aot":
+        assert not sdm_calls and cubins, (sdm_calls, cubins)
+    else:
+        assert sdm_calls == ["sdm::write_read_gated"], sdm_calls
     # seeded: a failure reproduces with the same inputs
     xs = {T: torch.randn(2, T, 32, generator=torch.Generator().manual_seed(T)).cuda()
           for T in (24, 37, 70)}

@@ -155,7 +155,7 @@ def float_leaves(args):
 def test_emit_kernels_policy(monkeypatch):
     """Which graphs launch the CUDA kernels from their own code: by default AOTInductor
     packages only (torch.compile keeps the op as an extern call of the eager step walks);
-    "always" for every graph; a bad setting is named. CPU has no kernels to emit."""
+    "always" for every graph; "never" for none; a bad setting is named. CPU has no kernels to emit."""
     from torch._inductor.virtualized import V
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     if lowering.triton_op("write_read", cuda) is None:
@@ -167,8 +167,12 @@ def test_emit_kernels_policy(monkeypatch):
         assert lowering.emitted("write_read", cpu) is None
     monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
     assert lowering.emitted("write_read_backward", cuda) is not None
+    monkeypatch.setattr(lowering, "EMIT_KERNELS", "never")
+    assert lowering.emitted("write_read", cuda) is None
+    with V.set_aot_compilation(True):
+        assert lowering.emitted("write_read_gated", cuda) is None
     monkeypatch.setattr(lowering, "EMIT_KERNELS", "sometimes")
-    with pytest.raises(ValueError, match="EMIT_KERNELS.*'sometimes'"):
+    with pytest.raises(ValueError, match="EMIT_KERNELS.*'never', got 'sometimes'"):
         lowering.emitted("write_read", cuda)
 
 
