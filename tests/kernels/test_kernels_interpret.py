@@ -87,6 +87,8 @@ def _train(ins, C, mode="none", tol=1e-5, grad_bank_fp32=False, kept=False):
     assert how == ("kept" if kept else "recomputed"), how
     for n, g, r in zip(NAMES, grads, g_ref):
         _check("grad " + n, g, r, tol)
+        # the layout the op's fake implementation promises: a compiled graph asserts it
+        assert g.is_contiguous(), f"grad {n}: strides {g.stride()} for shape {tuple(g.shape)}"
     return rows, scales, grads, args, dy, dM
 
 

@@ -150,7 +150,7 @@ def phase1_grads(pl, sums: dict, g_width: int):
     per_token = lambda x, n: x.reshape(-1, n)[rows]      # [P, T, n]
     dval = per_token(dval, E)
     dk = torch.gather(dval[:, :, :W], 2, per_token(pl.first, W).long())
-    dq = dval[:, :, W:]
+    dq = dval[:, :, W:].contiguous()   # as the op's fake implementation promises
     active = per_token(pl.slot, E)[:, :, :W] >= 0
     dgw = per_token(dgate, W) * active
     dg = dgw if g_width == W else dgw.sum(-1, keepdim=True)
