@@ -140,8 +140,10 @@ def _plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params, repl
 
 
 def _vmr_buffer(pl, bank: Tensor) -> Tensor:
-    """The ``[NC, P, CP, hd]`` fp32 buffer in which a walk keeps ``v - r0`` for the backward."""
-    return torch.empty(pl.NC, pl.P, pow2(pl.C), bank.shape[1], dtype=torch.float32,
+    """The ``[NC * P, CP, hd]`` fp32 buffer (chunk-major) in which a walk keeps ``v - r0``
+    for the backward. No dimension of the chunk count alone: a traced graph would ask
+    whether it is 1 (the tensor's contiguity), a guard that recompiles at the second chunk."""
+    return torch.empty(pl.NC * pl.P, pow2(pl.C), bank.shape[1], dtype=torch.float32,
                        device=bank.device)
 
 

@@ -51,6 +51,23 @@ def _wide_backward_args(T):
     return _backward_args(T, W=17)
 
 
+def _training(bank, k_idx, k_val, v, beta, g, q_idx, q_val, dy, dM):
+    """A training call as a compiled graph runs it: the forward keeps its Phase 1 and
+    ``v - r0`` (``Kept``) and hands them to the backward."""
+    from sdm_inductor.kernels.backward import dispatch
+    final = bank.clone()
+    y, rows, scales, keep = host.forward_kept(final, k_idx, k_val, v, beta, g, q_idx, q_val, C,
+                                              "none", True, keep=True)
+    grads = dispatch.backward(dy, dM, final, rows, scales, k_idx, k_val, v, beta, g, q_idx,
+                              q_val, C, "none", False, host.CONFIG, keep.tensors())
+    return (y, final, *grads)
+
+
+def _training_args(T, W=17):
+    bank, *rest = _inputs(T, W)
+    return (bank, *rest, torch.randn(2, T, bank.shape[1]), torch.randn_like(bank))
+
+
 def _inductor_view_passes(gm):
     """Inductor's joint-graph patterns on ``gm``, as a compile runs them: its pointless-view
     rules compare a view's sizes with its input's (``definitely_equal``), which guards on
@@ -68,7 +85,7 @@ def _inductor_view_passes(gm):
 
 @pytest.mark.parametrize("traced_T", [37, 9])
 @pytest.mark.parametrize("which", ["forward", "forward_queue", "forward_fp8", "backward",
-                                   "backward_queue"])
+                                   "backward_queue", "training"])
 def test_traced_host_code_serves_other_lengths(which, traced_T):
     """(``P`` is symbolic too: the walk is chosen by its example value, with no guard.)
     Traced at one chunk (``traced_T`` = 9 < C) too: no shape of the traced code may have a
@@ -77,7 +94,8 @@ def test_traced_host_code_serves_other_lengths(which, traced_T):
     fn, make = {"forward": (_forward, _inputs), "forward_queue": (_forward, _wide_inputs),
                 "forward_fp8": (_forward_fp8, _inputs),
                 "backward": (_backward, _backward_args),
-                "backward_queue": (_backward, _wide_backward_args)}[which]
+                "backward_queue": (_backward, _wide_backward_args),
+                "training": (_training, _training_args)}[which]
     gm = make_fx(fn, tracing_mode="symbolic")(*make(traced_T))
     _inductor_view_passes(gm)
     launches = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
@@ -87,7 +105,8 @@ def test_traced_host_code_serves_other_lengths(which, traced_T):
     names = {kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ for n in launches}
     want = {"forward": {"_forward_kernel"}, "forward_queue": {"_queue_walk_kernel"},
             "forward_fp8": {"_forward_kernel", "_quantize_kernel"},
-            "backward": {"_reverse_kernel"}, "backward_queue": {"_queue_reverse_kernel"}}[which]
+            "backward": {"_reverse_kernel"}, "backward_queue": {"_queue_reverse_kernel"},
+            "training": {"_queue_walk_kernel", "_queue_reverse_kernel"}}[which]
     assert want <= names, names
     assert not any(name.startswith("_step") for name in names), names
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]

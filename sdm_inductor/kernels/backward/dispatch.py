@@ -28,7 +28,7 @@ _QMODE = {"none": 0, "bf16": 0, "fp8": 1, "int4": 2}
 class Kept:
     """What a training forward hands to its backward, which would otherwise recompute it:
     its Phase 1 (``phase1.plan``) and, after a step or queue walk, ``v - r0`` of every chunk
-    (``[NC, P, CP, hd]`` fp32; None: gathered again). 48 MiB at config A, beside the
+    (``[NC * P, CP, hd]`` fp32; None: gathered again). 48 MiB at config A, beside the
     undo log's 1.6 GiB. An eager forward offers it through the autograd context
     (``kept.keep_for_backward``); a traced one hands its tensors through the graph."""
     plan: Plan
@@ -50,9 +50,9 @@ class Kept:
         vmr = tensors[n] if len(tensors) > n else None
         sizes = [(pl.slot.numel(), pl.B * C * pl.E), (pl.A.numel(), pl.B * C * C),
                  (pl.first.shape[0], P), (pl.runs.slot.numel(), pl.B * C * W)]
-        if vmr is not None:   # [NC, P, CP, hd] fp32
-            sizes += [(vmr.dim(), 4), (vmr.dtype, torch.float32),
-                      *zip(vmr.shape, (pl.NC, P, pow2(C), hd))]
+        if vmr is not None:   # [NC * P, CP, hd] fp32
+            sizes += [(vmr.dim(), 3), (vmr.dtype, torch.float32),
+                      *zip(vmr.shape, (pl.NC * P, pow2(C), hd))]
         for got, want in sizes:
             torch._check(got == want, lambda: "sdm: what the forward handed over does not fit "
                          f"this backward ({P} streams of {T} tokens, chunks of {C}, W = {W}, "

@@ -258,7 +258,7 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
     each (``step_walk.step_reverse``'s keys). ``final`` is the final bank and ``sources``
     (``sources.chunk_start_sources``) says where each entry's chunk-start row is: there or
     in the raw undo log ``log``. With ``vmr_kept`` (the forward's ``v - r0``,
-    ``[NC, P, CP, hd]``) there are no gather items."""
+    ``[NC * P, CP, hd]``) there are no gather items."""
     P, C, W, R, NC, T = pl.P, pl.C, pl.W, pl.R, pl.NC, pl.T
     E, hd, CP = W + R, dB.shape[1], pow2(C)
     BD, BDG = config["BD_STEP_B"], config["BD_GROUP"]

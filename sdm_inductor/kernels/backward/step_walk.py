@@ -642,7 +642,7 @@ def step_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: in
     """The chunks in reverse, six launches each; advances ``dB`` (the bank gradient) and
     ``work`` (the bank, back to its initial state) in place, writes ``dv``, and returns the
     cross-column sums of the pass, ``[B, C, n]`` each (keys as ``backward.backward``'s).
-    With ``vmr_kept`` (the forward's ``v - r0``, ``[NC, P, CP, hd]``) there is no gather
+    With ``vmr_kept`` (the forward's ``v - r0``, ``[NC * P, CP, hd]``) there is no gather
     launch: five launches per chunk. With ``sources`` (``sources.chunk_start_sources``)
     ``work`` is the final bank, which stays as it is: the chunk-start rows come from it and
     the log, and there is no restore launch.

@@ -118,7 +118,7 @@ def _gather_item(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, u_ptr, i_ptr, keep
                  R: tl.constexpr, BD: tl.constexpr, CP: tl.constexpr, KG: tl.constexpr,
                  ES: tl.constexpr, KEEP: tl.constexpr):
     """Tokens ``[i0, i0 + KG)`` of the chunk, one per warp: their chunk-start rows, ``u``
-    and ``inter``; with ``KEEP`` also ``v - r0`` into the backward's ``[NC, P, CP, hd]``
+    and ``inter``; with ``KEEP`` also ``v - r0`` into the backward's ``[NC * P, CP, hd]``
     buffer (the step walk's ``keep``)."""
     b = p * NC + c
     cols = cb * BD + tl.arange(0, BD)
@@ -263,7 +263,7 @@ def _programs(device: torch.device, config: dict) -> int:
 def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bool,
                config: dict, prec: str, keep: Tensor | None = None):
     """The queue walk of plan ``pl``: one launch; advances ``bank``, writes the readings to
-    ``out`` and with ``save`` the undo log to ``saved``; ``keep`` (``[NC, P, CP, hd]``
+    ``out`` and with ``save`` the undo log to ``saved``; ``keep`` (``[NC * P, CP, hd]``
     fp32): receives ``v - r0`` for the backward."""
     P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     hd = bank.shape[1]

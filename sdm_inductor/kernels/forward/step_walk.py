@@ -39,7 +39,7 @@ from ..runtime.launch import Relaunch, pdl, pow2
 def _store_u_inter(v_ptr, beta_ptr, u_ptr, i_ptr, keep_ptr, r0, inter, p, b, c, i, P, T, hd,
                    cols, cm, C: tl.constexpr, CP: tl.constexpr, KEEP: tl.constexpr):
     """``u = beta (v - r0)`` and ``inter`` of token ``i`` into the ``[P, CP, hd]`` buffers;
-    with ``KEEP`` also ``v - r0`` into the backward's ``[NC, P, CP, hd]`` buffer."""
+    with ``KEEP`` also ``v - r0`` into the backward's ``[NC * P, CP, hd]`` buffer."""
     tg = c * C + i
     vv = tl.load(v_ptr + (p.to(tl.int64) * T + tg) * hd + cols, mask=cm & (tg < T),
                  other=0.0).to(tl.float32)
@@ -196,7 +196,7 @@ def step_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: boo
               config: dict, prec: str, keep: Tensor | None = None):
     """The step walk of plan ``pl``: three launches per chunk, in chunk order; advances
     ``bank``, writes the readings to ``out`` and with ``save`` the undo log to ``saved``.
-    ``keep`` (``[NC, P, CP, hd]`` fp32): receives ``v - r0`` for the backward."""
+    ``keep`` (``[NC * P, CP, hd]`` fp32): receives ``v - r0`` for the backward."""
     P, C, W, R, NC = pl.P, pl.C, pl.W, pl.R, pl.NC
     hd = bank.shape[1]
     CP = pow2(C)
