@@ -52,8 +52,9 @@ TRITON_DEVICES = ("cuda",)
 # for a training call (H100, docs/performance.md, "Compile and rewrite"), although the
 # walks alone are within 1.08x of eager's step walks. "always": torch.compile's output code
 # launches them too. "never": AOTInductor packages call the eager implementation as well,
-# through AOTInductor's proxy executor (eager's speed; the loading process runs Python with
-# sdm_inductor imported, as CPU packages always need).
+# through AOTInductor's proxy executor (the loading process runs Python with sdm_inductor
+# imported, as CPU packages always need): at A a package then takes 1.04x the eager call's
+# time no-grad, 1.13x with the kernels in it (H100, docs/performance.md, "What users call").
 # SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_MODES = ("aot", "always", "never")
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
