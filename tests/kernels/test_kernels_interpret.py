@@ -78,6 +78,7 @@ def _train(ins, C, mode="none", tol=1e-5, grad_bank_fp32=False, kept=False):
     keeping.drop_offer()
     y, rows, scales = host.forward(bank, *args, C, mode, True)
     _check("readings", y, y_ref, tol)
+    assert y.is_contiguous(), f"readings: strides {y.stride()} for shape {tuple(y.shape)}"
     _check("final bank", bank, M_ref, tol)
     offer = keeping.take(y) if kept else None
     assert offer is not None or not kept, "the forward kept nothing"
