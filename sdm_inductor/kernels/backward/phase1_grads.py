@@ -147,11 +147,12 @@ def phase1_grads(pl, sums: dict, g_width: int):
     # -> [P, Tp, ...] view asks whether B == P (one chunk); either would be a guard that
     # recompiles a traced graph
     rows = (torch.arange(P, device=dev) * (NC * C))[:, None] + torch.arange(T, device=dev)
-    per_token = lambda x, n: x.reshape(-1, n)[rows]      # [P, T, n]
-    dval = per_token(dval, E)
-    dk = torch.gather(dval[:, :, :W], 2, per_token(pl.first, W).long())
-    dq = dval[:, :, W:].contiguous()   # as the op's fake implementation promises
-    active = per_token(pl.slot, E)[:, :, :W] >= 0
+    per_token = lambda x, n: x.reshape(-1, n)[rows]      # [P, T, n], contiguous
+    dval = dval.reshape(-1, E)   # the write and read columns gathered apart: each comes out
+    # contiguous, as the op's fake implementation promises, with no copy of its own
+    dk = torch.gather(per_token(dval[:, :W], W), 2, per_token(pl.first, W).long())
+    dq = per_token(dval[:, W:], R)
+    active = per_token(pl.slot.reshape(-1, E)[:, :W], W) >= 0
     dgw = per_token(dgate, W) * active
     dg = dgw if g_width == W else dgw.sum(-1, keepdim=True)
     return dk, dbeta.reshape(-1)[rows], dg, dq
