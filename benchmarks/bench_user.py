@@ -35,6 +35,7 @@ functional calls over ``raw functional``, every other call over ``raw kernels``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import tempfile
@@ -72,16 +73,23 @@ def _time_calls(name: str, C: int, calls: dict) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def emit_kernels(mode: str):
+    """``lowerings.write_read.EMIT_KERNELS`` set to ``mode`` inside the block."""
+    old, lowering.EMIT_KERNELS = lowering.EMIT_KERNELS, mode
+    try:
+        yield
+    finally:
+        lowering.EMIT_KERNELS = old
+
+
 def emitting(run):
     """A timed call (forward, or forward and backward) run with ``EMIT_KERNELS="always"``:
     the forward graph is lowered at the first call, the backward graph lazily at the first
     backward (static shapes), so the whole step runs inside the setting."""
     def call():
-        old, lowering.EMIT_KERNELS = lowering.EMIT_KERNELS, "always"
-        try:
+        with emit_kernels("always"):
             return run()
-        finally:
-            lowering.EMIT_KERNELS = old
     return call
 
 
@@ -183,17 +191,14 @@ def aoti_rows(name: str, C: int) -> dict:
     mod = _Functional(C, cfg["sph"])
     calls = {}
     for label, emit in (("AOTI package, emitted", "aot"), ("AOTI package, eager op", "never")):
-        old, lowering.EMIT_KERNELS = lowering.EMIT_KERNELS, emit
         try:
-            with torch.no_grad(), tempfile.TemporaryDirectory() as d:
+            with emit_kernels(emit), torch.no_grad(), tempfile.TemporaryDirectory() as d:
                 ep = torch.export.export(mod, tuple(ins))
                 runner = torch._inductor.aoti_load_package(
                     torch._inductor.aoti_compile_and_package(ep, package_path=f"{d}/p.pt2"))
             calls[label] = (lambda r=runner: r(*ins), None)
         except Exception as e:  # noqa: BLE001
             print(f"{name} C={C} {label}: build failed: {type(e).__name__}: {e}", flush=True)
-        finally:
-            lowering.EMIT_KERNELS = old
     return _time_calls(name, C, calls)
 
 
