@@ -465,9 +465,10 @@ def test_cuda_output_code_queue_walk_matches_eager_at_every_length(dtype, chunk,
     """A shape past ``launch.column_suits`` (W = 17, two 128-column groups per stream):
     the output code launches the queue walks, forward and backward (the backward with the
     forward's Phase 1 and ``v - r0``, no Phase 1 of its own); one compilation serves
-    two lengths (at C = 128 one chunk, then two: no guard on the chunk count), and its readings, bank and gradients are the eager step walks' up to
-    rounding order (bf16: the forward's gathers sum a token's rows over 4 warps, the step
-    walk's over one) and the oracle's. At C = 128 the traced Phase 1 solves by 2 x 2
+    two lengths (at C = 128 one chunk, then two: no guard on the chunk count), and its
+    readings, bank and gradients are the eager step walks' up to rounding order (bf16: the
+    forward's gathers sum a token's rows over 4 warps, the step walk's over one) and the
+    oracle's. At C = 128 the traced Phase 1 solves by 2 x 2
     blocks (``solve._inverse_diag_kernel``)."""
     monkeypatch.setattr(lowering, "EMIT_KERNELS", "always")
     counter = CompileCounterWithBackend("inductor")
