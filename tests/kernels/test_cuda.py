@@ -552,12 +552,11 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     host.CONFIG["WALK_GRAPHS"] = 1
     graphs.clear()
     before = dict(graphs.stats)
-    # the allocator's cache as earlier tests left it may take many calls to settle into
-    # handing out the same blocks every call: start from an empty one. Even so, after the
-    # whole CUDA suite the fp32 loop once had not repeated its forward's pointers by its
-    # sixth call (alone it replays from the third), so
-    # the loop runs until both walks replayed a graph recorded in an earlier call, at most
-    # 16 calls, every call checked
+    # the allocator's cache as earlier tests left it may take a few calls to settle into
+    # handing out the same blocks every call: start from an empty one, and let no tensor
+    # of a call live into the next (a comparison's loop variable left holding one shifts
+    # every later block), then run until both walks replayed a graph recorded in an
+    # earlier call, at most 16 calls, every call checked
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
 
@@ -565,11 +564,12 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
         return (graphs.stats["replayed", walk] - before.get(("replayed", walk), 0)
                 - graphs.stats["captured", walk] + before.get(("captured", walk), 0))
 
-    for _ in range(16):
-        got = step()
+    def check(got):
         for n, a, b in zip(("readings", "final bank") + NAMES, got, want):
             assert torch.equal(a, b), n
-        del got
+
+    for _ in range(16):
+        check(step())
         if replays("forward") >= 2 and replays("reverse") >= 2:
             break
     for walk in ("forward", "reverse"):
