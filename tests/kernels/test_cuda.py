@@ -554,9 +554,9 @@ def test_walk_graph_replays_are_bitwise_the_launches(dtype):
     before = dict(graphs.stats)
     # the allocator's cache as earlier tests left it may take a few calls to settle into
     # handing out the same blocks every call: start from an empty one, and let no tensor
-    # of a call live into the next (a comparison's loop variable left holding one shifts
-    # every later block), then run until both walks replayed a graph recorded in an
-    # earlier call, at most 16 calls, every call checked
+    # of a call live into the next (a loop variable of the comparison would hold a call's
+    # last gradient while the next call allocates), then run until both walks replayed a
+    # graph recorded in an earlier call, at most 16 calls, every call checked
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
 
