@@ -45,6 +45,7 @@ import torch
 import sdm_inductor
 from sdm_inductor.lowerings import write_read as lowering
 from sdm_inductor.nn import SparseDeltaMemory
+from sdm_inductor.testing import FunctionalWriteRead
 
 from bench_cuda import CONFIGS, bench, copy_bandwidth, floors, make_inputs
 
@@ -172,23 +173,12 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
     return out
 
 
-class _Functional(torch.nn.Module):
-    def __init__(self, C: int, sph: int):
-        super().__init__()
-        self.C, self.sph = C, sph
-
-    def forward(self, bank, k_idx, k_val, v, beta, g, q_idx, q_val):
-        return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
-                                        chunk_size=self.C, slots_per_stream=self.sph,
-                                        save_for_backward=False)[:2]
-
-
 def aoti_rows(name: str, C: int) -> dict:
     """No-grad calls of AOTInductor packages of the functional op, built with the kernels
     emitted and with the eager op called (fwd+bwd: NaN, a package is a forward)."""
     cfg = CONFIGS[name]
     ins = make_inputs(**cfg)
-    mod = _Functional(C, cfg["sph"])
+    mod = FunctionalWriteRead(C, cfg["sph"])
     calls = {}
     for label, emit in (("AOTI package, emitted", "aot"), ("AOTI package, eager op", "never")):
         try:

@@ -8,7 +8,7 @@ from torch import Tensor
 
 __all__ = ["SDMInputs", "make_inputs", "rel_err", "reference_outputs", "FLOAT_INPUTS",
            "undo_log_rows_used", "with_gates", "gated_reference", "check_strided_banks",
-           "Sm90Target", "patch_language_once_per_launch"]
+           "Sm90Target", "patch_language_once_per_launch", "FunctionalWriteRead"]
 
 # positions of the differentiable inputs in SDMInputs
 FLOAT_INPUTS = (0, 2, 3, 4, 5, 7)
@@ -65,6 +65,22 @@ def make_inputs(P: int = 1, T: int = 16, W: int = 4, R: int = 4, hd: int = 8,
     ins = SDMInputs(bank.to(dtype), k_idx.to(index_dtype), k_val.to(dtype), v.to(dtype),
                     beta, g, q_idx.to(index_dtype), q_val.to(dtype))
     return SDMInputs(*(t.to(device) for t in ins))
+
+
+class FunctionalWriteRead(torch.nn.Module):
+    """``(bank, k_idx, k_val, v, beta, g, q_idx, q_val) -> (readings, final bank)``: one
+    functional ``sdm::write_read`` that saves nothing, the module that exports and
+    AOTInductor packages of the bare op are built from."""
+
+    def __init__(self, chunk_size: int, slots_per_stream: int):
+        super().__init__()
+        self.chunk_size, self.slots_per_stream = chunk_size, slots_per_stream
+
+    def forward(self, bank, k_idx, k_val, v, beta, g, q_idx, q_val):
+        return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
+                                        chunk_size=self.chunk_size,
+                                        slots_per_stream=self.slots_per_stream,
+                                        save_for_backward=False)[:2]
 
 
 def rel_err(a: Tensor, b: Tensor) -> float:

@@ -21,7 +21,7 @@ import torch
 import sdm_inductor
 from sdm_inductor.lowerings import write_read as lowering
 from sdm_inductor.nn import SparseDeltaMemory
-from sdm_inductor.testing import aoti_runtime_failure, rel_err
+from sdm_inductor.testing import FunctionalWriteRead, aoti_runtime_failure, make_inputs, rel_err
 
 CUDA = torch.cuda.is_available() and lowering.triton_op("write_read", torch.device("cuda"))
 
@@ -132,13 +132,6 @@ def test_aoti_runs_the_kernels_ahead_on_the_example_inputs():
     assert torch._inductor.config.triton.autotune_with_sample_inputs is True
 
 
-class _SingleStream(torch.nn.Module):
-    def forward(self, bank, k_idx, k_val, v, beta, g, q_idx, q_val):
-        return torch.ops.sdm.write_read(bank, k_idx, k_val, v, beta, g, q_idx, q_val,
-                                        chunk_size=16, slots_per_stream=64,
-                                        save_for_backward=False)[:2]
-
-
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and the sdm Triton kernels")
 @pytest.mark.cuda
 @pytest.mark.compile
@@ -147,13 +140,12 @@ def test_aoti_cuda_single_stream_serves_both_sides_of_a_chunk(tmp_path):
     as a dimension, and tracing asks whether it is 1 (a contiguity check), which an
     AOTInductor package cannot re-ask at run time. Built at 3 chunks, the package must
     still compute right at one chunk, at a chunk's exact length and beyond."""
-    from sdm_inductor.testing import make_inputs
-
     def inputs(T):
         return tuple(x.cuda() for x in make_inputs(P=1, T=T, W=4, R=4, hd=16,
                                                    slots_per_stream=64, seed=T))
+    mod = FunctionalWriteRead(chunk_size=16, slots_per_stream=64)
     with torch.no_grad():
-        ep = torch.export.export(_SingleStream(), inputs(40),
+        ep = torch.export.export(mod, inputs(40),
                                  dynamic_shapes=(None,) + ({1: torch.export.Dim.DYNAMIC},) * 7)
         with torch._inductor.config.patch(force_disable_caches=True):
             path = torch._inductor.aoti_compile_and_package(
@@ -163,7 +155,7 @@ def test_aoti_cuda_single_stream_serves_both_sides_of_a_chunk(tmp_path):
         ins = inputs(T)
         with torch.no_grad():
             got = loaded(*ins)
-            want = _SingleStream()(*ins)
+            want = mod(*ins)
         for a, b, what in zip(got, want, ("readings", "final bank")):
             assert a.shape == b.shape, (T, what, a.shape, b.shape)
             assert rel_err(a, b) < 1e-5, (T, what, rel_err(a, b))
