@@ -9,11 +9,9 @@ the SMs they leave idle.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Iterable, Iterator
 
 import torch
-from torch import Tensor
 
 _SIDE: dict = {}
 
@@ -31,22 +29,13 @@ def overlaps(device: torch.device) -> bool:
     return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
+def _side_stream(main: torch.cuda.Stream) -> torch.cuda.Stream:
+    """The side stream of ``main`` (one per stream: its freed blocks go only to calls on
+    ``main``, whose side stream waits for ``main``)."""
+    key = (main.device_index, main.cuda_stream)
     if key not in _SIDE:
-        _SIDE[key] = torch.cuda.Stream(device)
+        _SIDE[key] = torch.cuda.Stream(main.device)
     return _SIDE[key]
-
-
-def _tensors(obj) -> Iterator[Tensor]:
-    if isinstance(obj, Tensor):
-        yield obj
-    elif dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
-            yield from _tensors(getattr(obj, f.name))
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _tensors(x)
 
 
 def ahead(items: Iterable, make: Callable, device: torch.device) -> Iterator[tuple]:
@@ -54,15 +43,19 @@ def ahead(items: Iterable, make: Callable, device: torch.device) -> Iterator[tup
     runs on a side stream one item ahead: its work for item ``i + 1`` is queued before the
     caller's work for item ``i``, and the current stream waits only for item ``i``'s.
 
-    ``make`` must read only tensors that are ready when this starts (the side stream
-    waits for the current stream once, here). Its results were allocated on the side
-    stream: they are marked as used by the current stream (``record_stream``), so the
-    caching allocator does not hand their memory out before that stream is done.
+    ``make`` must read only tensors that are ready when it is called. Its results are
+    allocated on the side stream and used on the current one. They are not marked with
+    ``record_stream``: the side stream waits for the current stream before each ``make``,
+    so whatever the side stream writes into memory freed since comes after every use the
+    current stream was given before that memory was freed (a freed block is handed only
+    to allocations on its own stream). With ``record_stream`` the caching allocator would
+    hold a freed plan until the GPU passed its last use, and a host running calls ahead of
+    the GPU would get other blocks each call: other pointers, so walks that replay
+    neither from their graphs nor in their memory. The side stream belongs to the current
+    stream (``_side_stream``), so a call on another stream never takes memory that this
+    stream may still read.
 
-    One item has nothing to overlap: it runs on the current stream. On the side stream its
-    results' memory would be reusable only once the current stream's work has finished,
-    so a host that runs calls ahead of the GPU would make the caching allocator take fresh
-    blocks for every call."""
+    One item has nothing to overlap: it runs on the current stream."""
     items = list(items)
     if not items:
         return
@@ -71,10 +64,10 @@ def ahead(items: Iterable, make: Callable, device: torch.device) -> Iterator[tup
             yield it, make(it)
         return
     main = torch.cuda.current_stream(device)
-    side = _side_stream(device)
-    side.wait_stream(main)
+    side = _side_stream(main)
 
     def enqueue(it):
+        side.wait_stream(main)   # (item i + 1 thus waits for the caller's work of i - 1)
         with torch.cuda.stream(side):
             out = make(it)
             done = torch.cuda.Event()
@@ -88,8 +81,6 @@ def ahead(items: Iterable, make: Callable, device: torch.device) -> Iterator[tup
             if i + 1 < len(items):
                 pending = enqueue(items[i + 1])
             main.wait_event(done)
-            for t in _tensors(out):
-                t.record_stream(main)
             yield it, out
     finally:
         main.wait_stream(side)   # nothing of the call is left running on the side stream
