@@ -704,6 +704,35 @@ def test_cuda_graph_capture_and_no_recompile():
         assert torch.equal(x, y)
 
 
+def test_token_windows_queued_ahead_of_the_gpu(monkeypatch):
+    """A call over many token windows whose walks the GPU runs late (each held back by a
+    sleep on the current stream) gives bitwise the readings and bank of a call on one
+    stream. ``pipeline.ahead``'s side stream makes each window's plan in memory freed by
+    earlier windows with no ``record_stream`` mark; only its wait for the current stream
+    before each plan keeps it from overwriting a plan whose walk has yet to run."""
+    from sdm_inductor.kernels import host
+    from sdm_inductor.kernels.runtime import pipeline
+    ins = _inputs(torch.bfloat16, P=2, T=640, W=16, R=8, hd=96, slots_per_stream=256,
+                  per_write_gate=True, repeats=True)
+    host.CONFIG.update(WINDOW_TOKENS=64, WALK_GRAPHS=0)
+    monkeypatch.setitem(ops.CHECK_INDICES, "cuda", False)   # no host sync in the call
+    want = _op(ins, 64, save=False)[:2]   # compiles what the calls below need
+    walk = host.step_walk
+
+    def late_walk(*args, **kw):
+        torch.cuda._sleep(20_000_000)
+        return walk(*args, **kw)
+    monkeypatch.setattr(host, "step_walk", late_walk)
+    for _ in range(3):
+        got = _op(ins, 64, save=False)[:2]
+        assert ops.last_dispatch()["windows"] == 10 and ops.last_dispatch()["walk"] == "step"
+        for name, a, b in zip(("readings", "final bank"), got, want):
+            assert torch.equal(a, b), name
+    monkeypatch.setattr(pipeline, "overlaps", lambda device: False)   # one stream
+    for name, a, b in zip(("readings", "final bank"), _op(ins, 64, save=False)[:2], want):
+        assert torch.equal(a, b), name
+
+
 def test_token_windows_under_cuda_graph_capture():
     """A captured eager call over several token windows keeps to one stream (the side
     stream of ``pipeline.ahead`` is for uncaptured calls) and replays to the uncaptured
