@@ -48,12 +48,11 @@ def ahead(items: Iterable, make: Callable, device: torch.device) -> Iterator[tup
     ``record_stream``: the side stream waits for the current stream before each ``make``,
     so whatever the side stream writes into memory freed since comes after every use the
     current stream was given before that memory was freed (a freed block is handed only
-    to allocations on its own stream). With ``record_stream`` the caching allocator would
-    hold a freed plan until the GPU passed its last use, and a host running calls ahead of
-    the GPU would get other blocks each call: other pointers, so walks that replay
-    neither from their graphs nor in their memory. The side stream belongs to the current
-    stream (``_side_stream``), so a call on another stream never takes memory that this
-    stream may still read.
+    to allocations on its own stream). Marking every plan tensor with ``record_stream``
+    instead cost the host enough to make a public no-grad call over several windows ~1.7 %
+    slower (docs/performance.md, Variants measured). The side stream belongs to the
+    current stream (``_side_stream``), so a call on another stream never takes memory that
+    this stream may still read.
 
     One item has nothing to overlap: it runs on the current stream."""
     items = list(items)
