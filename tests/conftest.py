@@ -15,13 +15,18 @@
   orders the queue (longest first, so that the last ones to finish are short); the result
   is its
   ``subprocess.CompletedProcess`` (text output). ``SDM_TEST_BACKGROUND=0`` runs each one in
-  its test instead.
+  its test instead. A job with ``warm=True`` (``argv``: the interpreter, a script, its
+  arguments) runs as a fork of a warm interpreter that imported ``WARM_MODULES`` once
+  under the job's environment (``tests/forkserver.py``): the kernel tests' ~30 scripts
+  then skip ~5 s of imports each.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -53,35 +58,122 @@ def pytest_collection_modifyitems(session, config, items):
     items[:] = front + [i for i in items if i.get_closest_marker("background") is not None]
 
 
+class _Server:
+    """A ``tests/forkserver.py`` process: ``modules`` imported once under ``env``, then one
+    forked child per script."""
+
+    def __init__(self, env, modules):
+        self.folder = tempfile.mkdtemp(prefix="sdm-tests-forks-")
+        self.err = open(os.path.join(self.folder, "server.log"), "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                          "forkserver.py"), *modules],
+            env=env, stdin=subprocess.PIPE, stdout=self.err, stderr=self.err)
+        self.lock = threading.Lock()
+        self.count = 0
+
+    def submit(self, argv) -> str:
+        """Start ``argv`` (a script and its arguments) in a child; its files' prefix."""
+        with self.lock:
+            self.count += 1
+            out = os.path.join(self.folder, str(self.count))
+            self.proc.stdin.write((json.dumps(dict(argv=argv, out=out)) + "\n").encode())
+            self.proc.stdin.flush()
+        return out
+
+    def ended(self) -> str | None:
+        """The server's log if it has exited (it never should before the session ends)."""
+        if self.proc.poll() is None:
+            return None
+        self.err.seek(0)
+        return f"rc {self.proc.returncode}:\n{self.err.read()[-4000:]}"
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self.err.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# what a warm job's interpreter imports before it forks (torch and Triton come with them)
+WARM_MODULES = ("sdm_inductor.kernels", "sdm_inductor.testing")
+_SERVERS: dict = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def _server(env, modules) -> _Server:
+    key = (tuple(sorted((env or os.environ).items())), modules)
+    with _SERVERS_LOCK:
+        if key not in _SERVERS:
+            _SERVERS[key] = _Server(env, modules)
+        return _SERVERS[key]
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 class _Job:
-    def __init__(self, argv, env=None, timeout=900, cost=0.0):
+    def __init__(self, argv, env=None, timeout=900, cost=0.0, warm=False):
         self.argv, self.env, self.timeout, self.cost = argv, env, timeout, cost
+        self.warm = warm
         self.started = False
         self.done = threading.Event()
-        self.proc = self.result = self.error = None
+        self.proc = self.pid = self.result = self.error = None
         self.seconds = None
 
     def run(self):
         start = time.monotonic()
         try:
-            with subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) as self.proc:
-                try:
-                    out, err = self.proc.communicate(timeout=self.timeout)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    out, err = self.proc.communicate()
-                    raise subprocess.TimeoutExpired(self.argv, self.timeout, out, err) from None
-            self.result = subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
+            self.result = self._forked() if self.warm else self._spawned()
         except BaseException as e:   # noqa: BLE001 - raised again in the test
             self.error = e
         finally:
             self.seconds = time.monotonic() - start
             self.done.set()
 
+    def _spawned(self):
+        with subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as self.proc:
+            try:
+                out, err = self.proc.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                out, err = self.proc.communicate()
+                raise subprocess.TimeoutExpired(self.argv, self.timeout, out, err) from None
+        return subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
+
+    def _forked(self):
+        server = _server(self.env, WARM_MODULES)
+        out = server.submit(self.argv[1:])
+        deadline = time.monotonic() + self.timeout
+        while not os.path.exists(out + ".rc"):
+            if self.pid is None and os.path.exists(out + ".pid"):
+                self.pid = int(_read(out + ".pid"))
+            if (log := server.ended()) is not None and not os.path.exists(out + ".rc"):
+                raise RuntimeError(f"the fork server of {self.argv[1:]} ended, {log}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise subprocess.TimeoutExpired(self.argv, self.timeout,
+                                                _read(out + ".stdout"), _read(out + ".stderr"))
+            time.sleep(0.05)
+        return subprocess.CompletedProcess(self.argv, int(_read(out + ".rc")),
+                                           _read(out + ".stdout"), _read(out + ".stderr"))
+
     def kill(self):
-        if self.proc is not None and not self.done.is_set():
+        if self.done.is_set():
+            return
+        if self.proc is not None:
             self.proc.kill()
+        elif self.pid is not None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
 
 
 class _Jobs:
@@ -155,6 +247,9 @@ def pytest_runtestloop(session):
             jobs.close()
             _TIMES.extend((j.seconds, k) for k, j in jobs.jobs.items() if j.seconds is not None)
         _JOBS.clear()
+        for server in _SERVERS.values():
+            server.close()
+        _SERVERS.clear()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -305,7 +305,7 @@ def _job(item) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(HERE),
                OMP_NUM_THREADS="1")
     return dict(argv=[sys.executable, os.path.abspath(__file__), case], env=env, timeout=600,
-                cost=dict(forward=18, prep=7)[case])
+                cost=dict(forward=21, prep=8)[case], warm=True)
 
 
 @pytest.mark.background(job=_job)
@@ -459,6 +459,6 @@ def test_cuda_compiled_layer_has_no_gate_kernel(emit, monkeypatch):
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    from sdm_inductor.testing import patch_language_once_per_launch
-    patch_language_once_per_launch()
+    from sdm_inductor.testing import quick_interpreter
+    quick_interpreter()
     globals()["case_" + sys.argv[1]]()

@@ -23,6 +23,9 @@ pytest.importorskip("triton")
 
 CASES = ("forward", "forward_queue", "forward_gated", "forward_fp8", "backward", "backward_queue",
          "forward_chunk128")
+# rough seconds of each case's subprocess on one core (the order of the background queue)
+COST = dict(forward=5, forward_queue=11, forward_gated=5, forward_fp8=6, backward=12,
+            backward_queue=24, forward_chunk128=12)
 
 
 def _chunk(case: str) -> int:
@@ -215,7 +218,7 @@ def _job(item) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=root)
     return dict(argv=[sys.executable, __file__, item.callspec.params["case"]], env=env,
-                timeout=600, cost=8)
+                timeout=600, cost=COST[item.callspec.params["case"]], warm=True)
 
 
 @pytest.mark.background(job=_job)
@@ -245,6 +248,6 @@ def test_mutation_analysis_lists_every_write_of_the_traced_kernels(case, backgro
 TRUTH = "truth: "   # the line of the interpreter half's output that holds its result
 
 if __name__ == "__main__":   # the interpreter half, in its own process
-    from sdm_inductor.testing import patch_language_once_per_launch
-    patch_language_once_per_launch()
+    from sdm_inductor.testing import quick_interpreter
+    quick_interpreter()
     print(TRUTH + json.dumps(_truth(sys.argv[1])))

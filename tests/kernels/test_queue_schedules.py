@@ -222,7 +222,8 @@ def _check_orders(items: list, rounds: int, seed: int) -> str | None:
 
 def _job(item) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return dict(argv=[sys.executable, os.path.abspath(__file__)], env=env, timeout=900, cost=37)
+    return dict(argv=[sys.executable, os.path.abspath(__file__)], env=env, timeout=900, cost=45,
+                warm=True)
 
 
 @pytest.mark.background(job=_job)
@@ -254,6 +255,6 @@ def test_queue_walk_protocols_hold_in_every_order(background):
 
 
 if __name__ == "__main__":   # the interpreter half, in its own process
-    from sdm_inductor.testing import patch_language_once_per_launch
-    patch_language_once_per_launch()
+    from sdm_inductor.testing import quick_interpreter
+    quick_interpreter()
     print(RECORD + json.dumps(_record_walks()))
