@@ -104,11 +104,12 @@ _SERVERS: dict = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def _server(env, modules) -> _Server:
-    key = (tuple(sorted((env or os.environ).items())), modules)
+def _server(env) -> _Server:
+    """The warm interpreter of ``env`` (one per environment: its imports read it)."""
+    key = tuple(sorted((env or os.environ).items()))
     with _SERVERS_LOCK:
         if key not in _SERVERS:
-            _SERVERS[key] = _Server(env, modules)
+            _SERVERS[key] = _Server(env, WARM_MODULES)
         return _SERVERS[key]
 
 
@@ -148,7 +149,7 @@ class _Job:
         return subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
 
     def _forked(self):
-        server = _server(self.env, WARM_MODULES)
+        server = _server(self.env)
         out = server.submit(self.argv[1:])
         deadline = time.monotonic() + self.timeout
         while not os.path.exists(out + ".rc"):

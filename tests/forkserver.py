@@ -66,7 +66,7 @@ def main() -> None:
             _write(children.pop(pid) + ".rc", str(code))
 
     stdin = sys.stdin.fileno()
-    lines, buf = [], b""
+    buf = b""
     while True:
         ready, _, _ = select.select([stdin], [], [], 0.05)
         reap(False)
