@@ -250,6 +250,9 @@ def main():
     results = {}
     for name in args.configs.split(","):
         for C in (int(c) for c in args.chunks.split(",")):
+            # each shape compiled afresh, as a program at one shape compiles: a second
+            # compile of the same function would take dynamic shapes (automatic dynamic)
+            torch._dynamo.reset()
             rows = op_rows(name, C, not args.no_compile)
             if not args.no_aoti:
                 rows.update(aoti_rows(name, C))

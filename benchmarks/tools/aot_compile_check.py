@@ -201,7 +201,7 @@ def main(dtype="bf16"):
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
                          KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"],
                          KEEP=CC != 64,    # a training forward keeps v - r0
-                         ROWS=bool(CFG["MIX_ROWS"]) and CC <= ROWS_MAX_CP),
+                         ROWS=bool(CFG["MIX_ROWS"]) and CC <= ROWS_MAX_CP, HD16=True),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE"]))
         compile_one(queue_reverse._queue_reverse_kernel,
                     dict(dB_ptr=bank, fin_ptr=bank, log_ptr=bank, scale_ptr=f32, src_ptr=i32,
@@ -217,7 +217,8 @@ def main(dtype="bf16"):
                          TB=min(CFG["TB_QUEUE_B"], CC),
                          BDG=CFG["BD_GROUP"], NG=CFG["NG_GROUP"], KW=CFG["KW_GROUP"],
                          KT=CFG["QUEUE_TOKENS_B"], KB=CFG["QUEUE_DB_TILES"],
-                         KEPT=CC != 64, PREC="tf32", LINE=queue_walk.LINE),
+                         KEPT=CC != 64, PREC="tf32", LINE=queue_walk.LINE, HD16=True,
+                         WIDTH16=True),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE_B"]))
         compile_one(column_walk._forward_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, X_ptr=f32, QKX_ptr=f32,
@@ -225,7 +226,7 @@ def main(dtype="bf16"):
                          run_len_ptr=i32, run_decay_ptr=f32, run_tok_ptr=i32,
                          run_coef_ptr=f32, scratch_ptr=f32, log_ptr=bank),
                     dict(C=CC, W=W, R=R, BD=CFG["BD"], TB=64, EW=CFG["EW"], NG=CFG["NG"], CP=CC,
-                         SAVE=CC != 64, PREC="tf32", KW=CFG["KW"]),
+                         SAVE=CC != 64, PREC="tf32", HD16=True, KW=CFG["KW"]),
                     num_warps=CFG["WARPS"])
     prec = "tf32" if dtype == "bf16" else "ieee"
     for CC in (64, 128, 256):   # the step walk: a gather and a write launch per chunk
@@ -241,10 +242,11 @@ def main(dtype="bf16"):
         compile_one(*specs["write"])
     for mode in (1, 2):
         compile_one(quantize._quantize_kernel, dict(raw_ptr=bank, out_ptr="*u8", scale_ptr=f32),
-                    dict(MODE=mode, RB=quantize.ROWS_PER_PROGRAM, HP=512))
+                    dict(MODE=mode, RB=quantize.ROWS_PER_PROGRAM, HP=512, HD16=True,
+                         WIDTH16=True))
     compile_one(decode._decode_kernel,
                 dict(bank_ptr=bank, slot_ptr=i32, val_ptr=f32, gate_ptr=f32, v_ptr=bank,
-                     beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16))
+                     beta_ptr=f32, out_ptr=bank), dict(W=W, R=R, WP=64, RP=64, BD=16, HD16=True))
     for q in (0, 1, 2):
         compile_one(reverse_walk._reverse_kernel,
                     dict(dB_ptr=bank, work_ptr=bank, log_ptr=(bank if q == 0 else "*u8"),
@@ -256,7 +258,8 @@ def main(dtype="bf16"):
                          pc_ptr=f32, pm_ptr=f32, pb_ptr=f32, pqk_ptr=f32, pl_ptr=f32,
                          scratch_ptr=f32),
                     dict(C=C, W=W, R=R, BD=CFG["BD_BWD"], TB=64, EW=CFG["EW_BWD"], NG=CFG["NG_BWD"],
-                         CP=C, QMODE=q, PREC="tf32", KW=CFG["KW_BWD"]),
+                         CP=C, QMODE=q, PREC="tf32", HD16=True, WIDTH16=True,
+                         KW=CFG["KW_BWD"]),
                     num_warps=CFG["WARPS_BWD"])
     sb = step_reverse
     BDB, BDW, NGS = CFG["BD_STEP_B"], CFG["BD_STEP_W"], CFG["NG_STEP"]

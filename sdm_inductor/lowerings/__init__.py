@@ -13,8 +13,9 @@ functionalizes a graph for a backend (torch.compile, AOTInductor), the hook
   graph ops that Inductor fuses with their neighbours.
 - ``offset_views``: a post-grad pass that keeps the in-place op correct for banks that are
   views at a storage offset (a torch 2.13 bug otherwise gives wrong rows).
-- ``kernel_source``: the kernels' ``noinline`` helpers stay non-inlined in Inductor's
-  output code (Inductor writes each helper under a plain ``@triton.jit``).
+- ``kernel_source``: the kernels compile from Inductor's output code as they compile
+  eagerly: ``noinline`` helpers stay non-inlined (Inductor writes each helper under a plain
+  ``@triton.jit``) and register caps stay caps (Inductor drops a ``Config``'s ``maxnreg``).
 
 Eager calls are untouched; ``torch.export`` keeps the ops as they are (AOTInductor
 rewrites them when it compiles the exported program).

@@ -1,4 +1,5 @@
-"""Inductor's output code keeps the kernels' non-inlined helpers non-inlined.
+"""Inductor compiles the kernels as eager launches compile them: ``noinline`` helpers stay
+non-inlined, register caps stay caps.
 
 Inductor writes a user-defined Triton kernel into its output code together with every
 ``@triton.jit`` function the kernel calls
@@ -8,19 +9,31 @@ that and is inlined. The queue walks rely on it: each kind of work item is a non
 function, so a launch needs the registers of its largest item, not of their union (inlined:
 244-255 registers at 4 warps, which under the launches' register caps spill). Emitted at
 config A (H100), the reverse queue walk took 9.1 ms of a training call's GPU time inlined,
-against ~6.6 ms for the same launch from the eager op.
+against ~6.6 ms for the same launch from the eager op. ``install`` wraps that function so
+that its source writes ``@triton.jit(noinline=True)`` above each helper declared so.
 
-``install`` wraps that function so that its source writes ``@triton.jit(noinline=True)``
-above each helper declared so. Every caller (the wrapper codegen, the FX graph and
-AOTAutograd caches' keys) looks the function up on the module when it runs, so all of them
-see the same source. A torch without the function is left alone.
+A launch's register cap is the ``maxnreg`` of its one-config ``triton.autotune``
+(``runtime.launch.capped``). Inductor writes each ``Config`` into its output code as a dict
+(``triton_heuristics.config_to_dict``) without ``maxnreg``, and compiles a ``Config``
+(``CachingAutotuner._create_compile_options``) without it either, so the emitted queue walks
+compiled uncapped: the forward with 252 registers (2 programs per SM instead of 3), the
+reverse with 160 (3 instead of 4). ``install`` makes the dict keep ``maxnreg``; the compile
+step runs where the kernel's module loads, often in Inductor's compile workers, which never
+import this package, so the source of a capped kernel ends with the code that makes that
+step pass ``maxnreg`` to ``triton.compile`` as Triton's own autotuner does
+(``_pass_register_caps``, written out whole: it needs nothing of this package).
+
+Every caller (the wrapper codegen, the FX graph and AOTAutograd caches' keys) looks these
+functions up on their modules when it runs, so all of them see the same source. A torch
+without them is left alone.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 
-__all__ = ["install", "noinline_helpers"]
+__all__ = ["capped", "install", "noinline_helpers"]
 
 
 def noinline_helpers(kernel) -> set[str]:
@@ -43,7 +56,38 @@ def noinline_helpers(kernel) -> set[str]:
     return names
 
 
-def _keep_noinline(source_code):
+def capped(obj) -> bool:
+    """Whether ``obj`` (a ``JITFunction`` or a ``triton.Config``) is one that
+    ``kernels.runtime.launch.capped`` made (a launch under a register cap)."""
+    try:
+        from ..kernels.runtime.launch import CAPPED
+    except ImportError:     # no triton: nothing was capped
+        return False
+    return CAPPED.get(id(obj)) is obj
+
+
+def _pass_register_caps():
+    # Inductor compiles a Config without its maxnreg: pass it on, as triton.autotune does.
+    # This function's source is written whole into the output code of every capped kernel
+    # (kernel_source.py), so it imports what it needs and nothing of sdm_inductor.
+    import functools
+
+    from torch._inductor.runtime import triton_heuristics
+    create = triton_heuristics.CachingAutotuner._create_compile_options
+    if getattr(create, "passes_maxnreg", False):
+        return
+
+    @functools.wraps(create)
+    def create_compile_options(self, cfg, *args, **kwargs):
+        options = create(self, cfg, *args, **kwargs)
+        if getattr(cfg, "maxnreg", None) and options.get("maxnreg") is None:
+            options["maxnreg"] = cfg.maxnreg
+        return options
+    create_compile_options.passes_maxnreg = True
+    triton_heuristics.CachingAutotuner._create_compile_options = create_compile_options
+
+
+def _keep_launch_options(source_code):
     @functools.wraps(source_code)
     def closure_source(kernel, *args, **kwargs):
         from triton.runtime.jit import JITFunction
@@ -57,19 +101,47 @@ def _keep_noinline(source_code):
         for name in noinline_helpers(jit):
             src = re.sub(rf"^@triton\.jit\n(def {re.escape(name)}\()",
                          r"@triton.jit(noinline=True)\n\1", src, flags=re.MULTILINE)
+        if capped(jit):
+            name = _pass_register_caps.__name__
+            src += f"\n\n\n{inspect.getsource(_pass_register_caps)}\n\n{name}()\n"
         return src
-    closure_source.keeps_noinline = True
+    closure_source.keeps_launch_options = True
     return closure_source
 
 
+def _keep_maxnreg(config_to_dict):
+    @functools.wraps(config_to_dict)
+    def to_dict(config):
+        out = config_to_dict(config)
+        if capped(config):
+            out["maxnreg"] = config.maxnreg
+        return out
+    to_dict.keeps_maxnreg = True
+    return to_dict
+
+
+def _reads_maxnreg(heuristics) -> bool:
+    """Whether Inductor's dict-to-Config step makes ``maxnreg`` a Config option (not a
+    kernel argument)."""
+    try:
+        cfg = heuristics.config_from_dict({"maxnreg": 8, "num_warps": 4, "num_stages": 1})
+    except Exception:   # noqa: BLE001  (another torch: leave it alone)
+        return False
+    return getattr(cfg, "maxnreg", None) == 8 and "maxnreg" not in cfg.kwargs
+
+
 def install() -> None:
-    """Wrap Inductor's kernel-source function once (idempotent)."""
+    """Wrap Inductor's kernel-source and config-writing functions once (idempotent)."""
     try:
         from torch._inductor.codegen import wrapper
+        from torch._inductor.runtime import triton_heuristics
     except ImportError:      # no Inductor: nothing emits kernels
         return
     name = "user_defined_triton_kernel_transitive_closure_source_code"
     fn = getattr(wrapper, name, None)
-    if fn is None or getattr(fn, "keeps_noinline", False):
-        return
-    setattr(wrapper, name, _keep_noinline(fn))
+    if fn is not None and not getattr(fn, "keeps_launch_options", False):
+        setattr(wrapper, name, _keep_launch_options(fn))
+    to_dict = getattr(triton_heuristics, "config_to_dict", None)
+    if (to_dict is not None and not getattr(to_dict, "keeps_maxnreg", False)
+            and _reads_maxnreg(triton_heuristics)):
+        triton_heuristics.config_to_dict = _keep_maxnreg(to_dict)

@@ -47,13 +47,12 @@ TRITON_DEVICES = ("cuda",)
 
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
-# calls the eager implementation: a call with the kernels emitted (Phase 1 as traced, the
-# queue walks) takes 1.16x (A) / 1.07x (B) the eager call's time no-grad and 1.21x / 1.16x
-# for a training call (H100), and 7.2x at B on an H200, where the emitted queue walk runs
-# 8.6x slower than the same kernel launched by the eager op (docs/performance.md, "Traced
-# walks": cause not found), although launched eagerly the queue walks are within 1.08x of
-# the step walks. "always": torch.compile's output code launches them too. "never":
-# AOTInductor packages call the eager implementation as well,
+# calls the eager implementation. With the kernels emitted, a static-shape call at B takes
+# 1.00x the eager call with the queue walk no-grad and 0.99x for a training call (H100);
+# with dynamic shapes the walks' row loads were unvectorized until they took HD16 (12x at
+# B), which is not yet timed on a GPU, so torch.compile keeps the extern call
+# (docs/performance.md, "Traced walks"). "always": torch.compile's output code launches
+# them too. "never": AOTInductor packages call the eager implementation as well,
 # through AOTInductor's proxy executor (the loading process runs Python with sdm_inductor
 # imported, as CPU packages always need): at A a package then takes 1.04x the eager call's
 # time no-grad, 1.13x with the kernels in it (H100, docs/performance.md, "What users call").

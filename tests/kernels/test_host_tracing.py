@@ -288,6 +288,39 @@ def test_queue_walk_refuses_more_items_than_its_int32_tickets():
         queue_walk(bank, pl, None, None, None, False, host.CONFIG, "tf32")
 
 
+def test_traced_walks_know_when_rows_are_16_aligned():
+    """Inductor marks a symbolic size divisible by 16 only where it can prove it; a row
+    gather of unknown alignment then loads one element at a time. A traced walk takes
+    ``HD16`` / ``WIDTH16`` from its row lengths, guarded on, so the graph traced at a
+    multiple of 16 serves the other multiples and not the rest (and the other way round)."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    def traced(fn, hd):
+        ins = make_inputs(P=2, T=37, W=17, R=3, hd=hd, slots_per_stream=24, seed=hd)
+        args = (ins.bank, ins.k_idx, ins.k_val, ins.v, ins.beta, ins.g, ins.q_idx, ins.q_val)
+        if fn is _backward:
+            log = torch.randn(3 * 2 * C, 17, hd)
+            args = (torch.randn(2, 37, hd), torch.randn_like(ins.bank), ins.bank, log,
+                    torch.empty(0), *args[1:])
+        return args, make_fx(fn, tracing_mode="symbolic")(*args)
+
+    for fn, kernel in ((_forward, "_queue_walk_kernel"), (_backward, "_queue_reverse_kernel")):
+        for hd, others in ((32, {64: True, 40: False}), (18, {40: True, 64: False})):
+            args, gm = traced(fn, hd)
+            flags = [n.kwargs["kwargs"] for n in gm.graph.nodes
+                     if "triton_kernel_wrapper" in str(n.target)
+                     and kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__
+                     == kernel]
+            assert flags and all(f["HD16"] == (hd == 32) for f in flags), (kernel, hd, flags)
+            if fn is _backward:
+                assert all(f["WIDTH16"] == (hd == 32) for f in flags), (hd, flags)
+            fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+            env = fakes[0].fake_mode.shape_env
+            for other, served in others.items():
+                assert env.evaluate_guards_for_args(fakes, list(traced(fn, other)[0])) == served, (
+                    kernel, hd, other)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_traced_queue_walks_carry_their_register_caps(dtype):
     """A traced queue walk's register cap is its launch's one autotune ``Config``, which

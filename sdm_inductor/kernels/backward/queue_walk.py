@@ -51,9 +51,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..common.tiles import _token_program_at
+from ..common.tiles import _token_program_at, row_length
 from ..forward.queue_walk import LINE, _await_count, _finish, _programs, register_cap
-from ..runtime.launch import launch_capped, pow2
+from ..runtime.launch import launch_capped, multiple_of_16, pow2
 from .step_walk import (_dev_program, _dw_token, _group_program, _mix1_blocks, _mix2_blocks,
                         _vmr_token, group_args, partial_buffers, window_sums)
 
@@ -149,7 +149,10 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                           CP: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
                           BDG: tl.constexpr, NG: tl.constexpr,
                           KW: tl.constexpr, KT: tl.constexpr, KB: tl.constexpr,
-                          KEPT: tl.constexpr, PREC: tl.constexpr, LINE: tl.constexpr):
+                          KEPT: tl.constexpr, PREC: tl.constexpr, LINE: tl.constexpr,
+                          HD16: tl.constexpr, WIDTH16: tl.constexpr):
+    hd = row_length(hd, HD16)
+    width = row_length(width, WIDTH16)
     E: tl.constexpr = W + R
     NTI: tl.constexpr = C // KT                 # token items (gather, dw, dev) a group and chunk
     NMS: tl.constexpr = BD // MB
@@ -293,6 +296,6 @@ def queue_reverse(dB: Tensor, final: Tensor, log: Tensor, scales: Tensor, width:
                   parts["ev"], *group_args(gr), sync, P, T, hd, width, NC, NCB, NCL, C=C, W=W,
                   R=R, BD=BD, WP=pow2(W), RP=pow2(R), CP=CP, MB=MB, TB=TB, BDG=BDG, NG=NG,
                   KW=config["KW_GROUP"], KT=KT, KB=KB, KEPT=vmr_kept is not None, PREC=prec,
-                  LINE=LINE)
+                  LINE=LINE, HD16=multiple_of_16(hd), WIDTH16=multiple_of_16(width))
     window_sums(parts, sums, P, NC, 0, NC, NC, C)
     return sums

@@ -28,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.tiles import _group_cols, _group_headers, _group_members, _load_log, _qkt_dy
-from ..runtime.launch import launch, pow2
+from ..common.tiles import (_group_cols, _group_headers, _group_members, _load_log, _qkt_dy,
+                            row_length)
+from ..runtime.launch import launch, multiple_of_16, pow2
 
 
 @triton.jit
@@ -121,9 +122,12 @@ def _reverse_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, run_slot_ptr, slot_ptr
                     P, T, hd, width, NC, B, C_LO, N_WIN, NCW,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    QMODE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1):
+                    QMODE: tl.constexpr, PREC: tl.constexpr, HD16: tl.constexpr,
+                    WIDTH16: tl.constexpr, KW: tl.constexpr = 1):
     # one window of chunks, [C_LO, C_LO + N_WIN), in reverse; the partial sums hold NCW
     # chunks per stream (the window), indexed by the chunk's place in the window
+    hd = row_length(hd, HD16)
+    width = row_length(width, WIDTH16)
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -315,8 +319,8 @@ def column_reverse(dB, work, log, scales, width: int, pl, gr, v, dy, dv, qmode: 
                parts["ev"], parts["coef"], parts["m"], parts["b"], parts["qk"], parts["L"],
                scratch, P, T, hd, width, NC, BW, c_lo, n_win, NCW, C=C, W=W, R=R,
                BD=BD, TB=min(config["TB"], CP), EW=config["EW_BWD"], NG=config["NG_BWD"], CP=CP,
-               QMODE=qmode, PREC=prec, KW=config["KW_BWD"],
-               num_warps=config["WARPS_BWD"])
+               QMODE=qmode, PREC=prec, KW=config["KW_BWD"], HD16=multiple_of_16(hd),
+               WIDTH16=multiple_of_16(width), num_warps=config["WARPS_BWD"])
         if nwin == 1:   # the whole sequence's sums, [B, C, n] (no [P, NC, ...] view: a
             # traced call would guard on NC being 1 and recompile when a length passes C)
             return {k: part.sum(0) for k, part in parts.items()}

@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..common.tiles import _write_head, _write_tile
-from ..runtime.launch import launch, pow2
+from ..common.tiles import _write_head, _write_tile, row_length
+from ..runtime.launch import launch, multiple_of_16, pow2
 
 
 @triton.jit
@@ -59,11 +59,13 @@ def _forward_kernel(bank_ptr, slot_ptr, ev_ptr, X_ptr, QKX_ptr, v_ptr, beta_ptr,
                     scratch_ptr, log_ptr, P, T, hd, NC,
                     C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
                     TB: tl.constexpr, EW: tl.constexpr, NG: tl.constexpr, CP: tl.constexpr,
-                    SAVE: tl.constexpr, PREC: tl.constexpr, KW: tl.constexpr = 1):
+                    SAVE: tl.constexpr, PREC: tl.constexpr, HD16: tl.constexpr,
+                    KW: tl.constexpr = 1):
     # The gather is pipelined by hand: the rows of the next tile are in flight while this
     # tile's are reduced, the slots two tiles ahead. KW: run members gathered with the run
     # header in the write pass, whose next tile's headers load while this tile's rows are
     # gathered.
+    hd = row_length(hd, HD16)
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -159,5 +161,6 @@ def column_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: b
            ru.slot, ru.length, ru.decay, ru.tok, ru.coef, scratch, saved, P, T, hd,
            pl.NC, C=C, W=W, R=R, BD=BD,
            TB=min(config["TB"], CP), EW=config["EW"], NG=config["NG"], CP=CP,
-           SAVE=save, PREC=prec, KW=config["KW"], num_warps=config["WARPS"])
+           SAVE=save, PREC=prec, HD16=multiple_of_16(hd), KW=config["KW"],
+           num_warps=config["WARPS"])
 

@@ -14,7 +14,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ..phase1 import prep
-from ..runtime.launch import launch, pow2
+from ..common.tiles import row_length
+from ..runtime.launch import launch, multiple_of_16, pow2
 
 DECODE_MAX_T = 16
 
@@ -22,7 +23,8 @@ DECODE_MAX_T = 16
 @triton.jit(do_not_specialize=["T"])
 def _decode_kernel(bank_ptr, slot_ptr, val_ptr, gate_ptr, v_ptr, beta_ptr, out_ptr, T, hd,
                    W: tl.constexpr, R: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
-                   BD: tl.constexpr):
+                   BD: tl.constexpr, HD16: tl.constexpr):
+    hd = row_length(hd, HD16)
     p = tl.program_id(0)
     cb = tl.program_id(1)
     E: tl.constexpr = W + R
@@ -68,5 +70,6 @@ def decode(bank: Tensor, k_idx, k_val, v, beta, g, q_idx, q_val, config: dict,
     out = torch.empty(P, T, hd, dtype=bank.dtype, device=bank.device)
     BD = config["BD_DECODE"]
     launch(_decode_kernel, (P, -(-hd // BD)), bank, slot, val, gate, v, beta, out, T, hd,
-           W=W, R=R, WP=pow2(W), RP=pow2(R), BD=BD, num_warps=config["WARPS"])
+           W=W, R=R, WP=pow2(W), RP=pow2(R), BD=BD, HD16=multiple_of_16(hd),
+           num_warps=config["WARPS"])
     return out

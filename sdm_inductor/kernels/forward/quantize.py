@@ -17,7 +17,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ... import quant
-from ..runtime.launch import launch, pow2
+from ..common.tiles import row_length
+from ..runtime.launch import launch, multiple_of_16, pow2
 
 _MODE = {"fp8": 1, "int4": 2}
 # measured on the H200 at config A's log (docs/performance.md, measurement facts): 2 rows x 2 warps
@@ -52,9 +53,12 @@ def _f32_to_e4m3(y):
 
 @triton.jit
 def _quantize_kernel(raw_ptr, out_ptr, scale_ptr, n_rows, hd, width, MODE: tl.constexpr,
-                     RB: tl.constexpr, HP: tl.constexpr):
+                     RB: tl.constexpr, HP: tl.constexpr, HD16: tl.constexpr,
+                     WIDTH16: tl.constexpr):
     # HP: pow2 >= the row's pairs (int4) or columns / 2 (fp8): columns 2j and 2j + 1 are
     # loaded as two halves so int4 packs them into byte j
+    hd = row_length(hd, HD16)
+    width = row_length(width, WIDTH16)
     rows = tl.program_id(0) * RB + tl.arange(0, RB)
     rm = rows < n_rows
     j = tl.arange(0, HP)
@@ -94,5 +98,6 @@ def pack_log(raw: Tensor, mode: str, bank_dtype: torch.dtype):
     scales = raw.new_empty(n, W, dtype=torch.float32)
     RB = ROWS_PER_PROGRAM
     launch(_quantize_kernel, (triton.cdiv(n * W, RB),), raw, rows, scales, n * W, hd, width,
-           MODE=_MODE[mode], RB=RB, HP=pow2(-(-hd // 2)), num_warps=WARPS)
+           MODE=_MODE[mode], RB=RB, HP=pow2(-(-hd // 2)), HD16=multiple_of_16(hd),
+           WIDTH16=multiple_of_16(width), num_warps=WARPS)
     return rows, scales

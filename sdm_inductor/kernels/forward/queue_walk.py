@@ -42,8 +42,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..common.tiles import ROWS_MAX_CP, _write_head, _write_tile
-from ..runtime.launch import launch_capped, pow2
+from ..common.tiles import ROWS_MAX_CP, _write_head, _write_tile, row_length
+from ..runtime.launch import launch_capped, multiple_of_16, pow2
 from .step_walk import _mix_block, _mix_rows_load, _mix_rows_products, step_buffers
 
 # counters sit one 128-byte line apart (``LINE`` int32s): polls of one group's count do
@@ -196,7 +196,9 @@ def _queue_walk_kernel(bank_ptr, slot_ptr, ev_ptr, v_ptr, beta_ptr, X_ptr, QKX_p
                        CP: tl.constexpr, TB: tl.constexpr, MB: tl.constexpr, NG: tl.constexpr,
                        KW: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
                        LINE: tl.constexpr, KG: tl.constexpr, KT: tl.constexpr,
-                       ES: tl.constexpr, KEEP: tl.constexpr, ROWS: tl.constexpr):
+                       ES: tl.constexpr, KEEP: tl.constexpr, ROWS: tl.constexpr,
+                       HD16: tl.constexpr):
+    hd = row_length(hd, HD16)
     NMS: tl.constexpr = BD // MB
     NMI: tl.constexpr = (CP // TB) * NMS        # mix items per group and chunk
     NGB: tl.constexpr = C // KG                 # gather items (KG tokens each)
@@ -286,4 +288,5 @@ def queue_walk(bank: Tensor, pl, v: Tensor, out: Tensor, saved: Tensor, save: bo
                   delta, saved, u if keep is None else keep, sync, P, pl.T, hd, NC, NCB, C=C,
                   W=W, R=R, BD=BD, CP=CP, TB=TB, MB=MB, NG=NG, KW=config["KW_STEP"], SAVE=save,
                   PREC=prec, LINE=LINE, KG=KG, KT=KT, ES=config["QUEUE_GATHER_ENTRIES"],
-                  KEEP=keep is not None, ROWS=bool(config["MIX_ROWS"]) and CP <= ROWS_MAX_CP)
+                  KEEP=keep is not None, ROWS=bool(config["MIX_ROWS"]) and CP <= ROWS_MAX_CP,
+                  HD16=multiple_of_16(hd))

@@ -10,6 +10,7 @@ import triton
 from torch._library.triton import is_wrap_triton_enabled as _wrap_triton_enabled
 from torch._library.triton import set_wrap_triton_enabled
 from torch._subclasses.fake_tensor import is_fake as _is_fake
+from torch.fx.experimental.symbolic_shapes import guard_bool, statically_known_true
 from torch.library import wrap_triton
 from triton import knobs
 from triton.runtime import driver
@@ -106,6 +107,20 @@ def pdl(config: dict, t) -> dict:
     return dict(PDL=int(config["PDL"]), launch_pdl=True) if on else dict(PDL=False)
 
 
+def multiple_of_16(n) -> bool:
+    """Whether a row length is a multiple of 16: a kernel's ``HD16`` / ``WIDTH16``
+    (``tiles.row_length``). A traced call guards on a symbolic length, so its graph serves
+    the lengths that agree; an AOTInductor package, which has no guards, takes what its
+    shapes prove."""
+    if isinstance(n, int):
+        return n % 16 == 0
+    from torch._inductor.virtualized import V
+
+    if V.aot_compilation:
+        return statically_known_true(n % 16 == 0)
+    return guard_bool(n % 16 == 0)
+
+
 def launch(kernel, grid, *args, **meta):
     """``kernel[grid](*args, **meta)``, traceable inside a ``triton_op``."""
     if isinstance(kernel, (JITFunction, Autotuner)):
@@ -116,13 +131,19 @@ def launch(kernel, grid, *args, **meta):
         kernel[grid](*args, **meta)
 
 
+# What ``capped`` made (its kernels and Configs, by id): Inductor's output code and
+# AOTInductor packages keep their caps only with help (lowerings/kernel_source.py)
+CAPPED: dict[int, object] = {}
+
+
 @functools.cache
 def capped(kernel: JITFunction, num_warps: int, maxnreg: int) -> Autotuner:
     """``kernel`` launched in ``num_warps`` warps under a cap of ``maxnreg`` registers per
-    thread: a one-config ``triton.autotune`` (nothing to tune). Its ``Config`` is how a cap
-    reaches Inductor's output code and AOTInductor packages; a ``maxnreg`` launch argument
-    would not pass through ``wrap_triton``."""
+    thread: a one-config ``triton.autotune`` (nothing to tune). A ``maxnreg`` launch
+    argument would not pass through ``wrap_triton``; a ``Config`` reaches Inductor's output
+    code (``CAPPED``)."""
     cfg = triton.Config({}, num_warps=num_warps, num_stages=1, maxnreg=maxnreg)
+    CAPPED.update({id(kernel): kernel, id(cfg): cfg})
     return triton.autotune([cfg], key=[])(kernel)
 
 
