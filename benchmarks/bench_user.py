@@ -20,6 +20,8 @@ checks on, as a user runs them):
 - ``compiled, emitted``: the same with the SDM kernels in the output code
   (``EMIT_KERNELS="always"``: Phase 1 as traced and the queue walks, what AOTInductor
   packages launch);
+- ``dynamic, emitted``: the same compiled with ``dynamic=True`` (every size symbolic: the
+  walks learn that rows are 16-aligned from a guard, ``runtime.launch.multiple_of_16``);
 - ``AOTI package, emitted`` / ``AOTI package, eager op``: an AOTInductor package of a
   module calling ``torch.ops.sdm.write_read`` (no grad; static shapes), built with the SDM
   kernels in it (``EMIT_KERNELS="aot"``, the default) and with the eager op called through
@@ -144,6 +146,9 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
     def fn_emitted(b, *a):   # a code object of its own: Dynamo caches per code object
         return sdm_inductor.write_read(b, *a, chunk_size=C, slots_per_stream=sph)
 
+    def fn_dynamic(b, *a):
+        return sdm_inductor.write_read(b, *a, chunk_size=C, slots_per_stream=sph)
+
     def functional(f):
         def nograd():
             with torch.no_grad():
@@ -168,6 +173,8 @@ def op_rows(name: str, C: int, compile_: bool) -> dict:
         calls["compiled write_read"] = functional(torch.compile(fn, fullgraph=True))
         calls["compiled, emitted"] = tuple(
             map(emitting, functional(torch.compile(fn_emitted, fullgraph=True))))
+        calls["dynamic, emitted"] = tuple(
+            map(emitting, functional(torch.compile(fn_dynamic, fullgraph=True, dynamic=True))))
     out = _time_calls(name, C, calls)
     out["floor"] = (lambda f: (f["fwd"], f["fwdbwd"]))(floors(ins, C, BW))
     return out
@@ -220,7 +227,7 @@ def layer_rows(name: str, C: int, compile_: bool) -> dict:
     return _time_calls(name, C, calls)
 
 
-FUNCTIONAL = ("write_read", "compiled write_read", "compiled, emitted",
+FUNCTIONAL = ("write_read", "compiled write_read", "compiled, emitted", "dynamic, emitted",
               "AOTI package, emitted", "AOTI package, eager op")
 
 
