@@ -47,16 +47,17 @@ TRITON_DEVICES = ("cuda",)
 
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
-# calls the eager implementation. With the kernels emitted, a static-shape call at B takes
-# 1.00x the eager call with the queue walk no-grad and 0.99x for a training call (H100);
-# with dynamic shapes the walks' row loads were unvectorized until they took HD16 (12x at
-# B), which is not yet timed on a GPU, so torch.compile keeps the extern call
-# (docs/performance.md, "Traced walks"). "always": torch.compile's output code launches
-# them too. "never": AOTInductor packages call the eager implementation as well,
-# through AOTInductor's proxy executor (the loading process runs Python with sdm_inductor
-# imported, as CPU packages always need): at A a package then takes 1.04x the eager call's
-# time no-grad, 1.13x with the kernels in it (H100, docs/performance.md, "What users call").
-# SDM_INDUCTOR_EMIT_KERNELS sets it.
+# calls the eager implementation, because the emitted walks (the queue walks) trail the
+# eager step walks at A: the emitted call takes 1.03x / 1.05x the extern call's time there
+# (no-grad / training; at B 1.00x / 0.99x the eager call with the queue walk; H100, static
+# shapes). Under dynamic shapes the walks learn from a guard that rows are 16-aligned
+# (HD16), checked in sm_90 code, not timed on a GPU (docs/performance.md, "Traced walks").
+# "always": torch.compile's output code launches them too. "never": AOTInductor packages
+# call the eager implementation as well, through AOTInductor's proxy executor (the loading
+# process runs Python with sdm_inductor imported, as CPU packages always need): at A a
+# package then takes 1.04x the eager call's time no-grad, 1.13x with the kernels in it
+# (H100, before the register caps reached the output code; docs/performance.md, "What
+# users call"). SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_MODES = ("aot", "always", "never")
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 
