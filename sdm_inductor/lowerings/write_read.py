@@ -56,8 +56,8 @@ TRITON_DEVICES = ("cuda",)
 # call the eager implementation as well, through AOTInductor's proxy executor (the loading
 # process runs Python with sdm_inductor imported, as CPU packages always need): at A a
 # package then takes 1.04x the eager call's time no-grad, 1.13x with the kernels in it
-# (H100, before the register caps reached the output code; docs/performance.md, "What
-# users call"). SDM_INDUCTOR_EMIT_KERNELS sets it.
+# (H100, measured with the register caps dropped from the output code; docs/performance.md,
+# "What users call"). SDM_INDUCTOR_EMIT_KERNELS sets it.
 EMIT_MODES = ("aot", "always", "never")
 EMIT_KERNELS = os.environ.get("SDM_INDUCTOR_EMIT_KERNELS", "aot")
 
