@@ -48,10 +48,10 @@ TRITON_DEVICES = ("cuda",)
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
 # calls the eager implementation, because the emitted walks (the queue walks) trail the
-# eager step walks at A: the emitted call takes 1.03x / 1.05x the extern call's time there
-# (no-grad / training; at B 1.00x / 0.99x the eager call with the queue walk; H100, static
-# shapes). Under dynamic shapes the walks learn from a guard that rows are 16-aligned
-# (HD16), checked in sm_90 code, not timed on a GPU (docs/performance.md, "Traced walks").
+# eager step walks: the emitted call takes 1.03x / 1.05x the extern call's time at A on an
+# H100 and 1.21x / 1.09x at B on an H200 (no-grad / training, static shapes; a dynamic=True
+# graph, whose walks learn from a guard that rows are 16-aligned (HD16), takes the same;
+# docs/performance.md, "Traced walks").
 # "always": torch.compile's output code launches them too. "never": AOTInductor packages
 # call the eager implementation as well, through AOTInductor's proxy executor (the loading
 # process runs Python with sdm_inductor imported, as CPU packages always need): at A a
