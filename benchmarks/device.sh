@@ -9,8 +9,11 @@
 #   bash benchmarks/device.sh user [A|B]     # benchmarks/bench_user.py (what users call, A and B at C=128,
 #                                            # AOTInductor packages included)
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
-#   bash benchmarks/device.sh timeline       # benchmarks/tools/call_timeline.py (a lone call's
-#                                            # timeline, eager and compiled; files under $OUT)
+#   bash benchmarks/device.sh timeline [emitted]
+#                                            # benchmarks/tools/call_timeline.py (a lone call's
+#                                            # timeline, eager and compiled; emitted: also the
+#                                            # eager queue walk and the kernels emitted; files
+#                                            # under $OUT)
 #   bash benchmarks/device.sh aoti [N [J]] [small]
 #                                            # N fresh-process AOTInductor build + load +
 #                                            # compare rounds, J at a time (default 3 and 1;
@@ -82,7 +85,9 @@ while [ $# -gt 0 ]; do
     compile)
       run bench_compile 560 python3 benchmarks/bench_compile.py --json "$OUT/bench_compile.json" ;;
     timeline)
-      run call_timeline 400 python3 benchmarks/tools/call_timeline.py --out "$OUT" ;;
+      extra=""
+      [ "${1:-}" = emitted ] && { extra=--emitted; shift; }
+      run call_timeline 500 python3 benchmarks/tools/call_timeline.py --out "$OUT" $extra ;;
     aoti)   # a package must match eager in every build: count the rounds that do not
       n=3; j=1
       case ${1:-} in ''|*[!0-9]*) ;; *) n=$1; shift ;; esac
@@ -109,7 +114,7 @@ while [ $# -gt 0 ]; do
       grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
-      echo "unknown segment: $seg (tests, bench, walks, floor, user [A|B], compile, timeline, aoti [N [J]] [small])"
+      echo "unknown segment: $seg (tests, bench, walks, floor, user [A|B], compile, timeline [emitted], aoti [N [J]] [small])"
       exit 2 ;;
   esac
 done

@@ -3,12 +3,17 @@ synchronized, eager against ``torch.compile(fullgraph=True)``, as ``bench_compil
 --cases op`` times it. Prints the medians of both (interleaved rounds), then profiles one
 call of each and prints its summary: wall time, when the host issued its last launch,
 when the GPU started and ended, how long the GPU was busy in between and its longest idle
-stretches. The whole timeline of each profiled call (host ops with their nesting depth,
-launches, GPU kernels; microseconds from the call's start) goes to
-``OUT/call_timeline_<config>.txt``. The profiler roughly doubles the host's time; the
-medians are taken without it.
+stretches, and its kernels' summed times (the largest by name). The whole timeline of each
+profiled call (host ops with their nesting depth, launches, GPU kernels; microseconds from
+the call's start) goes to ``OUT/call_timeline_<config>.txt``. The profiler roughly doubles
+the host's time; the medians are taken without it.
 
-    python benchmarks/tools/call_timeline.py [--configs A,B] [--out DIR]
+``--emitted`` adds the eager call through the queue walk (``WALK="queue"``) and the
+compiled call with the SDM kernels in the output code (``EMIT_KERNELS="always"``): the two
+that launch the same walk kernel, so their kernel sums say whether the emitted call's
+extra time is on the GPU or on the host.
+
+    python benchmarks/tools/call_timeline.py [--configs A,B] [--emitted] [--out DIR]
     python benchmarks/tools/call_timeline.py --device cpu --configs small   # a smoke run
 """
 from __future__ import annotations
@@ -23,6 +28,19 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench_compile
 import bench_compile as bc  # noqa: E402
+from bench_user import emitting  # noqa: E402
+from sdm_inductor.kernels.config import CONFIG  # noqa: E402
+
+
+def _queue_walk(fn):
+    """``fn`` called with the eager op forced onto the queue walk."""
+    def call():
+        old, CONFIG["WALK"] = CONFIG["WALK"], "queue"
+        try:
+            return fn()
+        finally:
+            CONFIG["WALK"] = old
+    return call
 
 
 def _events_of(events, mark):
@@ -73,12 +91,26 @@ def _summary(rows, wall):
             f"GPU {first:8.1f} .. {end:8.1f}, busy {busy:8.1f}", idle)
 
 
+def _kernel_sums(rows, top: int = 6) -> str:
+    """The GPU's kernels summed: their count and total time, and the ``top`` largest names
+    with their summed times (a name launched several times counts once)."""
+    by_name: dict[str, float] = {}
+    for _, dur, dev, _, name in rows:
+        if dev == "GPU":
+            by_name[name] = by_name.get(name, 0.0) + dur
+    largest = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return (f"{sum(1 for r in rows if r[2] == 'GPU')} kernels, {sum(by_name.values()):.1f} us; "
+            + "; ".join(f"{t:.1f} {n[:48]}" for n, t in largest))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="A,B")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--emitted", action="store_true",
+                    help="also the eager queue walk and the compiled call with the kernels emitted")
     args = ap.parse_args()
     device = torch.device(args.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
@@ -88,15 +120,21 @@ def main():
         kw = bc.prepared(bc.op_inputs(**cfg, device=device))
         opts = dict(C=cfg["C"], sph=cfg["sph"])
         compiled = torch.compile(lambda **k: bc.explicit_op(**k, **opts), fullgraph=True)
-        calls = {"eager": lambda: bc.explicit_op(**kw, **opts), "compiled": lambda: compiled(**kw)}
+        eager = lambda: bc.explicit_op(**kw, **opts)  # noqa: E731
+        calls = {"eager": eager, "compiled": lambda: compiled(**kw)}
+        if args.emitted:
+            # a code object of its own: Dynamo caches compiled code per code object
+            emitted = torch.compile(lambda **k: bc.explicit_op(**k, **opts), fullgraph=True)
+            calls["queue"] = _queue_walk(eager)
+            calls["emitted"] = emitting(lambda: emitted(**kw))
         with torch.no_grad():
             times = {mode: [] for mode in calls}
             for _ in range(args.rounds):
                 for mode, fn in calls.items():
                     times[mode].append(bc.timed(fn, device, 10) * 1e3)
             med = {mode: statistics.median(ts) for mode, ts in times.items()}
-            print(f"config {name}: eager {med['eager']:.3f} ms, compiled {med['compiled']:.3f} "
-                  f"ms (compiled / eager {med['compiled'] / med['eager']:.3f}; medians of "
+            print(f"config {name}: " + ", ".join(f"{m} {t:.3f} ms" for m, t in med.items())
+                  + f" (compiled / eager {med['compiled'] / med['eager']:.3f}; medians of "
                   f"{args.rounds} rounds of 10 lone calls)", flush=True)
             with profile(activities=activities) as prof:
                 for i in range(2):   # the second call of each is the one laid out
@@ -112,8 +150,10 @@ def main():
                 mark = next(e for e in events if e.name == f"call {mode} 1")
                 rows, wall = _events_of(events, mark)
                 line, gaps = _summary(rows, wall)
-                print(f"  {mode:<8} {line}\n           GPU idle: {gaps}", flush=True)
-                fh.write(f"=== {mode}: {line}\n  GPU idle: {gaps}\n"
+                sums = _kernel_sums(rows)
+                print(f"  {mode:<8} {line}\n           GPU idle: {gaps}\n"
+                      f"           GPU kernels: {sums}", flush=True)
+                fh.write(f"=== {mode}: {line}\n  GPU idle: {gaps}\n  GPU kernels: {sums}\n"
                          "  offset us   dur us dev depth name\n")
                 for off, dur, dev, depth, ev in rows:
                     fh.write(f"{off:11.1f} {dur:8.1f} {dev} {depth:5d} {ev[:100]}\n")
