@@ -22,6 +22,7 @@ import argparse
 import os
 import statistics
 import sys
+from unittest import mock
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -35,11 +36,8 @@ from sdm_inductor.kernels.config import CONFIG  # noqa: E402
 def _queue_walk(fn):
     """``fn`` called with the eager op forced onto the queue walk."""
     def call():
-        old, CONFIG["WALK"] = CONFIG["WALK"], "queue"
-        try:
+        with mock.patch.dict(CONFIG, WALK="queue"):
             return fn()
-        finally:
-            CONFIG["WALK"] = old
     return call
 
 
@@ -94,12 +92,12 @@ def _summary(rows, wall):
 def _kernel_sums(rows, top: int = 6) -> str:
     """The GPU's kernels summed: their count and total time, and the ``top`` largest names
     with their summed times (a name launched several times counts once)."""
+    kernels = [(name, dur) for _, dur, dev, _, name in rows if dev == "GPU"]
     by_name: dict[str, float] = {}
-    for _, dur, dev, _, name in rows:
-        if dev == "GPU":
-            by_name[name] = by_name.get(name, 0.0) + dur
+    for name, dur in kernels:
+        by_name[name] = by_name.get(name, 0.0) + dur
     largest = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
-    return (f"{sum(1 for r in rows if r[2] == 'GPU')} kernels, {sum(by_name.values()):.1f} us; "
+    return (f"{len(kernels)} kernels, {sum(by_name.values()):.1f} us; "
             + "; ".join(f"{t:.1f} {n[:48]}" for n, t in largest))
 
 
