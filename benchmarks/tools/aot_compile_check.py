@@ -1,7 +1,14 @@
 """Compile every kernel for sm_90 on a machine without a GPU (Triton's bundled ptxas):
-catches compile errors before device time is spent, and prints registers / spills /
+catches compile errors before device time is spent, and prints registers / stack / spills /
 shared memory of each variant (launch parameters of ``host.CONFIG``, overridable).
-Usage: python benchmarks/tools/aot_compile_check.py [bf16|fp32] [--code] [KEY=INT ...]
+Usage: python benchmarks/tools/aot_compile_check.py [bf16|fp32] [--code] [--ptxas=PATH ...]
+[KEY=INT ...]
+
+``--ptxas=PATH`` adds the report of another ptxas for the same PTX, e.g. the one a torch
+build ships (``torch/bin/ptxas``), which Inductor's compile workers put on
+``TRITON_PTXAS_PATH``: the kernels that torch.compile and AOTInductor emit are assembled by
+it, eager launches by Triton's own (docs/performance.md, "Traced walks"). A register cap
+that one ptxas meets without spilling may spill under the other.
 
 ``--code`` adds to each line a hash of the kernel's PTX instructions without debug
 information: the output of two trees, diffed, tells whether a source change altered
@@ -33,16 +40,28 @@ TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
+PTXAS_OTHER: list[str] = []   # --ptxas=PATH
+
+
 def _ptxas_report(ptx: str) -> str:
-    """registers / spill bytes from ptxas -v."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        open(path, "w").write(ptx)
-        res = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", path, "-o",
-                              os.path.join(d, "k.cubin")], capture_output=True, text=True)
-    regs = re.findall(r"Used (\d+) registers", res.stderr)
-    spill = re.findall(r"(\d+) bytes spill stores", res.stderr)
-    return f"regs={regs[-1] if regs else '?'} spill_stores={spill[-1] if spill else '?'}"
+    """registers, the entry's cumulative stack and the spill stores summed over the kernel's
+    functions (non-inlined helpers spill on their own), from ``ptxas -v`` of each ptxas."""
+    out = []
+    for i, exe in enumerate([PTXAS] + PTXAS_OTHER):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "k.ptx")
+            open(path, "w").write(ptx)
+            res = subprocess.run([exe, "-v", "--gpu-name", "sm_90a", path, "-o",
+                                  os.path.join(d, "k.cubin")], capture_output=True, text=True)
+        regs = re.findall(r"Used (\d+) registers", res.stderr)
+        # the entry's stack: cumulative over the calls of non-inlined helpers, else its frame
+        stack = (re.findall(r"(\d+) bytes cumulative stack size", res.stderr)
+                 or re.findall(r"(\d+) bytes stack frame", res.stderr)[:1])
+        spill = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr))
+        tag = "" if i == 0 else f"[{exe}] "
+        out.append(f"{tag}regs={regs[-1] if regs else '?'} stack={stack[-1] if stack else '?'} "
+                   f"spill_stores={spill}")
+    return " | ".join(out)
 
 
 # integer arguments that are multiples of 16 at the configs (Triton's launcher marks such
@@ -188,7 +207,8 @@ def main(dtype="bf16"):
                          **dict(zip(("EB", "LMAX"),
                                     pairs._pair_launch_blocks(CC, W, R, split)))),
                     pairs._pair_warps(CC) if split else 4)
-    for CC in (64, 128, 256):
+    # C = 128 twice: the no-grad forward (configs A and B) and the training forward
+    for CC, train in ((64, False), (128, False), (128, True), (256, True)):
         compile_one(queue_walk._queue_walk_kernel,
                     dict(bank_ptr=bank, slot_ptr=i32, ev_ptr=f32, v_ptr=bank, beta_ptr=f32,
                          X_ptr=f32, QKX_ptr=f32, out_ptr=bank, run_slot_ptr=i32,
@@ -197,12 +217,14 @@ def main(dtype="bf16"):
                          keep_ptr=f32, sync_ptr=i32),
                     dict(C=CC, W=W, R=R, BD=CFG["BD_STEP"], CP=CC,
                          TB=CFG["TB_MIX"], MB=CFG["MB_MIX"], NG=CFG["NG_STEP"],
-                         KW=CFG["KW_STEP"], SAVE=CC != 64, PREC="tf32",
+                         KW=CFG["KW_STEP"], SAVE=train, PREC="tf32",
                          LINE=queue_walk.LINE, KG=CFG["QUEUE_GATHER_TOKENS"],
                          KT=CFG["QUEUE_WRITE_TILES"], ES=CFG["QUEUE_GATHER_ENTRIES"],
-                         KEEP=CC != 64,    # a training forward keeps v - r0
+                         KEEP=train,    # a training forward keeps v - r0
                          ROWS=bool(CFG["MIX_ROWS"]) and CC <= ROWS_MAX_CP, HD16=True),
                     num_warps=CFG["WARPS_QUEUE"], maxnreg=cap(CFG["MAXNREG_QUEUE"]))
+        if CC == 128 and not train:
+            continue   # the backward walks once per chunk size
         compile_one(queue_reverse._queue_reverse_kernel,
                     dict(dB_ptr=bank, fin_ptr=bank, log_ptr=bank, scale_ptr=f32, src_ptr=i32,
                          slot_ptr=i32, ev_ptr=f32, coef_ptr=f32, v_ptr=bank, X_ptr=f32,
@@ -317,9 +339,10 @@ def main(dtype="bf16"):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    for a in [a for a in args if "=" in a]:   # KEY=INT overrides of host.CONFIG
+    for a in [a for a in args if "=" in a and not a.startswith("--")]:   # KEY=INT overrides
         k, v = a.split("=")
         CFG[k] = int(v)
     CODE = "--code" in args
+    PTXAS_OTHER += [a.split("=", 1)[1] for a in args if a.startswith("--ptxas=")]
     rest = [a for a in args if "=" not in a and not a.startswith("--")]
     main(rest[0] if rest else "bf16")
