@@ -108,8 +108,10 @@ def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, sl, wt, n: tl.constexpr, E: tl
 
 # Each kind of item is its own function (not inlined), so the launch's register cap
 # (MAXNREG_QUEUE) binds the largest item alone: inlined, the persistent loop keeps all three
-# kinds' values live and needs 255 registers; non-inlined and capped at 168, bf16 compiles
-# without spills and fits 3 programs per SM.
+# kinds' values live and needs 255 registers; non-inlined and capped at 168, bf16 fits 3
+# programs per SM and Triton's bundled ptxas (CUDA 12.8) spills 12 bytes. The ptxas that
+# torch ships (CUDA 13.0), which assembles the kernels Inductor emits, spills 240 bytes of
+# the no-grad form at this cap, most in the gather item (docs/performance.md, "Traced walks").
 
 
 @triton.jit(noinline=True)
