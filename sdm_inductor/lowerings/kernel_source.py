@@ -21,7 +21,16 @@ reverse with 160 (3 instead of 4). ``install`` makes the dict keep ``maxnreg``; 
 step runs where the kernel's module loads, often in Inductor's compile workers, which never
 import this package, so the source of a capped kernel ends with the code that makes that
 step pass ``maxnreg`` to ``triton.compile`` as Triton's own autotuner does
-(``_pass_register_caps``, written out whole: it needs nothing of this package).
+(``_compile_capped_as_launched``, written out whole: it needs nothing of this package).
+
+A cap holds for the ptxas it was set under. Inductor's compile workers, and a process once
+Inductor has compiled a kernel in it, assemble with the ptxas that torch ships (it puts
+``torch/bin/ptxas`` on ``TRITON_PTXAS_PATH`` where the variable is unset), an eager launch
+with Triton's own; at the no-grad queue walk's cap of 168 registers CUDA 13.0's ptxas
+spills 240 bytes where Triton's 12.8 spills 12, and the emitted walk ran 1.3x slower
+(docs/performance.md, "Traced walks"). The same code therefore compiles a capped ``Config``
+with the ptxas an eager launch takes: Triton's own where the variable names torch's, the
+user's where the user named another.
 
 Every caller (the wrapper codegen, the FX graph and AOTAutograd caches' keys) looks these
 functions up on their modules when it runs, so all of them see the same source. A torch
@@ -66,25 +75,72 @@ def capped(obj) -> bool:
     return CAPPED.get(id(obj)) is obj
 
 
-def _pass_register_caps():
+def _compile_capped_as_launched():
     # Inductor compiles a Config without its maxnreg: pass it on, as triton.autotune does.
-    # This function's source is written whole into the output code of every capped kernel
-    # (kernel_source.py), so it imports what it needs and nothing of sdm_inductor.
+    # Its compile workers (and a process once Inductor has compiled a kernel in it) assemble
+    # with the ptxas that torch ships, under which a cap set for the ptxas of an eager
+    # launch can spill (the no-grad queue walk at 168 registers: 240 bytes under CUDA
+    # 13.0's, 12 under Triton's 12.8, 1.3x slower): a capped Config is assembled by the
+    # ptxas an eager launch takes, and its PTX version, part of Triton's cache key, names
+    # that ptxas. This function's source is written whole into the output code of every
+    # capped kernel (kernel_source.py), so it imports what it needs and nothing of
+    # sdm_inductor.
+    import contextlib
     import functools
+    import os
 
+    import torch
     from torch._inductor.runtime import triton_heuristics
-    create = triton_heuristics.CachingAutotuner._create_compile_options
-    if getattr(create, "passes_maxnreg", False):
+    tuner = triton_heuristics.CachingAutotuner
+    if getattr(tuner._precompile_config, "compiles_capped_as_launched", False):
         return
+    create, precompile = tuner._create_compile_options, tuner._precompile_config
+
+    def on_cuda(self, cfg):
+        return getattr(cfg, "maxnreg", None) and self.device_props.type == "cuda"
 
     @functools.wraps(create)
     def create_compile_options(self, cfg, *args, **kwargs):
         options = create(self, cfg, *args, **kwargs)
         if getattr(cfg, "maxnreg", None) and options.get("maxnreg") is None:
             options["maxnreg"] = cfg.maxnreg
+        if on_cuda(self, cfg) and options.get("ptx_version") is None:
+            with contextlib.suppress(Exception):   # another Triton: as Inductor compiles
+                from triton import knobs
+                from triton.backends.nvidia.compiler import ptx_get_version
+                options["ptx_version"] = ptx_get_version(knobs.nvidia.ptxas.version)
         return options
+
+    def launch_ptxas():
+        # Triton's own ptxas where TRITON_PTXAS_PATH names torch's (Inductor set it); None
+        # where it is unset or the user chose another (eager launches take that one too)
+        try:
+            from triton import knobs
+            tool = vars(type(knobs.nvidia))["ptxas"]
+            env = os.environ.get(tool.key)
+            torch_ptxas = os.path.join(os.path.dirname(torch.__file__), "bin", "ptxas")
+            if env is None or not os.path.samefile(env, torch_ptxas):
+                return None
+            return tool.default_path
+        except Exception:   # noqa: BLE001  (another Triton, a missing file: as Inductor does)
+            return None
+
+    @functools.wraps(precompile)
+    def precompile_config(self, cfg, *args, **kwargs):
+        path = launch_ptxas() if on_cuda(self, cfg) else None
+        if path is None:
+            return precompile(self, cfg, *args, **kwargs)
+        from triton import knobs
+        from triton.backends.nvidia.compiler import get_ptxas_version
+        # the version in the keys of the process's other compiles stays its own (cached)
+        get_ptxas_version(self.device_props.cc)
+        with knobs.nvidia.scope():   # sets os.environ: Inductor compiles one kernel a process
+            knobs.nvidia.ptxas = path
+            return precompile(self, cfg, *args, **kwargs)
     create_compile_options.passes_maxnreg = True
-    triton_heuristics.CachingAutotuner._create_compile_options = create_compile_options
+    precompile_config.compiles_capped_as_launched = True
+    tuner._create_compile_options = create_compile_options
+    tuner._precompile_config = precompile_config
 
 
 def _keep_launch_options(source_code):
@@ -102,8 +158,8 @@ def _keep_launch_options(source_code):
             src = re.sub(rf"^@triton\.jit\n(def {re.escape(name)}\()",
                          r"@triton.jit(noinline=True)\n\1", src, flags=re.MULTILINE)
         if capped(jit):
-            name = _pass_register_caps.__name__
-            src += f"\n\n\n{inspect.getsource(_pass_register_caps)}\n\n{name}()\n"
+            name = _compile_capped_as_launched.__name__
+            src += f"\n\n\n{inspect.getsource(_compile_capped_as_launched)}\n\n{name}()\n"
         return src
     closure_source.keeps_launch_options = True
     return closure_source
