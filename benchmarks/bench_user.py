@@ -241,17 +241,6 @@ def table(results: dict):
                   f"{b / raw[1]:.2f} |")
 
 
-def ptxas_in_use() -> str:
-    """The ptxas that assembles the kernels compiled from now on in this process. Inductor
-    puts the one torch ships on ``TRITON_PTXAS_PATH`` once it compiles a kernel in this
-    process (its compile workers always use it), and the no-grad queue walk spills under
-    that one at its register cap (docs/performance.md, "Traced walks"): a row's kernels
-    are those its first call compiled."""
-    from triton import knobs
-    tool = knobs.nvidia.ptxas
-    return f"{tool.path} (CUDA {tool.version})"
-
-
 def main():
     global BW
     ap = argparse.ArgumentParser()
@@ -262,7 +251,7 @@ def main():
     ap.add_argument("--no-aoti", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "ptxas", ptxas_in_use())
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
     BW = copy_bandwidth()
     print(f"device-to-device copy: {BW / 1e12:.2f} TB/s")
     results = {}
@@ -279,7 +268,6 @@ def main():
             results[(name, C)] = rows
             torch.cuda.empty_cache()
     table(results)
-    print("ptxas at the end of the run:", ptxas_in_use())
     if args.json:
         with open(args.json, "w") as f:
             json.dump({f"{n} C={c}": r for (n, c), r in results.items()}, f, indent=1)

@@ -9,11 +9,6 @@
 #   bash benchmarks/device.sh user [A|B]     # benchmarks/bench_user.py (what users call, A and B at C=128,
 #                                            # AOTInductor packages included)
 #   bash benchmarks/device.sh compile        # benchmarks/bench_compile.py
-#   bash benchmarks/device.sh ptxas [A|B]    # bench_user.py (C=128, no AOTI or layer rows) twice:
-#                                            # as is (Inductor assembles the kernels it emits
-#                                            # with torch's ptxas) and with TRITON_PTXAS_PATH
-#                                            # naming Triton's bundled ptxas, which Inductor
-#                                            # then keeps (docs/performance.md, Traced walks)
 #   bash benchmarks/device.sh timeline [emitted]
 #                                            # benchmarks/tools/call_timeline.py (a lone call's
 #                                            # timeline, eager and compiled; emitted: also the
@@ -51,7 +46,7 @@ run() {  # run NAME LIMIT command...: the log goes to $OUT/NAME.log, a summary t
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc $rc in $((SECONDS - t0)) s"
-  grep -E "^(FAILED|ERROR|XFAIL)|passed|failed|^\| |^config|ms|goal|MISMATCH|OK:|rel err|against the CPU|ptxas" \
+  grep -E "^(FAILED|ERROR|XFAIL)|passed|failed|^\| |^config|ms|goal|MISMATCH|OK:|rel err|against the CPU" \
     "$OUT/$name.log" | grep -v -i warn | tail -40
   return $rc
 }
@@ -89,14 +84,6 @@ while [ $# -gt 0 ]; do
         --chunks 128 --json "$OUT/bench_user_${cfgs/,/}.json" ;;
     compile)
       run bench_compile 560 python3 benchmarks/bench_compile.py --json "$OUT/bench_compile.json" ;;
-    ptxas)
-      cfg=B
-      case ${1:-} in A|B) cfg=$1; shift ;; esac
-      triton_ptxas=$(python3 -c "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'ptxas'))")
-      run user_torch_ptxas 270 python3 benchmarks/bench_user.py --configs $cfg --chunks 128 \
-        --no-aoti --no-layer
-      TRITON_PTXAS_PATH=$triton_ptxas run user_triton_ptxas 270 python3 benchmarks/bench_user.py \
-        --configs $cfg --chunks 128 --no-aoti --no-layer ;;
     timeline)
       extra=""
       [ "${1:-}" = emitted ] && { extra=--emitted; shift; }
@@ -127,7 +114,7 @@ while [ $# -gt 0 ]; do
       grep -E "^=====|OK:|MISMATCH|Error" "$OUT/aoti.log" | tail -80
       echo "== aoti: $bad of $n rounds failed (mismatch, crash or time limit)" ;;
     *)
-      echo "unknown segment: $seg (tests, bench, walks, floor, user [A|B], compile, ptxas [A|B], timeline [emitted], aoti [N [J]] [small])"
+      echo "unknown segment: $seg (tests, bench, walks, floor, user [A|B], compile, timeline [emitted], aoti [N [J]] [small])"
       exit 2 ;;
   esac
 done

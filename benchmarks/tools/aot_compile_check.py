@@ -7,8 +7,9 @@ Usage: python benchmarks/tools/aot_compile_check.py [bf16|fp32] [--code] [--ptxa
 ``--ptxas=PATH`` adds the report of another ptxas for the same PTX, e.g. the one a torch
 build ships (``torch/bin/ptxas``), which Inductor's compile workers put on
 ``TRITON_PTXAS_PATH``: the kernels that torch.compile and AOTInductor emit are assembled by
-it, eager launches by Triton's own (docs/performance.md, "Traced walks"). A register cap
-that one ptxas meets without spilling may spill under the other.
+it, except the capped ones, which are assembled by Triton's own as eager launches are
+(lowerings/kernel_source.py; docs/performance.md, "Traced walks"). A register cap that one
+ptxas meets without spilling may spill under the other.
 
 ``--code`` adds to each line a hash of the kernel's PTX instructions without debug
 information: the output of two trees, diffed, tells whether a source change altered

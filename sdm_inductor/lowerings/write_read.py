@@ -47,14 +47,11 @@ TRITON_DEVICES = ("cuda",)
 
 # Which compiled graphs launch the CUDA kernels from their own code. "aot" (default):
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
-# calls the eager implementation, because the emitted call is the slower one: 1.25x /
-# 1.06x the extern call's time at A and 1.17x / 1.03x at B on an H100 (no-grad / training,
-# C=128, static shapes; 1.21x / 1.09x at B on an H200; a dynamic=True graph, whose walks
-# learn from a guard that rows are 16-aligned (HD16), takes the same). Its queue walks
-# trail the eager step walks, and its no-grad queue walk spills at its register cap:
-# Inductor assembles it with the ptxas torch ships (CUDA 13.0 in torch 2.11+cu130), an
-# eager launch with Triton's own (CUDA 12.8), and the emitted kernel takes ~1.25x the
-# eager one's time (docs/performance.md, "Traced walks").
+# calls the eager implementation, because the emitted call is the slower one at A and in
+# training: 1.047x / 1.058x the extern call's time at A and 0.989x / 1.031x at B on an H100
+# (no-grad / training, C=128, static shapes; a dynamic=True graph, whose walks learn from a
+# guard that rows are 16-aligned (HD16), took what a static one takes). Its queue walks
+# trail the eager step walks (docs/performance.md, "Traced walks").
 # "always": torch.compile's output code launches them too. "never": AOTInductor packages
 # call the eager implementation as well, through AOTInductor's proxy executor (the loading
 # process runs Python with sdm_inductor imported, as CPU packages always need): at A a

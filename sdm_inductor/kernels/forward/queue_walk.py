@@ -110,8 +110,9 @@ def _token_sums(bank_ptr, slot_ptr, ev_ptr, base, sl, wt, n: tl.constexpr, E: tl
 # (MAXNREG_QUEUE) binds the largest item alone: inlined, the persistent loop keeps all three
 # kinds' values live and needs 255 registers; non-inlined and capped at 168, bf16 fits 3
 # programs per SM and Triton's bundled ptxas (CUDA 12.8) spills 12 bytes. The ptxas that
-# torch ships (CUDA 13.0), which assembles the kernels Inductor emits, spills 240 bytes of
-# the no-grad form at this cap, most in the gather item (docs/performance.md, "Traced walks").
+# torch ships (CUDA 13.0) spills 240 bytes of the no-grad form at this cap, most in the
+# gather item, so Inductor's output code assembles capped kernels with Triton's ptxas too
+# (lowerings/kernel_source.py; docs/performance.md, "Traced walks").
 
 
 @triton.jit(noinline=True)
