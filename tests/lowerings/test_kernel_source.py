@@ -1,5 +1,7 @@
-"""Inductor's source for a user-defined kernel keeps the kernel's ``noinline`` helpers
-(``lowerings/kernel_source.py``). CPU only: the source is made without compiling."""
+"""Inductor's source for a user-defined kernel keeps the kernel's ``noinline`` helpers and
+register caps, and a capped kernel compiles with the ptxas an eager launch takes
+(``lowerings/kernel_source.py``). CPU only: the source is made and loaded without
+compiling."""
 from __future__ import annotations
 
 import importlib.util
