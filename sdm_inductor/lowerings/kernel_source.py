@@ -27,7 +27,7 @@ A cap holds for the ptxas it was set under. Inductor's compile workers, and a pr
 Inductor has compiled a kernel in it, assemble with the ptxas that torch ships (it puts
 ``torch/bin/ptxas`` on ``TRITON_PTXAS_PATH`` where the variable is unset), an eager launch
 with Triton's own; at the no-grad queue walk's cap of 168 registers CUDA 13.0's ptxas
-spills 240 bytes where Triton's 12.8 spills 12, and the emitted walk ran 1.3x slower
+spills 240 bytes where Triton's 12.8 spills 12, and the emitted walk ran ~1.25x slower
 (docs/performance.md, "Traced walks"). The same code therefore compiles a capped ``Config``
 with the ptxas an eager launch takes: Triton's own where the variable names torch's, the
 user's where the user named another.
@@ -80,11 +80,11 @@ def _compile_capped_as_launched():
     # Its compile workers (and a process once Inductor has compiled a kernel in it) assemble
     # with the ptxas that torch ships, under which a cap set for the ptxas of an eager
     # launch can spill (the no-grad queue walk at 168 registers: 240 bytes under CUDA
-    # 13.0's, 12 under Triton's 12.8, 1.3x slower): a capped Config is assembled by the
-    # ptxas an eager launch takes, and its PTX version, part of Triton's cache key, names
-    # that ptxas. This function's source is written whole into the output code of every
-    # capped kernel (kernel_source.py), so it imports what it needs and nothing of
-    # sdm_inductor.
+    # 13.0's, 12 under Triton's 12.8, the kernel ~1.25x slower): a capped Config is
+    # assembled by the ptxas an eager launch takes, and its PTX version, part of Triton's
+    # cache key, names that ptxas. This function's source is written whole into the output
+    # code of every capped kernel (kernel_source.py), so it imports what it needs and
+    # nothing of sdm_inductor.
     import contextlib
     import functools
     import os
@@ -134,7 +134,8 @@ def _compile_capped_as_launched():
         from triton.backends.nvidia.compiler import get_ptxas_version
         # the version in the keys of the process's other compiles stays its own (cached)
         get_ptxas_version(self.device_props.cc)
-        with knobs.nvidia.scope():   # sets os.environ: Inductor compiles one kernel a process
+        # (the scope sets os.environ: a process's Inductor compiles one kernel at a time)
+        with knobs.nvidia.scope():
             knobs.nvidia.ptxas = path
             return precompile(self, cfg, *args, **kwargs)
     create_compile_options.passes_maxnreg = True
