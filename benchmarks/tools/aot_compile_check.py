@@ -47,14 +47,14 @@ PTXAS_OTHER: list[str] = []   # --ptxas=PATH
 def _ptxas_report(ptx: str) -> str:
     """registers, the entry's cumulative stack and the spill stores summed over the kernel's
     functions (non-inlined helpers spill on their own), from ``ptxas -v`` of each ptxas."""
-    out = []
+    out, exes = [], [PTXAS] + PTXAS_OTHER
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
         open(path, "w").write(ptx)
         logs = [subprocess.run([exe, "-v", "--gpu-name", "sm_90a", path, "-o",
                                 os.path.join(d, "k.cubin")], capture_output=True, text=True)
-                for exe in [PTXAS] + PTXAS_OTHER]
-    for i, (exe, res) in enumerate(zip([PTXAS] + PTXAS_OTHER, logs)):
+                for exe in exes]
+    for i, (exe, res) in enumerate(zip(exes, logs)):
         regs = re.findall(r"Used (\d+) registers", res.stderr)
         # the entry's stack: cumulative over the calls of non-inlined helpers, else its frame
         stack = (re.findall(r"(\d+) bytes cumulative stack size", res.stderr)
