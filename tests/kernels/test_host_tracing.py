@@ -136,19 +136,39 @@ def test_eager_implementations_launch_without_the_hop():
         assert getattr(host, name).__wrapped__ is not None, name
 
 
-def _sort_ranks(mode: str) -> list[int]:
-    """The rank of each tensor ``_forward`` sorts, traced with ``tracing_mode=mode``."""
+def _sorts(mode):
+    """The rank and dtype of each tensor ``_forward`` sorts, traced with ``tracing_mode=mode``."""
     gm = make_fx(_forward, tracing_mode=mode)(*_inputs(37))
     sorts = (torch.ops.aten.sort.stable, torch.ops.aten.sort.default)
-    return [len(n.args[0].meta["val"].shape) for n in gm.graph.nodes if n.target in sorts]
+    return [(len(v.shape), v.dtype) for n in gm.graph.nodes if n.target in sorts
+            for v in [n.args[0].meta["val"]]]
 
 
-def test_static_shapes_trace_the_flat_sort():
-    """With static shapes (a compile before automatic dynamic shapes) Phase 1 sorts all
-    segments' keys in one flat sort (``phase1.entries.FLAT_SORT``); it traces like any torch op.
-    Symbolic shapes keep the segmented sort (no guard on the length)."""
-    assert _sort_ranks("fake") == [1]
-    assert _sort_ranks("symbolic") == [2]
+def test_phase1_sorts_all_segments_at_once_where_its_keys_allow():
+    """Static shapes (a compile before automatic dynamic shapes): one flat sort of every
+    segment's int32 keys (``phase1.entries.FLAT_SORT``). Every size symbolic
+    (``dynamic=True``: the bank's too): int64 keys, still one flat sort, over a symbolic
+    span and without a guard. A concrete bank with a symbolic length (automatic dynamic
+    shapes, an export with a dynamic length): int32 keys sorted per segment, whose flat
+    form would need a guard on the length."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from sdm_inductor.kernels.phase1 import entries
+
+    assert _sorts("fake") == [(1, torch.int32)]
+    assert _sorts("symbolic") == [(1, torch.int64)]
+    env = ShapeEnv()
+    sym = lambda name, hint: env.create_symintnode(env.create_symbol(hint, ConstantSource(name)),
+                                                   hint=hint)
+    B, S = sym("B", 8), sym("S", 600)
+    assert entries._flat_span(600, B, C, 7) is None
+    assert entries._key_dtype(S, C, 7) == torch.int64
+    assert entries._flat_span(S, B, C, 7) is not None
+    assert entries._flat_span(S, 8, C, 7) is not None
+    assert not env.guards
+    # concrete sizes past int32 keys: flat int64 while the offset keys fit int64
+    assert entries._flat_span(2 ** 31, 8, C, 7) == 2 * (2 ** 31 + C * 7)
+    assert entries._flat_span(2 ** 40, 2 ** 22, C, 7) is None
 
 
 def test_traced_phase1_takes_the_eager_kernel_forms():

@@ -9,7 +9,7 @@ per-segment array ``[B, C, X]`` with no copy. Each token has ``E = W + R`` *entr
 Stages, in the order ``plan`` runs them:
 
 - ``entries``: dense keys, masks and sort keys of every entry (``_prep_kernel``);
-- torch: a stable sort of the keys (one flat sort of all segments when they fit int32);
+- torch: a stable sort of the keys (one flat sort of all segments: ``entries._flat_span``);
 - ``groups``: every entry's group and the write runs, from the sorted keys;
 - ``pairs``: cumulative log-decays, the Gram matrices A and QK, per-entry weights;
 - ``solve``: ``X = (I + tril(beta A, -1))^-1`` and ``QKX = QK @ X`` of every chunk (fp32).
@@ -36,19 +36,20 @@ def plan(S: int, k_idx, k_val, beta, g, q_idx, q_val, C: int, gate_params=None) 
     R = q_idx.shape[2]
     E = W + R
     B = P * -(-T // C)
-    span = entries._flat_span(S, B, C, E)
+    span = entries._flat_span(S, B, C, E)   # None: the segmented sort (a traced span may
+    flat = span is not None                  # be symbolic: no truth test, no guard)
     slot, val, gate, key, first, NC, bp = prep(S, k_idx, k_val, beta, g, q_idx, q_val, C,
-                                               gate_params, span)
+                                               gate_params, span if flat else 0)
     # [P, NC * C, X] -> [B, C * X] through the flat view: viewing it directly makes the
     # symbolic reshape ask whether B == P (one chunk), a guard that recompiles a compiled
     # program when its length first passes C
     seg = lambda x, n: x.view(-1).view(B, n)
     key = seg(key, C * E)
-    if span:
+    if flat:
         skey, sperm = (x.view(B, C * E) for x in torch.sort(key.view(-1), stable=True))
     else:
         skey, sperm = torch.sort(key, dim=-1, stable=True)
-    perm, gs, nw, na, runs, srt = groups._scan_groups(skey, sperm, bool(span), seg(slot, C * E),
+    perm, gs, nw, na, runs, srt = groups._scan_groups(skey, sperm, flat, seg(slot, C * E),
                                                       seg(gate, C * E), seg(val, C * E), C,
                                                       W, R)
     gam, gend, ev, coef, decay, A, QK = pairs.pair_terms(val, srt, gs, nw, B, C, W, R)
