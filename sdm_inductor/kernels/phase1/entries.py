@@ -151,8 +151,9 @@ def _flat_span(S, B, C: int, E: int):
     segments' offset keys fit int32, which needs a concrete bank size and length (no guard
     on either: a traced call with a symbolic length keeps the segmented int32 sort, faster
     than a flat int64 one). int64 keys (a symbolic or large bank) always take it, a symbolic
-    span included: the offset keys stay below ``B * span``, within int64 while slots times
-    segments stay below 2**61 (a concrete product past that keeps the segmented sort)."""
+    span included: the offset keys stay below ``B * span``, within int64 while ``B * (S +
+    C*E) < 2**62`` (e.g. 2**31 rows and 2**31 chunks; a concrete product past it keeps the
+    segmented sort, a symbolic one is not checked: a guard would bind exported programs)."""
     if not FLAT_SORT:
         return None
     span = 2 * (S + C * E)
