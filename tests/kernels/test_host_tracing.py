@@ -148,10 +148,12 @@ def test_phase1_sorts_all_segments_at_once_where_its_keys_allow():
     """Static shapes (a compile before automatic dynamic shapes): one flat sort of every
     segment's int32 keys (``phase1.entries.FLAT_SORT``). Every size symbolic
     (``dynamic=True``: the bank's too): int64 keys, still one flat sort, over a symbolic
-    span and without a guard. A concrete bank with a symbolic length (automatic dynamic
-    shapes, an export with a dynamic length): int32 keys sorted per segment, whose flat
-    form would need a guard on the length."""
+    span, with a guard that the offset keys fit int64 (an AOTInductor package, which has
+    no guards, keeps the segmented sort unless its shapes prove that). A concrete bank with
+    a symbolic length (automatic dynamic shapes, an export with a dynamic length): int32
+    keys sorted per segment, whose flat form would need a guard on the length."""
     from torch._dynamo.source import ConstantSource
+    from torch._inductor.virtualized import V
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from sdm_inductor.kernels.phase1 import entries
 
@@ -162,10 +164,13 @@ def test_phase1_sorts_all_segments_at_once_where_its_keys_allow():
                                                    hint=hint)
     B, S = sym("B", 8), sym("S", 600)
     assert entries._flat_span(600, B, C, 7) is None
+    with V.set_aot_compilation(True):   # a package has no guards: only what its shapes prove
+        assert entries._flat_span(S, B, C, 7) is None
+    assert not env.guards
     assert entries._key_dtype(S, C, 7) == torch.int64
     assert entries._flat_span(S, B, C, 7) is not None
-    assert entries._flat_span(S, 8, C, 7) is not None
-    assert not env.guards
+    # ... where the offset keys fit int64: a guard, which other sizes must pass too
+    assert [str(g.expr) for g in env.guards] == [str(B * (S + C * 7) < 2 ** 62)]
     # concrete sizes past int32 keys: flat int64 while the offset keys fit int64
     assert entries._flat_span(2 ** 31, 8, C, 7) == 2 * (2 ** 31 + C * 7)
     assert entries._flat_span(2 ** 40, 2 ** 22, C, 7) is None

@@ -13,7 +13,7 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
 from ...gates import LOG_DECAY_FLOOR
-from ..runtime.launch import launch, pow2
+from ..runtime.launch import holds, launch, pow2
 
 
 @triton.jit
@@ -150,16 +150,15 @@ def _flat_span(S, B, C: int, E: int):
     the segmented sort. int32 keys (``_key_dtype``) take the flat sort only where all
     segments' offset keys fit int32, which needs a concrete bank size and length (no guard
     on either: a traced call with a symbolic length keeps the segmented int32 sort, faster
-    than a flat int64 one). int64 keys (a symbolic or large bank) always take it, a symbolic
-    span included: the offset keys stay below ``B * span``, within int64 while ``B * (S +
-    C*E) < 2**62`` (e.g. 2**31 rows and 2**31 chunks; a concrete product past it keeps the
-    segmented sort, a symbolic one is not checked: a guard would bind exported programs)."""
+    than a flat int64 one). int64 keys (a symbolic or large bank) take it, a symbolic span
+    included, while the offset keys (below ``B * span``) fit int64: ``B * (S + C*E) <
+    2**62``, by ``holds`` (a guard that any bank and sequence that fit in memory together
+    pass; an AOTInductor package without a proof keeps the segmented sort)."""
     if not FLAT_SORT:
         return None
     span = 2 * (S + C * E)
     if _key_dtype(S, C, E) == torch.int64:
-        concrete = isinstance(S, int) and isinstance(B, int)
-        return span if not concrete or B * span < 2 ** 63 else None
+        return span if holds(B * (S + C * E) < 2 ** 62) else None
     return span if isinstance(B, int) and B * span < 2 ** 31 else None
 
 

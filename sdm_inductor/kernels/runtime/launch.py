@@ -107,18 +107,23 @@ def pdl(config: dict, t) -> dict:
     return dict(PDL=int(config["PDL"]), launch_pdl=True) if on else dict(PDL=False)
 
 
-def multiple_of_16(n) -> bool:
-    """Whether a row length is a multiple of 16: a kernel's ``HD16`` / ``WIDTH16``
-    (``tiles.row_length``). A traced call guards on a symbolic length, so its graph serves
-    the lengths that agree; an AOTInductor package, which has no guards, takes what its
-    shapes prove."""
-    if isinstance(n, int):
-        return n % 16 == 0
+def holds(cond) -> bool:
+    """Whether a condition on sizes holds. A traced call guards on a symbolic one, so its
+    graph serves the sizes that agree; an AOTInductor package, which has no guards, takes
+    what its shapes prove."""
+    if isinstance(cond, bool):
+        return cond
     from torch._inductor.virtualized import V
 
     if V.aot_compilation:
-        return statically_known_true(n % 16 == 0)
-    return guard_bool(n % 16 == 0)
+        return statically_known_true(cond)
+    return guard_bool(cond)
+
+
+def multiple_of_16(n) -> bool:
+    """Whether a row length is a multiple of 16: a kernel's ``HD16`` / ``WIDTH16``
+    (``tiles.row_length``), by ``holds``."""
+    return holds(n % 16 == 0)
 
 
 def launch(kernel, grid, *args, **meta):
