@@ -152,8 +152,8 @@ def _flat_span(S, B, C: int, E: int):
     on either: a traced call with a symbolic length keeps the segmented int32 sort, faster
     than a flat int64 one). int64 keys (a symbolic or large bank) take it, a symbolic span
     included, while the offset keys (below ``B * span``) fit int64: ``B * (S + C*E) <
-    2**62``, by ``holds`` (a guard that any bank and sequence that fit in memory together
-    pass; an AOTInductor package without a proof keeps the segmented sort)."""
+    2**62``, by ``holds`` (a compiled graph guards on it, and sizes that fail it compile
+    the segmented sort; an AOTInductor package keeps that sort unless its shapes prove it)."""
     if not FLAT_SORT:
         return None
     span = 2 * (S + C * E)
