@@ -145,35 +145,39 @@ def _sorts(mode):
 
 
 def test_phase1_sorts_all_segments_at_once_where_its_keys_allow():
-    """Static shapes (a compile before automatic dynamic shapes): one flat sort of every
-    segment's int32 keys (``phase1.entries.FLAT_SORT``). Every size symbolic
-    (``dynamic=True``: the bank's too): int64 keys, still one flat sort, over a symbolic
-    span, with a guard that the offset keys fit int64 (an AOTInductor package, which has
-    no guards, keeps the segmented sort unless its shapes prove that). A concrete bank with
-    a symbolic length (automatic dynamic shapes, an export with a dynamic length): int32
-    keys sorted per segment, whose flat form would need a guard on the length."""
+    """Phase 1 sorts every segment's keys in one flat sort (``phase1.entries.FLAT_SORT``),
+    int32 keys where they fit, wherever the offset keys fit their dtype. With symbolic
+    sizes (a compiled graph) both are guards, which the sizes of other calls must pass
+    too, so a graph traced with symbolic sizes sorts as a static one; an AOTInductor
+    package, which has no guards, takes only what its shapes prove (unbounded sizes: int64
+    keys sorted per segment)."""
     from torch._dynamo.source import ConstantSource
     from torch._inductor.virtualized import V
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from sdm_inductor.kernels.phase1 import entries
 
     assert _sorts("fake") == [(1, torch.int32)]
-    assert _sorts("symbolic") == [(1, torch.int64)]
+    assert _sorts("symbolic") == [(1, torch.int32)]
     env = ShapeEnv()
     sym = lambda name, hint: env.create_symintnode(env.create_symbol(hint, ConstantSource(name)),
                                                    hint=hint)
     B, S = sym("B", 8), sym("S", 600)
-    assert entries._flat_span(600, B, C, 7) is None
-    with V.set_aot_compilation(True):   # a package has no guards: only what its shapes prove
-        assert entries._flat_span(S, B, C, 7) is None
+    E = 7
+    with V.set_aot_compilation(True):
+        assert entries._key_dtype(S, C, E) == torch.int64
+        assert entries._flat_span(S, B, C, E) is None
+        assert entries._flat_span(600, B, C, E) is None
     assert not env.guards
-    assert entries._key_dtype(S, C, 7) == torch.int64
-    assert entries._flat_span(S, B, C, 7) is not None
-    # ... where the offset keys fit int64: a guard, which other sizes must pass too
-    assert [str(g.expr) for g in env.guards] == [str(B * (S + C * 7) < 2 ** 62)]
-    # concrete sizes past int32 keys: flat int64 while the offset keys fit int64
-    assert entries._flat_span(2 ** 31, 8, C, 7) == 2 * (2 ** 31 + C * 7)
-    assert entries._flat_span(2 ** 40, 2 ** 22, C, 7) is None
+    assert entries._key_dtype(S, C, E) == torch.int32
+    assert entries._flat_span(S, B, C, E) == 2 * (S + C * E)
+    assert {str(g.expr) for g in env.guards} == {str(S + C * E < 2 ** 30),
+                                                 str(B * (2 * (S + C * E)) < 2 ** 31)}
+    # concrete sizes: int32 keys offset where they fit, else per segment; int64 keys (a
+    # bank past int32 keys) offset while they fit int64
+    assert entries._flat_span(600, 8, C, E) == 2 * (600 + C * E)
+    assert entries._flat_span(2 ** 29, 8, C, E) is None
+    assert entries._flat_span(2 ** 31, 8, C, E) == 2 * (2 ** 31 + C * E)
+    assert entries._flat_span(2 ** 40, 2 ** 22, C, E) is None
 
 
 def test_traced_phase1_takes_the_eager_kernel_forms():

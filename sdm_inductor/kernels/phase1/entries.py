@@ -132,9 +132,10 @@ PREP_WARPS = 1
 
 
 def _key_dtype(S, C: int, E: int) -> torch.dtype:
-    """int32 sort keys when every key fits (``2 * (S + C*E) + 1 < 2**31``): the radix
-    sort then makes half the passes. A symbolic bank size keeps int64 (no guard on S)."""
-    return torch.int32 if isinstance(S, int) and S + C * E < 2 ** 30 else torch.int64
+    """int32 sort keys when every key fits (``2 * (S + C*E) + 1 < 2**31``, by ``holds``: a
+    compiled graph with a symbolic bank guards on it): the radix sort then makes half the
+    passes."""
+    return torch.int32 if holds(S + C * E < 2 ** 30) else torch.int64
 
 
 # One device-wide sort of all segments' keys (each offset by its segment) instead of a
@@ -147,19 +148,17 @@ FLAT_SORT = True
 
 def _flat_span(S, B, C: int, E: int):
     """The key offset between segments for the flat sort (``2 * (S + C*E)``), or None for
-    the segmented sort. int32 keys (``_key_dtype``) take the flat sort only where all
-    segments' offset keys fit int32, which needs a concrete bank size and length (no guard
-    on either: a traced call with a symbolic length keeps the segmented int32 sort, faster
-    than a flat int64 one). int64 keys (a symbolic or large bank) take it, a symbolic span
-    included, while the offset keys (below ``B * span``) fit int64: ``B * (S + C*E) <
-    2**62``, by ``holds`` (a compiled graph guards on it, and sizes that fail it compile
-    the segmented sort; an AOTInductor package keeps that sort unless its shapes prove it)."""
+    the segmented sort: the flat sort wherever the offset keys (below ``B * span``) fit the
+    keys' dtype, by ``holds``. A compiled graph with symbolic sizes guards on that, and
+    sizes that fail it compile the segmented sort; an AOTInductor package keeps that sort
+    unless its shapes prove the bound. Where int32 keys do not fit offset, they sort per
+    segment: faster than offset int64 keys."""
     if not FLAT_SORT:
         return None
     span = 2 * (S + C * E)
-    if _key_dtype(S, C, E) == torch.int64:
-        return span if holds(B * (S + C * E) < 2 ** 62) else None
-    return span if isinstance(B, int) and B * span < 2 ** 31 else None
+    if _key_dtype(S, C, E) == torch.int32:
+        return span if holds(B * span < 2 ** 31) else None
+    return span if holds(B * (S + C * E) < 2 ** 62) else None
 
 
 def gate_strides(x) -> tuple:
