@@ -49,9 +49,10 @@ TRITON_DEVICES = ("cuda",)
 # AOTInductor packages (self-contained: no Python needed to run them), while torch.compile
 # calls the eager implementation, because the emitted call is the slower one at A and in
 # training: 1.047x / 1.058x the extern call's time at A and 0.989x / 1.031x at B on an H100
-# (no-grad / training, C=128, static shapes; a dynamic=True graph, whose walks learn from a
-# guard that rows are 16-aligned (HD16), took what a static one takes). Its queue walks
-# trail the eager step walks (docs/performance.md, "Traced walks").
+# (no-grad / training, C=128, static shapes; under dynamic=True the walks learn from a
+# guard that rows are 16-aligned (HD16) and Phase 1 sorts as a static graph does, under
+# guards on the sizes). Its queue walks trail the eager step walks (docs/performance.md,
+# "Traced walks").
 # "always": torch.compile's output code launches them too. "never": AOTInductor packages
 # call the eager implementation as well, through AOTInductor's proxy executor (the loading
 # process runs Python with sdm_inductor imported, as CPU packages always need): at A a
