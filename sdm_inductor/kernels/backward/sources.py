@@ -32,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..common.tiles import _min_fn
-from ..runtime.launch import launch
+from ..runtime.launch import holds, launch
 
 BLOCK = 1024   # positions / entries per program of the launches over them
 
@@ -194,8 +194,8 @@ def key_dtype(pl, S: int):
     if pl.NC * pl.P * pl.C * pl.W >= 2 ** 31:
         raise ValueError(f"the undo log's {pl.NC * pl.P * pl.C * pl.W} rows do not fit int32 "
                          "sources")
-    # int32 keys when (stream, slot, chunk) fits
-    return torch.int32 if pl.P * S * pl.NC < 2 ** 31 else torch.int64
+    # int32 keys when (stream, slot, chunk) fits (by ``holds``, as Phase 1's sort keys)
+    return torch.int32 if holds(pl.P * S * pl.NC < 2 ** 31) else torch.int64
 
 
 def chunk_start_sources(pl, S: int, dense: bool | None = None) -> Tensor:
