@@ -757,7 +757,8 @@ def _gram_terms(pl):
 
 
 def case_phase1_scans():
-    """Phase 1 with the segmented sort (a symbolic length), the groups in one block of
+    """Phase 1 with the segmented sort (``entries._flat_span``: keys that do not fit offset,
+    or an AOTInductor package with unbounded sizes), the groups in one block of
     positions per segment and one pairs program per token (the form of calls without
     writes or reads) gives the groups and write runs of binary searches and a second sort
     (``references``); with the flat sort of all segments, blocks of positions that split
