@@ -269,7 +269,7 @@ def _lazy_tuple_types() -> None:
         tup, tuple_type, type_for = core.tuple, core.tuple_type, core._type_for_tuple_values
     except (ImportError, AttributeError):
         return
-    if getattr(tup, "_lazy_type", False) or "type" in vars(tup):
+    if "type" in vars(tup):   # made lazy already (or not Triton 3.6's tuple)
         return
 
     def init(self, args, type=None):
@@ -289,7 +289,6 @@ def _lazy_tuple_types() -> None:
 
     tup.__init__ = init
     tup.type = property(get_type, set_type)
-    tup._lazy_type = True
 
 
 def _np_dtypes_once() -> None:
