@@ -415,10 +415,11 @@ def case_queue_walk():
     walks' items in one launch): several chunks and groups (streams x column blocks, the
     last partial), several token blocks and column slices of the product items, several
     write and dB tiles per chunk, runs and groups longer than the inline members, the undo
-    log, a bf16 bank, odd numbers of slots, dB and ``d ev`` items of one and of two column
-    blocks; the readings, final bank and gradients equal the step walks' up to fp32
-    rounding (the forward's gathers sum a token's rows in pairs, the step walk's in one
-    tile)."""
+    log, a bf16 bank, odd numbers of slots, dB items of one and of two column blocks; the
+    readings, final bank and gradients equal the step walks' up to fp32 rounding (the
+    forward's gathers sum a token's rows in pairs, the step walk's in one tile; the reverse
+    walk's ``d ev`` items sum a group's columns in one block, the step walk's in the dB
+    blocks)."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
@@ -446,7 +447,7 @@ def case_queue_walk():
     gen = torch.Generator().manual_seed(3)
     dy = torch.randn(ins.v.shape, generator=gen)
     dM = torch.randn(ins.bank.shape, generator=gen)
-    # groups of 32 columns: dB and d ev items over two column blocks; two inline dB members
+    # groups of 32 columns: dB items over two column blocks; two inline dB members
     # dB items of 3 tiles (the last one partial)
     host.CONFIG.update(BD_STEP_B=32, MB_MIX_B_WIDE=16, TB_MIX_B_WIDE=16, MB_QUEUE_B=16,
                        TB_QUEUE_B=16, KW_GROUP=2, QUEUE_DB_TILES=3)
