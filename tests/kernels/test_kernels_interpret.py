@@ -23,11 +23,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))   # the checkout under test, not a
 
 
 # rough seconds of each case on one core (the order of the background queue)
-COST = dict(queue_walk=125, step_walk=95, step_walk_kept=85, column_walk=65,
-            step_walk_windows=65, phase1_scans=60, extreme_gates=30, chunk_start_sources=30,
-            snapshots=28, random_calls=18, train_fp32=16, index_ranges=12, train_bf16=11,
-            decode_and_masking=7, entry_groups=6, strided_banks=5, windows_and_tiles=1.3,
-            solve_blocks=0.8, window_sums=0.9, nothing_to_do=0.3)
+COST = dict(queue_walk=86, step_walk_windows=61, step_walk_kept=59, step_walk=59,
+            column_walk=54, phase1_scans=37, chunk_start_sources=29, extreme_gates=27,
+            snapshots=26, random_calls=16, train_fp32=13, index_ranges=11, train_bf16=10,
+            decode_and_masking=3.5, entry_groups=3.1, strided_banks=2.8, windows_and_tiles=1.1,
+            solve_blocks=0.8, window_sums=0.8, nothing_to_do=0.3)
 
 
 def _job(item) -> dict:
