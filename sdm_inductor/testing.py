@@ -248,8 +248,9 @@ def quick_interpreter(overflow_checks: bool = False) -> None:
     language patched once per launch (``_patch_language_once_per_launch``), numpy dtypes
     looked up instead of rebuilt (``_np_dtypes_once``), tuple types made when asked for
     (``_lazy_tuple_types``), block types and tensor shapes shared (``_shared_block_types``)
-    and, unless ``overflow_checks``, no int32 overflow checks (``_no_overflow_checks``). None changes what a kernel computes; together they take
-    more than half off the tests' time under the interpreter."""
+    and, unless ``overflow_checks``, no int32 overflow checks (``_no_overflow_checks``).
+    None changes what a kernel computes; together they take more than half off the tests'
+    time under the interpreter."""
     _patch_language_once_per_launch()
     _np_dtypes_once()
     _lazy_tuple_types()
