@@ -191,9 +191,11 @@ def _dense_sources(pl, S: int) -> Tensor:
 
 
 def key_dtype(pl, S: int):
-    if pl.NC * pl.P * pl.C * pl.W >= 2 ** 31:
-        raise ValueError(f"the undo log's {pl.NC * pl.P * pl.C * pl.W} rows do not fit int32 "
-                         "sources")
+    """The sort keys' dtype; the undo log's rows must have int32 indices (the sources'
+    dtype). Symbolic sizes make the bound a runtime check, as the queue walks' tickets."""
+    rows = pl.NC * pl.P * pl.C * pl.W
+    torch._check(rows < 2 ** 31, lambda: f"sdm: the undo log's {rows} rows exceed the int32 "
+                 "sources of the backward: split the sequence")
     # int32 keys when (stream, slot, chunk) fits (by ``holds``, as Phase 1's sort keys)
     return torch.int32 if holds(pl.P * S * pl.NC < 2 ** 31) else torch.int64
 
