@@ -1,6 +1,7 @@
 """Random valid sdm inputs and error measures, shared by tests and benchmarks."""
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -304,7 +305,6 @@ def _shared_block_types() -> None:
     nothing mutates a type or a tensor's shape. Where the interpreter's internals differ
     from Triton 3.6's, nothing is changed."""
     try:
-        import math
         from triton.language import core
         from triton.language.semantic import TritonSemantic as semantic
         bt, tensor, constexpr = core.block_type, core.tensor, core.constexpr
