@@ -417,9 +417,9 @@ def case_queue_walk():
     write and dB tiles per chunk, runs and groups longer than the inline members, the undo
     log, a bf16 bank, odd numbers of slots, dB items of one and of two column blocks; the
     readings, final bank and gradients equal the step walks' up to fp32 rounding (the
-    forward's gathers sum a token's rows in pairs, the step walk's in one tile; the reverse
-    walk's ``d ev`` items sum a group's columns in one block, the step walk's in the dB
-    blocks)."""
+    forward's gathers sum a token's rows ``QUEUE_GATHER_ENTRIES`` at a time, one by default
+    and four in one part here, the step walk's in one tile; the reverse walk's ``d ev``
+    items sum a group's columns in one block, the step walk's in the dB blocks)."""
     import torch
     from sdm_inductor import ops
     from sdm_inductor.kernels import host
