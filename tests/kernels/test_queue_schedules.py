@@ -64,6 +64,7 @@ def _record_walks() -> dict:
     import torch
     from sdm_inductor.kernels import host
     from sdm_inductor.kernels.backward import queue_walk as qb
+    from sdm_inductor.kernels.common import counts
     from sdm_inductor.kernels.forward import queue_walk as qf
     from sdm_inductor.testing import make_inputs
 
@@ -94,7 +95,8 @@ def _record_walks() -> dict:
             return orig(*args)
         setattr(module, name, item)
 
-    for m in (qf, qb):
+    # (items of the reverse walk also wait inside, through ``counts._depend``)
+    for m in (qf, qb, counts):
         m._await_count = lambda ptr, target: events.append(("wait", value(ptr), value(target)))
         m._finish = lambda ptr: events.append(("finish", value(ptr)))
     for name in ("_gather_item", "_mix_item", "_write_item"):

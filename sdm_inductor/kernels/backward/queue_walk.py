@@ -52,7 +52,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ..common.tiles import _token_program_at, row_length
-from ..forward.queue_walk import LINE, _await_count, _finish, _programs, register_cap
+from ..common.counts import LINE, _await_count, _finish
+from ..forward.queue_walk import _programs, register_cap
 from ..runtime.launch import launch_capped, multiple_of_16, pow2
 from .step_walk import (_dev_program, _dw_token, _group_program, _mix1_blocks, _mix2_blocks,
                         _vmr_token, group_args, partial_buffers, window_sums)
@@ -79,28 +80,30 @@ def _gather_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, 
 
 @triton.jit(noinline=True)
 def _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, cb, j, c, T, hd,
-               C: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-               CP: tl.constexpr, PREC: tl.constexpr):
+               cnt_ptr, target, C: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr,
+               TB: tl.constexpr, CP: tl.constexpr, PREC: tl.constexpr):
     """The first products of token block ``j // (BD // MB)``, column slice ``j % (BD // MB)``
-    of block ``cb``."""
+    of block ``cb``, stored once the count at ``cnt_ptr`` reaches ``target``."""
     NMS: tl.constexpr = BD // MB
     cols = cb * BD + (j % NMS) * MB + tl.arange(0, MB)
     _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, (j // NMS) * TB,
-                 cols, cols < hd, c, T, hd, 0, C, MB, TB, CP, PREC)
+                 cols, cols < hd, c, T, hd, 0, C, MB, TB, CP, PREC, cnt_ptr, target)
 
 
 @triton.jit(noinline=True)
 def _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
-             pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C: tl.constexpr, W: tl.constexpr,
-             R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
-             KT: tl.constexpr):
-    """``Dw`` of tokens ``[j * KT, (j + 1) * KT)``, column block ``cb``."""
+             pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, cnt_ptr, target,
+             C: tl.constexpr, W: tl.constexpr, R: tl.constexpr, BD: tl.constexpr,
+             WP: tl.constexpr, CP: tl.constexpr, KT: tl.constexpr):
+    """``Dw`` of tokens ``[j * KT, (j + 1) * KT)``, column block ``cb``; the first token
+    waits for the count at ``cnt_ptr`` (its chunk's first products) where the step walk's
+    dw launch waits with ``PDL`` 3, after its rows."""
     for tt in range(KT):
         _p, i, _b, base, cols, cm = _token_program_at(p * C + j * KT + tt, cb, NC, c, hd, C,
                                                       W + R, BD)
         _dw_token(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
                   pc_ptr, pm_ptr, p, i, base, cols, cm, cb, c, hd, width, NB, NC, C, W, WP, CP,
-                  0, "", 0, True)
+                  3, "", 0, True, cnt_ptr, tl.where(tt == 0, target, 0))
 
 
 @triton.jit(noinline=True)
@@ -119,18 +122,20 @@ def _mix2_item(X_ptr, beta_ptr, vmr_ptr, d_ptr, dd_ptr, dr_ptr, dy_ptr, dv_ptr, 
 
 @triton.jit(noinline=True)
 def _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p, cb, j, c,
-              T, hd, width, NC, NB, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
-              BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-              KT: tl.constexpr):
+              T, hd, width, NC, NB, cnt_ptr, target, C: tl.constexpr, W: tl.constexpr,
+              R: tl.constexpr, BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr,
+              CP: tl.constexpr, KT: tl.constexpr):
     """The ``d ev`` partial sums of tokens ``[j * KT, (j + 1) * KT)``, column block ``cb``:
     one ``_dev_program`` of all ``BD`` columns per token (the step walk's dev programs take
     the dB launch's narrower blocks; in one block here, each token's slots and sources load
     once and its rows in one round trip: a training step 1.3 % faster at A and 1.4 % at B
-    than two blocks of 64, docs/performance.md)."""
+    than two blocks of 64, docs/performance.md). The first token waits for the count at
+    ``cnt_ptr`` (the chunk's second products) where the step walk's launch waits with
+    ``PDL`` 3: only ``d r0`` loads after it."""
     for tt in range(KT):
         _dev_program(p * C + j * KT + tt, cb, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
                      dr_ptr, dy_ptr, pe_ptr, c, T, hd, width, NC, NB, NC, C, W, R, BD, WP, RP,
-                     CP, 0, "", 0, True)
+                     CP, 3, "", 0, True, cnt_ptr, tl.where(tt == 0, target, 0))
 
 
 @triton.jit
@@ -219,36 +224,39 @@ def _queue_reverse_kernel(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr
                              vmr_ptr + sb, p, cb, j, c, T, hd, width, NC, C, W, R, BD, WP,
                              CP, KT)
         elif kind == 1:
-            if KEPT:   # the products of c + 2, last readers of this chunk's delta buffers
-                _await_count(_count(cnt, 3, c2, g, G, NCL), tl.where(c + 2 < NC, NMI, 0))
-            else:      # the gathers of c (which waited for those products)
+            # the products of c + 2, last readers of this chunk's delta buffers: with KEPT
+            # (inputs only to read) the item computes before it waits, and waits before
+            # its stores; otherwise it waits for the gathers of c (which waited for them)
+            late = tl.where(c + 2 < NC, NMI, 0)
+            if not KEPT:
                 _await_count(_count(cnt, 0, c, g, G, NCL), NTI)
+                late = late * 0
             _mix1_item(X_ptr, QK_ptr, beta_ptr, vmr_ptr + vb, dy_ptr, d_ptr + sb, dd_ptr + sb, p,
-                       b, cb, j, c, T, hd, C, BD, MB, TB, CP, PREC)
-        elif kind == 2:
-            _await_count(_count(cnt, 1, c, g, G, NCL), NMI)
+                       b, cb, j, c, T, hd, _count(cnt, 3, c2, g, G, NCL), late, C, BD, MB, TB,
+                       CP, PREC)
+        elif kind == 2:   # dB of c + 1 before its rows load, mix1 of c inside the item
             _await_count(_count(cnt, 5, c1, g, G, NCL), tl.where(c + 1 < NC, NDI, 0))
             _dw_item(dB_ptr, fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr,
-                     d_ptr + sb, dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB, C,
-                     W, R, BD, WP, CP, KT)
+                     d_ptr + sb, dd_ptr + sb, pc_ptr, pm_ptr, p, cb, j, c, hd, width, NC, NB,
+                     _count(cnt, 1, c, g, G, NCL), NMI, C, W, R, BD, WP, CP, KT)
         elif kind == 3:
             _await_count(_count(cnt, 2, c, g, G, NCL), NTI)
             _await_count(_count(cnt, 4, c1, g, G, NCL), tl.where(c + 1 < NC, NTI, 0))
             _mix2_item(X_ptr, beta_ptr, vmr_ptr + vb, d_ptr + sb, dd_ptr + sb, dr_ptr, dy_ptr,
                        dv_ptr, pqk_ptr, pl_ptr, pb_ptr, p, b, cb, j, c, T, hd, NC, NB, C, BD, MB,
                        TB, CP, PREC)
-        elif kind == 4:
-            _await_count(_count(cnt, 3, c, g, G, NCL), NMI)
+        elif kind == 4:   # mix2 of c inside the item, before d r0 loads
             _dev_item(fin_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr, p,
-                      cb, j, c, T, hd, width, NC, NB, C, W, R, BD, WP, RP, CP, KT)
-        else:
-            _await_count(_count(cnt, 3, c, g, G, NCL), NMI)
+                      cb, j, c, T, hd, width, NC, NB, _count(cnt, 3, c, g, G, NCL), NMI, C, W,
+                      R, BD, WP, RP, CP, KT)
+        else:   # mix2 of c in the first tile, after its headers and members (PDL 2's place)
             for u in range(KB):
                 if j * KB + u < NGT:
                     _group_program(p * NGT + j * KB + u, cb, dB_ptr, g_slot_ptr, g_len_ptr,
                                    g_nw_ptr, g_decay_ptr, g_pos_ptr, g_tok_ptr, g_ev_ptr,
                                    g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC, C, E,
-                                   BDG, NG, KW, CP, 0, BD // BDG, "")
+                                   BDG, NG, KW, CP, 2, BD // BDG, "",
+                                   _count(cnt, 3, c, g, G, NCL), tl.where(u == 0, NMI, 0))
         if k < NC:
             _finish(_count(cnt, kind, c, g, G, NCL))
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.counts import _depend
 from ..common.tiles import (ROWS_MAX_CP, _block_program, _column_block, _gather_index,
                             _gather_rows, _grid_dependency, _group_cols, _group_headers,
                             _group_members, _launch_dependents, _load_log, _qkt_dy,
@@ -137,8 +138,10 @@ def _vmr_token(work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, ev_ptr, v_ptr, v
 @triton.jit
 def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, t0, cols, cm, c,
                  T, hd, vmr_cs, C: tl.constexpr, MB: tl.constexpr, TB: tl.constexpr,
-                 CP: tl.constexpr, PREC: tl.constexpr):
-    """The first product launch in blocks of ``TB`` key tokens (after the launch's wait)."""
+                 CP: tl.constexpr, PREC: tl.constexpr, cnt_ptr=None, target=0):
+    """The first product launch in blocks of ``TB`` key tokens (after the launch's wait;
+    ``cnt_ptr``: a queue walk item's wait for the last readers of its outputs' buffers,
+    before its stores, ``counts._depend``)."""
     mat = b.to(tl.int64) * C * C
     toks = t0 + tl.arange(0, TB)
     tm = toks < C
@@ -156,7 +159,8 @@ def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, 
                      mask=tm[:, None] & km[None, :], other=0.0)
         d += tl.dot(xk, uk, input_precision=PREC)
         k0 += TB
-    tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
+    if cnt_ptr is None:
+        tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
     # QK^T dy, the part of d delta that needs no dB
     qd = tl.zeros([TB, MB], tl.float32)
     k0 = 0
@@ -164,6 +168,9 @@ def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, 
         ks = k0 + tl.arange(0, TB)
         qd += _qkt_dy(QK_ptr, dy_ptr, mat, p, c, T, hd, toks, tm, ks, ks < C, cols, cm, C, PREC)
         k0 += TB
+    if cnt_ptr is not None:
+        _depend(True, cnt_ptr, target)
+        tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
     tl.store(dd_ptr + buf, qd, mask=tm[:, None] & cm[None, :])
 
 
@@ -323,8 +330,10 @@ def _step_bwd_dw_kernel(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr,
 def _dw_token(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr, d_ptr, dd_ptr,
               pc_ptr, pm_ptr, p, i, base, cols, cm, cb, c, hd, width, NB, NCW, C: tl.constexpr,
               W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
-              CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr):
-    """``Dw`` of token ``i`` of stream ``p`` in column block ``cb`` (a dw program)."""
+              CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr, cnt_ptr=None,
+              target=0):
+    """``Dw`` of token ``i`` of stream ``p`` in column block ``cb`` (a dw program;
+    ``cnt_ptr``, ``target``: a queue walk item's wait, ``counts._depend``)."""
     w = tl.arange(0, WP)
     wm = w < W
     sl = tl.load(slot_ptr + base + w, mask=wm, other=-1)
@@ -342,7 +351,7 @@ def _dw_token(dB_ptr, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, coef_ptr,
                      WP, QMODE, SRC, CG)
     po = ((cb * NB + p * NCW + c % NCW).to(tl.int64) * C + i) * W + w
     tl.store(pm_ptr + po, tl.sum(Dw * M0, axis=1), mask=wm)
-    _grid_dependency(PDL == 3)
+    _depend(PDL == 3, cnt_ptr, target)
     buf = (p.to(tl.int64) * CP + i) * hd + cols
     dl = tl.load(d_ptr + buf, mask=cm, other=0.0)
     tl.store(pc_ptr + po, tl.sum(Dw * dl[None, :], axis=1), mask=wm)
@@ -380,8 +389,10 @@ def _dev_half(rows, pe_ptr, po, vec, n: tl.constexpr, NP: tl.constexpr):
 def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_ptr, dy_ptr, pe_ptr,
                  c, T, hd, width, NC, NB, NCW, C: tl.constexpr, W: tl.constexpr, R: tl.constexpr,
                  BD: tl.constexpr, WP: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr,
-                 PDL: tl.constexpr, CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr):
-    """The ``d ev`` partial sums of token program ``pid`` (p * C + i), column block ``cb``."""
+                 PDL: tl.constexpr, CG: tl.constexpr, QMODE: tl.constexpr, SRC: tl.constexpr,
+                 cnt_ptr=None, target=0):
+    """The ``d ev`` partial sums of token program ``pid`` (p * C + i), column block ``cb``
+    (``cnt_ptr``, ``target``: a queue walk item's wait, ``counts._depend``)."""
     _grid_dependency(PDL == 1)
     E: tl.constexpr = W + R
     p, i, b, base, cols, cm = _token_program_at(pid, cb, NC, c, hd, C, E, BD)
@@ -402,7 +413,7 @@ def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_pt
     rr = _start_rows(work_ptr, log_ptr, scale_ptr, src_ptr, base + W, slr, cols, cm, hd, width,
                      R, RP, QMODE, SRC, CG)
     _dev_half(rr, pe_ptr, po + W, dyt, R, RP)
-    _grid_dependency(PDL == 3)
+    _depend(PDL == 3, cnt_ptr, target)
     dr0 = tl.load(dr_ptr + (p.to(tl.int64) * CP + i) * hd + cols, mask=cm, other=0.0)
     _dev_half(rw, pe_ptr, po, dr0, W, WP)
 
@@ -410,11 +421,12 @@ def _dev_program(pid, cb, work_ptr, log_ptr, scale_ptr, src_ptr, slot_ptr, dr_pt
 @triton.jit
 def _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw, dec, p, pb,
                      c, T, hd, sc, C: tl.constexpr, BD: tl.constexpr, KW: tl.constexpr,
-                     CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr, PDL: tl.constexpr):
+                     CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr, PDL: tl.constexpr,
+                     cnt_ptr, target):
     """A dB tile's first ``KW`` members (Phase 1's: early loads), then ``_group_cols`` in
     this program's ``CL`` column blocks, one after the other (nothing for an empty tile)."""
     tf, wt, mk, isw = _group_members(g_tok_ptr, g_ev_ptr, gb, pos, sl, ln, nw, KW)
-    _grid_dependency(PDL == 2)
+    _depend(PDL == 2, cnt_ptr, target)
     if tl.max(sl, axis=0) >= 0:
         for j in tl.static_range(CL):
             cols, cm, scr_dr = _column_block(dr_ptr, p, pb, j, sc, hd, BD, CP, CL)
@@ -460,7 +472,7 @@ def _one_store(dB_ptr, ro, wm, old, vec, dec, wt):
 @triton.jit
 def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, C: tl.constexpr,
               BD: tl.constexpr, CP: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr,
-              PDL: tl.constexpr):
+              PDL: tl.constexpr, cnt_ptr, target):
     """A tile of groups of one member (``CL`` <= 3), whose token ``tf`` and
     weight ``wt`` came with the headers (``Groups.tok0`` / ``ev0``: no dependent round trip
     through ``pos``): every column block's loads first, then the stores. ``_group_cols``
@@ -469,7 +481,7 @@ def _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf, wt, p, pb, c, T, hd, sc, 
     trips to memory; here it makes one."""
     tl.static_assert(CL <= 3)
     isw = nw > 0
-    _grid_dependency(PDL == 2)
+    _depend(PDL == 2, cnt_ptr, target)
     if tl.max(sl, axis=0) >= 0:
         cb = pb * CL
         ro0, wm0, cols0 = _one_offsets(sl, cb, sc, hd, BD)
@@ -495,7 +507,7 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
                    g_tok_ptr, g_ev_ptr, g_tok0_ptr, g_ev0_ptr, dr_ptr, dy_ptr, c, T, hd, NC,
                    C: tl.constexpr, E: tl.constexpr, BD: tl.constexpr, NG: tl.constexpr,
                    KW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr, CL: tl.constexpr,
-                   CG: tl.constexpr):
+                   CG: tl.constexpr, cnt_ptr=None, target=0):
     """dB of the tile of ``NG`` groups (``phase1.Groups``) of program ``pid`` (p * NGT +
     tile), in ``CL`` column blocks of ``BD`` from ``pb * CL``: the tile's headers load once
     for all of them (the work is bound by instruction issue, and the headers' loads, masks
@@ -520,13 +532,14 @@ def _group_program(pid, pb, dB_ptr, g_slot_ptr, g_len_ptr, g_nw_ptr, g_decay_ptr
     if tl.max(ln, axis=0) <= 1:
         if CL <= 3:
             _one_tile(dB_ptr, dr_ptr, dy_ptr, sl, nw, dec, tf0, wt0, p, pb, c, T, hd, sc, C,
-                      BD, CP, CL, CG, PDL)
+                      BD, CP, CL, CG, PDL, cnt_ptr, target)
         else:
             _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln,
-                             nw, dec, p, pb, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL)
+                             nw, dec, p, pb, c, T, hd, sc, C, BD, 1, CP, CL, CG, PDL, cnt_ptr,
+                             target)
     else:
         _group_step_tile(dB_ptr, g_tok_ptr, g_ev_ptr, dr_ptr, dy_ptr, gb, pos, sl, ln, nw,
-                         dec, p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL)
+                         dec, p, pb, c, T, hd, sc, C, BD, KW, CP, CL, CG, PDL, cnt_ptr, target)
 
 
 @triton.jit(do_not_specialize=["c", "T", "NC", "NB", "NCW"])

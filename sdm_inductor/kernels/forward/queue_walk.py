@@ -42,32 +42,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..common.counts import LINE, _await_count, _finish
 from ..common.tiles import ROWS_MAX_CP, _write_head, _write_tile, row_length
 from ..runtime.launch import launch_capped, multiple_of_16, pow2
 from .step_walk import _mix_block, _mix_rows_load, _mix_rows_products, step_buffers
-
-# counters sit one 128-byte line apart (``LINE`` int32s): polls of one group's count do
-# not contend with the releases of another's
-LINE = 32
-
-
-@triton.jit
-def _await_count(cnt_ptr, target):
-    """Wait until the count at ``cnt_ptr`` reaches ``target``; then what the items behind
-    the count wrote is visible (an acquiring read of the count, which their release wrote).
-    Triton has no acquiring load: an acquiring add of 0 whose result is used compiles to
-    ``ld.acquire.gpu``; one whose result is unused is dropped by the compiler, and the walk
-    then read rows and deltas before their writers' stores were visible."""
-    while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < target:
-        pass
-
-
-@triton.jit
-def _finish(cnt_ptr):
-    """Count an item as done once all of its program's stores are (release)."""
-    tl.debug_barrier()
-    tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
-
 
 @triton.jit
 def _token_index(slot_ptr, ev_ptr, base, r: tl.constexpr, n: tl.constexpr, E: tl.constexpr,
