@@ -29,6 +29,12 @@ what it overwrites is read:
 - mix2: the dw items of c, and the dev items of c + 1 (the last readers of ``d r0``);
 - dev and dB: mix2 of c (its ``d r0``; dw of c has read the dB rows before).
 
+An item waits where the step walk's launch waits with ``PDL`` 3 (2 for the dB tiles;
+``counts._depend``): it first loads what nothing in the walk writes (slots, ``dy``,
+chunk-start rows, a dB tile's headers and members, a handed-over ``v - r0``) and does the
+work that needs only that, so its wait's round trip overlaps those loads (a training step
+0.99x that of items waiting first, at A and B).
+
 Tickets and the counts' memory order are the forward queue walk's: every wait is for
 smaller tickets, so the walk cannot deadlock. Nothing of chunk c - 1's gathers and first
 products needs chunk c's dB, so their tickets come before it: per step, dw(c), gather(c - 1),

@@ -1,1 +1,2 @@
-"""What the stages share: Triton helpers (``tiles``)."""
+"""What the stages share: Triton helpers (``tiles``) and the queue walks' counts
+(``counts``)."""
