@@ -97,6 +97,7 @@ def main():
         def fwd():
             return host.forward(bank, *rest, C, "none", False)
         ag = autograd_step((bank, *rest), dy, dM, C, "none")
+
         def use(w):   # CONFIG as shipped, then the walk and its parameters
             host.CONFIG.update(keep, WALK=forms[w][0], **forms[w][1])
         first = {}

@@ -159,7 +159,7 @@ def _mix1_blocks(X_ptr, QK_ptr, beta_ptr, vmr_ptr, dy_ptr, d_ptr, dd_ptr, p, b, 
                      mask=tm[:, None] & km[None, :], other=0.0)
         d += tl.dot(xk, uk, input_precision=PREC)
         k0 += TB
-    if cnt_ptr is None:
+    if cnt_ptr is None:   # a step launch stores delta once made (its waits came first)
         tl.store(d_ptr + buf, d, mask=tm[:, None] & cm[None, :])
     # QK^T dy, the part of d delta that needs no dB
     qd = tl.zeros([TB, MB], tl.float32)
